@@ -1,0 +1,203 @@
+//! `sluice bench`: throughput of a sluice run against raw DataFusion running
+//! the same SQL over the same files in the same process, plus the cost of an
+//! idle run and of a small incremental run. Prints ratios measured in this
+//! one run; nothing here is a pass/fail test.
+
+use std::path::Path;
+use std::time::Instant;
+
+use clap::Args;
+use datafusion::dataframe::DataFrameWriteOptions;
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use sluice_engine::handlers::Context;
+use sluice_engine::pipeline::{Pipeline, SourceFormat};
+use sluice_engine::runner::{self, RunEnd};
+
+/// Options of `sluice bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Input files to generate.
+    #[arg(long, default_value_t = 20)]
+    files: u64,
+    /// Rows per file.
+    #[arg(long, default_value_t = 50_000)]
+    rows: usize,
+    /// Rounds of (raw DataFusion, sluice) to alternate; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Work folder (default: a temporary folder, removed afterwards).
+    #[arg(long)]
+    dir: Option<std::path::PathBuf>,
+}
+
+const SQL: &str = "SELECT \"VendorID\", tpep_pickup_datetime, \"PULocationID\", \"DOLocationID\", \
+    trip_distance, fare_amount, tip_amount, total_amount, \
+    total_amount - fare_amount AS surcharges, \
+    CASE WHEN fare_amount > 0 THEN tip_amount / fare_amount END AS tip_ratio \
+    FROM trips WHERE trip_distance > 0.5 AND payment_type IN (1, 2)";
+
+fn pipeline_toml(round: usize) -> String {
+    format!(
+        r#"name = "bench{round}"
+[source]
+uri = "input"
+format = "parquet"
+table = "trips"
+discovery = "ordered"
+[query]
+sql = '''{SQL}'''
+[sink]
+uri = "out/sluice-{round}"
+[checkpoint]
+uri = "out/checkpoint-{round}"
+[limits]
+max_files_per_batch = 100000
+max_bytes_per_batch = "100 GiB"
+max_bytes_per_task = "100 GiB"
+"#
+    )
+}
+
+async fn raw_datafusion(input: &Path, out: &Path) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let parts = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(parts));
+    ctx.register_parquet(
+        "trips",
+        input.to_str().expect("utf-8 path"),
+        ParquetReadOptions::default().file_extension(".parquet"),
+    )
+    .await?;
+    ctx.sql(SQL)
+        .await?
+        .write_parquet(
+            out.to_str().expect("utf-8 path"),
+            DataFrameWriteOptions::new(),
+            None,
+        )
+        .await?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    v[v.len() / 2]
+}
+
+/// Run the benchmark and print its report.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let tmp;
+    let dir = match &args.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => {
+            tmp = tempfile::tempdir()?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let input = dir.join("input");
+    if input.exists() {
+        std::fs::remove_dir_all(&input)?;
+    }
+    let out = dir.join("out");
+    if out.exists() {
+        std::fs::remove_dir_all(&out)?;
+    }
+    println!(
+        "generating {} taxi files x {} rows (Parquet) in {}",
+        args.files,
+        args.rows,
+        dir.display()
+    );
+    sluice_engine::generator::write_taxi_files(
+        &input,
+        args.files,
+        args.rows,
+        SourceFormat::Parquet,
+        None,
+    )?;
+    let total_rows = args.files * args.rows as u64;
+
+    let mut raw = Vec::new();
+    let mut ours = Vec::new();
+    let mut last_ctx = None;
+    for round in 0..args.rounds.max(1) {
+        raw.push(raw_datafusion(&input, &out.join(format!("raw-{round}"))).await?);
+        let toml = pipeline_toml(round);
+        let pipeline = Pipeline::parse(&toml, "bench.toml", &dir)?;
+        let ctx = Context::open(pipeline, None)?;
+        let started = Instant::now();
+        let summary = runner::run(&ctx, |_| {}).await?;
+        ours.push(started.elapsed().as_secs_f64());
+        anyhow::ensure!(
+            summary.end == RunEnd::Done,
+            "bench run ended {:?}",
+            summary.end
+        );
+        let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
+        anyhow::ensure!(
+            rows_in == total_rows,
+            "sluice read {rows_in} rows, expected {total_rows}"
+        );
+        last_ctx = Some(ctx);
+    }
+    let ctx = last_ctx.expect("at least one round");
+    let (raw_s, ours_s) = (median(raw), median(ours));
+    let raw_rate = total_rows as f64 / raw_s;
+    let our_rate = total_rows as f64 / ours_s;
+
+    // Idle: nothing new since the last run.
+    let before = ctx.counts();
+    let started = Instant::now();
+    let idle = runner::run(&ctx, |_| {}).await?;
+    let idle_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let idle_requests = ctx.counts().since(&before);
+    anyhow::ensure!(
+        matches!(idle.end, RunEnd::Idle(_)),
+        "idle run ended {:?}",
+        idle.end
+    );
+
+    // Five new files.
+    sluice_engine::generator::write_taxi_files(&input, 5, args.rows, SourceFormat::Parquet, None)?;
+    let before = ctx.counts();
+    let started = Instant::now();
+    let inc = runner::run(&ctx, |_| {}).await?;
+    let inc_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let inc_requests = ctx.counts().since(&before);
+    let inc_files: u64 = inc.batches.iter().map(|b| b.files).sum();
+    anyhow::ensure!(
+        inc_files == 5,
+        "incremental run took {inc_files} files, expected 5"
+    );
+
+    println!();
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!("| input | {} files, {} rows |", args.files, total_rows);
+    println!(
+        "| raw DataFusion (same SQL, Parquet out), median of {} | {:.3} s, {:.0} rows/s |",
+        args.rounds, raw_s, raw_rate
+    );
+    println!(
+        "| sluice run (plan + operate + commit), median of {} | {:.3} s, {:.0} rows/s |",
+        args.rounds, ours_s, our_rate
+    );
+    println!(
+        "| **ratio sluice / raw DataFusion** (goal >= 0.9) | **{:.2}** |",
+        our_rate / raw_rate
+    );
+    println!(
+        "| idle run | {:.1} ms, {} storage requests |",
+        idle_ms,
+        idle_requests.total()
+    );
+    println!(
+        "| run with 5 new files | {:.1} ms, {} storage requests |",
+        inc_ms,
+        inc_requests.total()
+    );
+    Ok(())
+}

@@ -1,0 +1,283 @@
+//! The `sluice` command: run a pipeline locally (or against S3), inspect
+//! it, generate sample data, benchmark.
+
+mod bench;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+use sluice_engine::handlers::{self, Context};
+use sluice_engine::pipeline::{Compression, Pipeline, SourceFormat};
+use sluice_engine::runner::{self, RunEnd};
+use sluice_engine::storage::{Location, S3Config};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Continuous SQL over files landing in S3, with nothing running while idle"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Process everything that arrived since the last checkpoint, in batches, then stop.
+    Run {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the last committed batch, totals and what is waiting.
+    Show {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// Print as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Generate deterministic sample input.
+    Gen {
+        /// What to generate.
+        #[arg(value_enum)]
+        dataset: Dataset,
+        /// Number of files.
+        #[arg(long, default_value_t = 4)]
+        files: u64,
+        /// Rows per file.
+        #[arg(long, default_value_t = 1000)]
+        rows: usize,
+        /// File format.
+        #[arg(long, value_enum, default_value_t = Format::Parquet)]
+        format: Format,
+        /// Whole-file compression (csv and jsonl).
+        #[arg(long, value_enum)]
+        compression: Option<Comp>,
+        /// Output folder; numbering continues after the files already there.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Measure a run against raw DataFusion on the same files, an idle run, and a small incremental run.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Dataset {
+    /// NYC-yellow-taxi-like trips.
+    Taxi,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Parquet,
+    Csv,
+    Jsonl,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Comp {
+    Gzip,
+    Zstd,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime starts");
+    match rt.block_on(dispatch(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            let class = e
+                .downcast_ref::<sluice_engine::Error>()
+                .map(|e| format!(" [{}]", e.class()))
+                .unwrap_or_default();
+            eprintln!("error{class}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Run { pipeline, json } => run(&pipeline, json).await,
+        Command::Show { pipeline, json } => show(&pipeline, json).await,
+        Command::Gen {
+            dataset: Dataset::Taxi,
+            files,
+            rows,
+            format,
+            compression,
+            out,
+        } => {
+            let format = match format {
+                Format::Parquet => SourceFormat::Parquet,
+                Format::Csv => SourceFormat::Csv,
+                Format::Jsonl => SourceFormat::Jsonl,
+            };
+            let compression = compression.map(|c| match c {
+                Comp::Gzip => Compression::Gzip,
+                Comp::Zstd => Compression::Zstd,
+            });
+            if compression.is_some() && format == SourceFormat::Parquet {
+                anyhow::bail!(
+                    "--compression applies to csv and jsonl; Parquet compresses inside the file"
+                );
+            }
+            let written =
+                sluice_engine::generator::write_taxi_files(&out, files, rows, format, compression)
+                    .with_context(|| format!("writing taxi files into {}", out.display()))?;
+            for p in &written {
+                println!("{}", p.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
+    }
+}
+
+/// Open a pipeline's context, loading the S3 configuration only if a
+/// location is on S3.
+async fn open(path: &Path) -> anyhow::Result<Context> {
+    let pipeline = Pipeline::load(path)?;
+    let on_s3 = [
+        &pipeline.source.location,
+        &pipeline.sink,
+        &pipeline.checkpoint,
+    ]
+    .iter()
+    .any(|l| matches!(l, Location::S3 { .. }));
+    let s3 = if on_s3 {
+        Some(S3Config::from_env().await)
+    } else {
+        None
+    };
+    Ok(Context::open(pipeline, s3.as_ref())?)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.2} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+async fn run(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let ctx = open(path).await?;
+    let name = ctx.pipeline.name.clone();
+    let summary = runner::run(&ctx, |b| {
+        if !json {
+            println!(
+                "batch {:>6}  files {:>5}  {:>12}  rows in {:>10}  out {:>10}  {:>7} ms{}",
+                b.batch,
+                b.files,
+                mib(b.bytes),
+                b.rows_in,
+                b.rows_out,
+                b.millis,
+                if b.resumed { "  (resumed)" } else { "" }
+            );
+        }
+    })
+    .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let files: u64 = summary.batches.iter().map(|b| b.files).sum();
+    let bytes: u64 = summary.batches.iter().map(|b| b.bytes).sum();
+    let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
+    let rows_out: u64 = summary.batches.iter().map(|b| b.rows_out).sum();
+    match &summary.end {
+        RunEnd::Idle(reason) => println!(
+            "{name}: {reason}; nothing written ({} ms, {} storage requests)",
+            summary.millis,
+            summary.requests.total()
+        ),
+        RunEnd::Busy(why) => println!("{name}: not started: {why}"),
+        RunEnd::Done => println!(
+            "{name}: committed {} batch(es): {files} files, {}, {rows_in} rows in, {rows_out} rows out in {} ms ({} storage requests)",
+            summary.batches.len(),
+            mib(bytes),
+            summary.millis,
+            summary.requests.total()
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let ctx = open(path).await?;
+    let status = handlers::status(&ctx).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let p = &ctx.pipeline;
+    println!("pipeline     {}", p.name);
+    println!(
+        "source       {} ({:?}, {:?} discovery)",
+        p.source.location.display(),
+        p.source.format,
+        p.source.discovery
+    );
+    println!("sink         {}", p.sink.display());
+    println!("checkpoint   {}", p.checkpoint.display());
+    match &status.control {
+        None => println!("state        never run"),
+        Some(c) => {
+            let when = |ms: Option<i64>| {
+                ms.and_then(chrono::DateTime::from_timestamp_millis)
+                    .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                    .unwrap_or_else(|| "-".into())
+            };
+            println!(
+                "state        {:?} (epoch {}, owner {}, heartbeat {})",
+                c.status,
+                c.epoch,
+                c.owner.as_deref().unwrap_or("-"),
+                when(c.heartbeat_ms)
+            );
+            match c.last_committed {
+                Some(n) => println!("last batch   {n} committed {}", when(c.last_commit_ms)),
+                None => println!("last batch   none committed"),
+            }
+            if let Some(lc) = &status.last_commit {
+                println!(
+                    "  that batch {} files, {}, {} rows in, {} rows out, {} output files",
+                    lc.files,
+                    mib(lc.bytes_read),
+                    lc.rows_in,
+                    lc.rows_out,
+                    lc.outputs.len()
+                );
+            }
+            let t = &c.totals;
+            println!(
+                "so far       {} batches, {} files, {}, {} rows in, {} rows out",
+                t.batches,
+                t.files,
+                mib(t.bytes),
+                t.rows_in,
+                t.rows_out
+            );
+        }
+    }
+    println!(
+        "waiting      {} files, {}",
+        status.waiting_files,
+        mib(status.waiting_bytes)
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,812 @@
+//! The handler steps of a run, shared by the local runner and (later) the
+//! Lambda functions: [`plan`] (claim the lease, recover, resume or discover),
+//! [`operate`] (one task), [`commit`] (make a batch visible, advance the
+//! checkpoint), and [`release`] / [`abandon`] for the end of a run.
+//!
+//! Payloads between steps ([`RunState`], batch and task numbers) carry
+//! references only; data and plans live in storage.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::execution::context::SessionContext;
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{
+    self, Checkpoint, Claim, Commit, Control, Durations, Index, Manifest, Offsets, PipelineRecord,
+    RunStatus,
+};
+use crate::discovery;
+use crate::error::{Error, Result};
+use crate::operators::{SqlOperator, TaskResult};
+use crate::pipeline::{ColumnSpec, Pipeline};
+use crate::planning;
+use crate::sinks::ParquetSink;
+use crate::storage::{ObjectMeta, RequestCounts, S3Config, Store};
+
+/// Milliseconds since the Unix epoch.
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// Whether the process named by a lease owner has exited.
+pub type OwnerGone = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// Everything a handler needs for one pipeline, built once per process.
+#[derive(Clone)]
+pub struct Context {
+    /// The pipeline.
+    pub pipeline: Arc<Pipeline>,
+    /// Where input lands.
+    pub source: Arc<dyn Store>,
+    /// The sink.
+    pub sink: ParquetSink,
+    /// The pipeline's checkpoint.
+    pub checkpoint: Checkpoint,
+    /// This process's name as a lease owner.
+    pub owner: String,
+    /// The time.
+    pub clock: Clock,
+    /// Liveness of other owners.
+    pub owner_gone: OwnerGone,
+    schema: Arc<tokio::sync::OnceCell<SchemaRef>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("pipeline", &self.pipeline.name)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl Context {
+    /// A context over explicit stores (tests, embedding).
+    pub fn new(
+        pipeline: Pipeline,
+        source: Arc<dyn Store>,
+        sink: Arc<dyn Store>,
+        checkpoint: Arc<dyn Store>,
+    ) -> Context {
+        let name = pipeline.name.clone();
+        Context {
+            pipeline: Arc::new(pipeline),
+            source,
+            sink: ParquetSink::new(sink, &name),
+            checkpoint: Checkpoint::new(checkpoint, &name),
+            owner: local_owner(),
+            clock: Arc::new(|| chrono::Utc::now().timestamp_millis()),
+            owner_gone: Arc::new(local_owner_gone),
+            schema: Arc::default(),
+        }
+    }
+
+    /// A context whose stores are opened from the pipeline's locations.
+    pub fn open(pipeline: Pipeline, s3: Option<&S3Config>) -> Result<Context> {
+        let open = |l: &crate::storage::Location| {
+            l.open(s3).map_err(|message| Error::Spec {
+                file: pipeline.name.clone(),
+                message,
+            })
+        };
+        let source = open(&pipeline.source.location)?;
+        let sink = open(&pipeline.sink)?;
+        let checkpoint = open(&pipeline.checkpoint)?;
+        Ok(Context::new(pipeline, source, sink, checkpoint))
+    }
+
+    /// Requests made so far through all of this pipeline's stores.
+    pub fn counts(&self) -> RequestCounts {
+        self.source
+            .counts()
+            .plus(&self.sink.store().counts())
+            .plus(&self.checkpoint.store().counts())
+    }
+
+    fn now(&self) -> i64 {
+        (self.clock)()
+    }
+
+    fn conflict(&self, message: String) -> Error {
+        Error::Conflict {
+            pipeline: self.pipeline.name.clone(),
+            message,
+        }
+    }
+
+    fn ttl_ms(&self) -> i64 {
+        self.pipeline.limits.lease_ttl_seconds as i64 * 1000
+    }
+
+    /// The source schema, once the plan step resolved it (or from
+    /// `pipeline.json`).
+    pub async fn schema(&self) -> Result<SchemaRef> {
+        self.schema
+            .get_or_try_init(|| async {
+                match self.checkpoint.pipeline_record().await? {
+                    Some(r) => Ok(schema_of(&r.schema)),
+                    None => Err(Error::Checkpoint {
+                        pipeline: self.pipeline.name.clone(),
+                        key: "pipeline.json".into(),
+                        message: "missing; the pipeline was never planned".into(),
+                    }),
+                }
+            })
+            .await
+            .cloned()
+    }
+}
+
+/// This process as a lease owner: `local:<host>:<pid>`.
+pub fn local_owner() -> String {
+    format!("local:{}:{}", hostname(), std::process::id())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Whether a `local:<host>:<pid>` owner on this host has exited. Owners on
+/// other hosts, or not local, are never known to be gone (their lease expires).
+pub fn local_owner_gone(owner: &str) -> bool {
+    let mut parts = owner.splitn(3, ':');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some("local"), Some(host), Some(pid)) if host == hostname() => match pid.parse::<u32>() {
+            Ok(pid) if pid != std::process::id() => {
+                !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Arrow schema of pinned columns.
+pub fn schema_of(cols: &[ColumnSpec]) -> SchemaRef {
+    Arc::new(Schema::new(
+        cols.iter()
+            .map(|c| {
+                Field::new(
+                    &c.name,
+                    c.data_type.parse::<DataType>().unwrap_or(DataType::Utf8),
+                    c.nullable,
+                )
+            })
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// Pinned columns of an Arrow schema.
+pub fn columns_of(schema: &Schema) -> Vec<ColumnSpec> {
+    schema
+        .fields()
+        .iter()
+        .map(|f| ColumnSpec {
+            name: f.name().clone(),
+            data_type: f.data_type().to_string(),
+            nullable: f.is_nullable(),
+        })
+        .collect()
+}
+
+/// What a run carries between steps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunState {
+    /// Pipeline name.
+    pub pipeline: String,
+    /// The lease epoch this run holds.
+    pub epoch: u64,
+    /// Whether this run has discovered new input yet (AvailableNow: once).
+    pub discovered: bool,
+}
+
+/// A batch to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchRef {
+    /// Batch number.
+    pub batch: u64,
+    /// Task numbers.
+    pub tasks: Vec<u32>,
+    /// Input files.
+    pub files: u64,
+    /// Input bytes.
+    pub bytes: u64,
+    /// Planned by an earlier run that did not commit it.
+    pub resumed: bool,
+}
+
+/// What the plan step decided.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PlanOutcome {
+    /// Nothing to do; no lease was taken and nothing written.
+    Idle {
+        /// Why.
+        reason: String,
+    },
+    /// Another run holds a live lease.
+    Busy {
+        /// Its owner.
+        owner: String,
+        /// Seconds since its last heartbeat.
+        heartbeat_age_s: i64,
+    },
+    /// Run this batch, then commit it and plan again.
+    Batch {
+        /// The run.
+        run: RunState,
+        /// The batch.
+        batch: BatchRef,
+    },
+    /// The run is over and the lease released.
+    Done {
+        /// The run.
+        run: RunState,
+    },
+}
+
+/// Plan step. Without a run: check for new input cheaply (one control read
+/// and one listing), and only then claim the lease, recover what a dead run
+/// left, and plan the new input into batches. With a run: resume the next
+/// planned batch, or release.
+pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
+    match run {
+        None => start(ctx).await,
+        Some(run) => {
+            let (control, _) = owned_control(ctx, run.epoch).await?;
+            let next = control.next_batch();
+            if let Some(off) = ctx.checkpoint.offsets(next).await? {
+                return Ok(batch_outcome(run, &off));
+            }
+            if !run.discovered {
+                return discover_and_plan(ctx, run, &control, None).await;
+            }
+            release(ctx, &run, RunStatus::Idle).await?;
+            Ok(PlanOutcome::Done { run })
+        }
+    }
+}
+
+fn batch_outcome(run: RunState, off: &Offsets) -> PlanOutcome {
+    let resumed = off.epoch != run.epoch;
+    PlanOutcome::Batch {
+        run,
+        batch: BatchRef {
+            batch: off.batch,
+            tasks: off.tasks.iter().map(|t| t.task).collect(),
+            files: off.inputs.len() as u64,
+            bytes: off.bytes(),
+            resumed,
+        },
+    }
+}
+
+async fn start(ctx: &Context) -> Result<PlanOutcome> {
+    let p = &ctx.pipeline;
+    let read = ctx.checkpoint.control().await?;
+    let control = read.as_ref().map(|(c, _)| c);
+    let now = ctx.now();
+    let gone = control
+        .and_then(|c| c.owner.as_deref())
+        .is_some_and(|o| (ctx.owner_gone)(o));
+    let claim = checkpoint::decide_claim(control, now, ctx.ttl_ms(), gone);
+    if let Claim::Busy {
+        owner,
+        heartbeat_age_ms,
+    } = &claim
+    {
+        return Ok(PlanOutcome::Busy {
+            owner: owner.clone(),
+            heartbeat_age_s: heartbeat_age_ms / 1000,
+        });
+    }
+
+    // The idle check: an idle pipeline with the registered spec and a
+    // listing equal to the processed one has nothing to do.
+    let mut listed = None;
+    if let Some(c) = control
+        && c.status == RunStatus::Idle
+        && c.spec_hash == p.spec_hash()
+    {
+        let l = discovery::list_inputs(
+            ctx.source.as_ref(),
+            &p.source,
+            c.listing.start_after.as_deref(),
+        )
+        .await?;
+        if discovery::listing_state(c.listing.start_after.clone(), &l) == c.listing {
+            return Ok(PlanOutcome::Idle {
+                reason: "no new data".into(),
+            });
+        }
+        listed = Some(l);
+    }
+
+    // Resolve the schema and check the SQL before writing anything.
+    let record = ctx.checkpoint.pipeline_record().await?;
+    let start_after = control.and_then(|c| c.listing.start_after.clone());
+    if listed.is_none() {
+        listed = Some(
+            discovery::list_inputs(ctx.source.as_ref(), &p.source, start_after.as_deref()).await?,
+        );
+    }
+    let listed = listed.expect("listed above");
+    let schema = match resolve_schema(ctx, record.as_ref(), &listed).await? {
+        Some(s) => s,
+        None => {
+            return Ok(PlanOutcome::Idle {
+                reason: "no input files yet (and no schema declared)".into(),
+            });
+        }
+    };
+    SqlOperator::new(p.clone(), schema.clone()).check().await?;
+    let _ = ctx.schema.set(schema.clone());
+
+    let Claim::Take { epoch, recover } = claim else {
+        unreachable!("busy returned above")
+    };
+    // Without a dead run to recover, look for new input before writing
+    // anything: processed files deleted from the source, or a changed spec,
+    // change the listing without making work.
+    let mut index = None;
+    if !recover {
+        let i = ctx.checkpoint.index().await?;
+        if discovery::new_inputs(&listed, &i, p.source.discovery).is_empty() {
+            return Ok(PlanOutcome::Idle {
+                reason: "no new data".into(),
+            });
+        }
+        index = Some(i);
+    }
+    let mut next = control
+        .cloned()
+        .unwrap_or_else(|| Control::new(String::new()));
+    next.status = RunStatus::Running;
+    next.epoch = epoch;
+    next.owner = Some(ctx.owner.clone());
+    next.heartbeat_ms = Some(now);
+    next.requested = false;
+    if ctx
+        .checkpoint
+        .swap_control(&next, read.as_ref().map(|(_, e)| e.as_str()))
+        .await?
+        .is_none()
+    {
+        return Ok(PlanOutcome::Busy {
+            owner: "another run (it claimed the lease first)".into(),
+            heartbeat_age_s: 0,
+        });
+    }
+    let run = RunState {
+        pipeline: p.name.clone(),
+        epoch,
+        discovered: false,
+    };
+    tracing::info!(pipeline = %p.name, epoch, recover, "lease taken");
+
+    if record.as_ref().map(|r| r.spec_hash.as_str()) != Some(p.spec_hash().as_str()) {
+        ctx.checkpoint
+            .put_pipeline_record(&PipelineRecord {
+                format_version: checkpoint::FORMAT_VERSION,
+                spec_hash: p.spec_hash(),
+                pipeline: (**p).clone(),
+                schema: columns_of(&schema),
+            })
+            .await?;
+    }
+
+    if recover {
+        // A dead run may have committed a batch without recording it in
+        // control, and may have left batches planned but uncommitted.
+        let mut n = next.next_batch();
+        while let Some(commit) = ctx.checkpoint.commit(n).await? {
+            finish_commit(ctx, &run, &commit).await?;
+            n += 1;
+        }
+        if let Some(off) = ctx.checkpoint.offsets(n).await? {
+            tracing::info!(pipeline = %p.name, batch = n, "resuming a batch planned by an earlier run");
+            return Ok(batch_outcome(run, &off));
+        }
+    }
+    let (control, _) = owned_control(ctx, epoch).await?;
+    let known = index.map(|i| (i, listed));
+    discover_and_plan(ctx, run, &control, known).await
+}
+
+/// The source schema: declared, else pinned, else inferred from the first
+/// listed input. `None` when there is nothing to infer from.
+async fn resolve_schema(
+    ctx: &Context,
+    record: Option<&PipelineRecord>,
+    listed: &[ObjectMeta],
+) -> Result<Option<SchemaRef>> {
+    let p = &ctx.pipeline;
+    let pinned = record.map(|r| schema_of(&r.schema));
+    if let Some(r) = record
+        && r.pipeline.source.format != p.source.format
+    {
+        return Err(Error::Incompatible {
+            pipeline: p.name.clone(),
+            message: format!(
+                "source format changed ({:?} -> {:?}); register a new pipeline (new name) or \
+                 delete its checkpoint folder to start over",
+                r.pipeline.source.format, p.source.format
+            ),
+        });
+    }
+    if let Some(declared) = p.source.declared_schema() {
+        if let Some(pinned) = &pinned
+            && let Some(change) = schema_change(pinned, &declared)
+        {
+            return Err(Error::Incompatible {
+                pipeline: p.name.clone(),
+                message: format!(
+                    "source schema changed ({change}); register a new pipeline (new name) or \
+                     delete its checkpoint folder to start over"
+                ),
+            });
+        }
+        return Ok(Some(declared));
+    }
+    if pinned.is_some() {
+        return Ok(pinned);
+    }
+    let Some(first) = discovery::new_inputs(listed, &Index::default(), p.source.discovery)
+        .into_iter()
+        .next()
+    else {
+        return Ok(None);
+    };
+    let access = ctx.source.scan_access()?;
+    let format = SqlOperator::format(p);
+    let session = SessionContext::new();
+    let meta = object_store::ObjectMeta {
+        location: access.path(&first.key),
+        last_modified: chrono::Utc::now(),
+        size: first.size,
+        e_tag: None,
+        version: None,
+    };
+    let schema = format
+        .infer_schema(&session.state(), &access.store, &[meta])
+        .await
+        .map_err(|e| Error::Input {
+            pipeline: p.name.clone(),
+            batch: 0,
+            key: first.key.clone(),
+            message: format!(
+                "cannot infer the source schema from it: {e}; fix the file or declare source.schema"
+            ),
+        })?;
+    // Keep only names and types: file metadata does not belong in the pin.
+    Ok(Some(schema_of(&columns_of(&schema))))
+}
+
+fn schema_change(old: &Schema, new: &Schema) -> Option<String> {
+    for f in old.fields() {
+        match new.field_with_name(f.name()) {
+            Err(_) => return Some(format!("column {} removed", f.name())),
+            Ok(n) if n.data_type() != f.data_type() => {
+                return Some(format!(
+                    "column {}: {} -> {}",
+                    f.name(),
+                    f.data_type(),
+                    n.data_type()
+                ));
+            }
+            _ => {}
+        }
+    }
+    for f in new.fields() {
+        if old.field_with_name(f.name()).is_err() {
+            return Some(format!("column {} added", f.name()));
+        }
+    }
+    None
+}
+
+/// Discover new input (AvailableNow: what is there now) and write the plans
+/// of all its batches, create-only, before any output exists.
+async fn discover_and_plan(
+    ctx: &Context,
+    mut run: RunState,
+    control: &Control,
+    known: Option<(Index, Vec<ObjectMeta>)>,
+) -> Result<PlanOutcome> {
+    let p = &ctx.pipeline;
+    let (index, listed) = match known {
+        Some(k) => k,
+        None => {
+            let index = ctx.checkpoint.index().await?;
+            let listed = discovery::list_inputs(
+                ctx.source.as_ref(),
+                &p.source,
+                index.start_after.as_deref(),
+            )
+            .await?;
+            (index, listed)
+        }
+    };
+    run.discovered = true;
+    let fresh = discovery::new_inputs(&listed, &index, p.source.discovery);
+    if fresh.is_empty() {
+        release(ctx, &run, RunStatus::Idle).await?;
+        return Ok(PlanOutcome::Done { run });
+    }
+    let first = control.next_batch();
+    let now = ctx.now();
+    let mut plans = Vec::new();
+    for (i, inputs) in planning::split_batches(&fresh, &p.limits)
+        .into_iter()
+        .enumerate()
+    {
+        let tasks = planning::split_tasks(&inputs, p.limits.max_bytes_per_task);
+        plans.push(Offsets {
+            format_version: checkpoint::FORMAT_VERSION,
+            batch: first + i as u64,
+            epoch: run.epoch,
+            planned_ms: now,
+            inputs,
+            tasks,
+        });
+    }
+    for off in &plans {
+        ctx.checkpoint.create_offsets(off).await?;
+    }
+    tracing::info!(pipeline = %p.name, files = fresh.len(), batches = plans.len(), "planned new input");
+    Ok(batch_outcome(run, &plans[0]))
+}
+
+/// Read control and check this run still holds `epoch`.
+async fn owned_control(ctx: &Context, epoch: u64) -> Result<(Control, String)> {
+    match ctx.checkpoint.control().await? {
+        Some((c, etag)) if checkpoint::owns(&c, epoch) => Ok((c, etag)),
+        Some((c, _)) => Err(ctx.conflict(format!(
+            "this run (epoch {epoch}) lost the lease to epoch {} ({}); it stops without writing",
+            c.epoch,
+            c.owner.unwrap_or_default()
+        ))),
+        None => Err(ctx.conflict("control.json is missing; this run stops".into())),
+    }
+}
+
+/// Change control with compare-and-swap while this run holds `epoch`;
+/// retries when another writer (a trigger) changed it in between.
+async fn update_control(
+    ctx: &Context,
+    epoch: u64,
+    change: impl Fn(&mut Control),
+) -> Result<Control> {
+    for _ in 0..16 {
+        let (mut c, etag) = owned_control(ctx, epoch).await?;
+        change(&mut c);
+        if ctx
+            .checkpoint
+            .swap_control(&c, Some(&etag))
+            .await?
+            .is_some()
+        {
+            return Ok(c);
+        }
+    }
+    Err(ctx.conflict("control.json keeps changing under this run; it stops".into()))
+}
+
+/// Operate step: run one task of a batch.
+pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Result<TaskResult> {
+    let off = ctx
+        .checkpoint
+        .offsets(batch)
+        .await?
+        .ok_or_else(|| Error::Checkpoint {
+            pipeline: ctx.pipeline.name.clone(),
+            key: crate::paths::checkpoint::offsets(batch),
+            message: format!("missing while run epoch {} operates on it", run.epoch),
+        })?;
+    let plan = off
+        .tasks
+        .iter()
+        .find(|t| t.task == task)
+        .ok_or_else(|| Error::Checkpoint {
+            pipeline: ctx.pipeline.name.clone(),
+            key: crate::paths::checkpoint::offsets(batch),
+            message: format!("has no task {task}"),
+        })?;
+    let schema = ctx.schema().await?;
+    let op = SqlOperator::new(ctx.pipeline.clone(), schema);
+    let result = op
+        .run(ctx.source.as_ref(), &ctx.sink, batch, &off.inputs, plan)
+        .await?;
+    tracing::debug!(pipeline = %ctx.pipeline.name, batch, task, rows = result.rows_out, "task done");
+    Ok(result)
+}
+
+/// Commit step: check the outputs, write `commits/N` (create-only), then
+/// the manifest, the index and control. Returns the commit record.
+pub async fn commit(
+    ctx: &Context,
+    run: &RunState,
+    batch: u64,
+    results: &[TaskResult],
+    durations: Durations,
+    requests_before: RequestCounts,
+) -> Result<Commit> {
+    let started = std::time::Instant::now();
+    owned_control(ctx, run.epoch).await?;
+    let off = ctx
+        .checkpoint
+        .offsets(batch)
+        .await?
+        .ok_or_else(|| Error::Checkpoint {
+            pipeline: ctx.pipeline.name.clone(),
+            key: crate::paths::checkpoint::offsets(batch),
+            message: "missing at commit".into(),
+        })?;
+    let mut outputs: Vec<_> = results.iter().flat_map(|r| r.outputs.clone()).collect();
+    outputs.sort_by(|a, b| a.key.cmp(&b.key));
+    ctx.sink.verify(batch, &outputs).await?;
+    let mut record = Commit {
+        format_version: checkpoint::FORMAT_VERSION,
+        batch,
+        epoch: run.epoch,
+        committed_ms: ctx.now(),
+        files: off.inputs.len() as u64,
+        bytes_read: off.bytes(),
+        rows_in: results.iter().map(|r| r.rows_in).sum(),
+        rows_out: results.iter().map(|r| r.rows_out).sum(),
+        outputs,
+        durations,
+        requests: RequestCounts::default(),
+        input_keys: off.inputs.iter().map(|i| i.key.clone()).collect(),
+    };
+    record.durations.commit_ms = started.elapsed().as_millis() as u64;
+    // This commit write itself is counted too.
+    record.requests = ctx.counts().since(&requests_before);
+    record.requests.put_create += 1;
+    if !ctx.checkpoint.create_commit(&record).await? {
+        // A retried commit: the record that won is the truth.
+        record = ctx
+            .checkpoint
+            .commit(batch)
+            .await?
+            .ok_or_else(|| Error::Checkpoint {
+                pipeline: ctx.pipeline.name.clone(),
+                key: crate::paths::checkpoint::commit(batch),
+                message: "create-only write lost, yet no record is there".into(),
+            })?;
+    }
+    finish_commit(ctx, run, &record).await?;
+    Ok(record)
+}
+
+/// After `commits/N` exists: publish the manifest, advance the index and
+/// control, prune old records. Idempotent, so recovery can redo it.
+async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result<()> {
+    let p = &ctx.pipeline;
+    ctx.sink
+        .commit(&Manifest {
+            format_version: checkpoint::FORMAT_VERSION,
+            pipeline: p.name.clone(),
+            batch: record.batch,
+            files: record.outputs.clone(),
+            rows: record.rows_out,
+        })
+        .await?;
+    let index = ctx.checkpoint.index().await?;
+    let index = index.apply(
+        record.batch,
+        &record.input_keys,
+        p.source.discovery,
+        p.source.lookback,
+    );
+    ctx.checkpoint.put_index(&index).await?;
+    let listing = index.listing();
+    let now = ctx.now();
+    let spec_hash = p.spec_hash();
+    let c = update_control(ctx, run.epoch, |c| {
+        if c.last_committed.is_some_and(|l| l >= record.batch) {
+            return;
+        }
+        c.last_committed = Some(record.batch);
+        c.last_commit_ms = Some(record.committed_ms);
+        c.listing = listing.clone();
+        c.heartbeat_ms = Some(now);
+        c.spec_hash = spec_hash.clone();
+        c.totals.batches += 1;
+        c.totals.files += record.files;
+        c.totals.bytes += record.bytes_read;
+        c.totals.rows_in += record.rows_in;
+        c.totals.rows_out += record.rows_out;
+    })
+    .await?;
+    let floor = checkpoint::retention_floor(record.batch, p.retain_batches);
+    if floor > 0 && c.last_committed == Some(record.batch) {
+        ctx.checkpoint.prune_below(floor).await?;
+    }
+    Ok(())
+}
+
+/// Give the lease back with `status` (`Idle` once no planned batch is left
+/// uncommitted). A run that fails otherwise keeps the lease: the next run
+/// takes it over when the owner is gone or its heartbeat expired, and
+/// recovers.
+pub async fn release(ctx: &Context, run: &RunState, status: RunStatus) -> Result<()> {
+    let now = ctx.now();
+    let spec_hash = ctx.pipeline.spec_hash();
+    update_control(ctx, run.epoch, |c| {
+        c.status = status;
+        c.heartbeat_ms = Some(now);
+        // pipeline.json holds this spec since the lease was taken.
+        c.spec_hash = spec_hash.clone();
+    })
+    .await?;
+    tracing::info!(pipeline = %ctx.pipeline.name, epoch = run.epoch, "lease released");
+    Ok(())
+}
+
+/// After a batch's input was refused: delete the plans of `batch` and every
+/// later planned batch (highest first, so a crash here leaves a prefix of
+/// plans that the next run resumes), remove their uncommitted output, and
+/// release the lease. The next run plans afresh from what is there then.
+pub async fn abandon(ctx: &Context, run: &RunState, batch: u64) -> Result<()> {
+    owned_control(ctx, run.epoch).await?;
+    let planned = ctx
+        .checkpoint
+        .store()
+        .list(crate::paths::checkpoint::OFFSETS_PREFIX, None)
+        .await?;
+    let mut batches: Vec<u64> = planned
+        .iter()
+        .filter_map(|m| crate::paths::checkpoint::batch_of(&m.key))
+        .filter(|n| *n >= batch)
+        .collect();
+    batches.sort_unstable_by(|a, b| b.cmp(a));
+    for n in batches {
+        for m in ctx
+            .sink
+            .store()
+            .list(&crate::paths::sink::batch_prefix(n), None)
+            .await?
+        {
+            ctx.sink.store().delete(&m.key).await?;
+        }
+        ctx.checkpoint.delete_offsets(n).await?;
+    }
+    release(ctx, run, RunStatus::Idle).await
+}
+
+/// What `sluice show` prints: the checkpoint's state and what is waiting.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    /// The control record, if the pipeline ever ran.
+    pub control: Option<Control>,
+    /// The last commit record.
+    pub last_commit: Option<Commit>,
+    /// Input files not yet in a committed batch.
+    pub waiting_files: u64,
+    /// Their bytes.
+    pub waiting_bytes: u64,
+}
+
+/// Read the pipeline's state and count waiting input (one listing).
+pub async fn status(ctx: &Context) -> Result<Status> {
+    let control = ctx.checkpoint.control().await?.map(|(c, _)| c);
+    let last_commit = match control.as_ref().and_then(|c| c.last_committed) {
+        Some(n) => ctx.checkpoint.commit(n).await?,
+        None => None,
+    };
+    let index = ctx.checkpoint.index().await?;
+    let listed = discovery::list_inputs(
+        ctx.source.as_ref(),
+        &ctx.pipeline.source,
+        index.start_after.as_deref(),
+    )
+    .await?;
+    let waiting = discovery::new_inputs(&listed, &index, ctx.pipeline.source.discovery);
+    Ok(Status {
+        control,
+        last_commit,
+        waiting_files: waiting.len() as u64,
+        waiting_bytes: waiting.iter().map(|f| f.size).sum(),
+    })
+}

@@ -1,0 +1,367 @@
+//! Operators: run the pipeline's SQL with DataFusion over exactly one task's
+//! input files and hand the rows to the sink.
+//!
+//! The input table is a [`BatchTable`]: a table provider over a fixed list
+//! of files with their planned sizes, so DataFusion never lists the source.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::datasource::file_format::FileFormat;
+use datafusion::datasource::file_format::csv::CsvFormat;
+use datafusion::datasource::file_format::file_compression_type::FileCompressionType;
+use datafusion::datasource::file_format::json::JsonFormat;
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder};
+use datafusion::datasource::table_schema::TableSchema;
+use datafusion::datasource::{MemTable, TableProvider, TableType};
+use datafusion::error::DataFusionError;
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::physical_plan::{ExecutionPlan, execute_stream_partitioned};
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::checkpoint::{InputFile, OutputFile, TaskPlan};
+use crate::error::{Error, ErrorClass, Result};
+use crate::pipeline::{Compression, Pipeline, SourceFormat};
+use crate::sinks::ParquetSink;
+use crate::storage::{ScanAccess, Store};
+
+/// Input bytes per output partition below which a task uses fewer partitions.
+const SMALL_TASK_BYTES: u64 = 32 << 20;
+
+/// A table over a fixed list of files: one task's inputs.
+#[derive(Debug)]
+pub struct BatchTable {
+    schema: SchemaRef,
+    format: Arc<dyn FileFormat>,
+    url: ObjectStoreUrl,
+    files: Vec<PartitionedFile>,
+    partitions: usize,
+}
+
+#[async_trait::async_trait]
+impl TableProvider for BatchTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        // Spread files round-robin over the partitions, keeping each group in
+        // planned order.
+        let n = self.partitions.clamp(1, self.files.len().max(1));
+        let mut groups: Vec<Vec<PartitionedFile>> = vec![Vec::new(); n];
+        for (i, f) in self.files.iter().enumerate() {
+            groups[i % n].push(f.clone());
+        }
+        let source = self
+            .format
+            .file_source(TableSchema::from(self.schema.clone()));
+        let config = FileScanConfigBuilder::new(self.url.clone(), source)
+            .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
+            .with_projection_indices(projection.cloned())?
+            .with_limit(limit)
+            .build();
+        self.format.create_physical_plan(state, config).await
+    }
+}
+
+/// What one task did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TaskResult {
+    /// Task number.
+    pub task: u32,
+    /// Files written.
+    pub outputs: Vec<OutputFile>,
+    /// Rows read from the inputs.
+    pub rows_in: u64,
+    /// Rows written.
+    pub rows_out: u64,
+    /// Input bytes.
+    pub bytes_read: u64,
+    /// Wall time, ms.
+    pub millis: u64,
+}
+
+/// Runs the pipeline's SQL over task inputs with DataFusion.
+#[derive(Debug, Clone)]
+pub struct SqlOperator {
+    pipeline: Arc<Pipeline>,
+    schema: SchemaRef,
+    partitions: usize,
+}
+
+impl SqlOperator {
+    /// An operator for `pipeline` reading its inputs with `schema`.
+    pub fn new(pipeline: Arc<Pipeline>, schema: SchemaRef) -> SqlOperator {
+        let partitions = std::thread::available_parallelism().map_or(2, |n| n.get());
+        SqlOperator {
+            pipeline,
+            schema,
+            partitions,
+        }
+    }
+
+    /// The DataFusion file format of the pipeline's source.
+    pub fn format(pipeline: &Pipeline) -> Arc<dyn FileFormat> {
+        let s = &pipeline.source;
+        let compression = match s.compression {
+            None => FileCompressionType::UNCOMPRESSED,
+            Some(Compression::Gzip) => FileCompressionType::GZIP,
+            Some(Compression::Zstd) => FileCompressionType::ZSTD,
+        };
+        match s.format {
+            SourceFormat::Parquet => Arc::new(ParquetFormat::default()),
+            SourceFormat::Csv => Arc::new(
+                CsvFormat::default()
+                    .with_has_header(s.header)
+                    .with_delimiter(s.delimiter)
+                    .with_file_compression_type(compression),
+            ),
+            SourceFormat::Jsonl => {
+                Arc::new(JsonFormat::default().with_file_compression_type(compression))
+            }
+        }
+    }
+
+    fn session(&self) -> SessionContext {
+        let config = SessionConfig::new()
+            .with_target_partitions(self.partitions)
+            .with_information_schema(false);
+        SessionContext::new_with_config(config)
+    }
+
+    fn sql_err(&self, e: impl std::fmt::Display) -> Error {
+        Error::Sql {
+            pipeline: self.pipeline.name.clone(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Check that the SQL plans against the schema and is a query whose
+    /// micro-batch results add up to the one-shot result. Returns the
+    /// logical plan.
+    pub async fn check(&self) -> Result<LogicalPlan> {
+        let ctx = self.session();
+        let empty =
+            MemTable::try_new(self.schema.clone(), vec![vec![]]).map_err(|e| self.sql_err(e))?;
+        ctx.register_table(self.pipeline.source.table.as_str(), Arc::new(empty))
+            .map_err(|e| self.sql_err(e))?;
+        let plan = ctx
+            .state()
+            .create_logical_plan(&self.pipeline.sql)
+            .await
+            .map_err(|e| self.sql_err(format!("{e}\nfix query.sql in the pipeline file")))?;
+        if let Some(reason) = not_batch_equivalent(&plan) {
+            return Err(self.sql_err(reason));
+        }
+        Ok(plan)
+    }
+
+    async fn plan_scan(
+        &self,
+        access: &ScanAccess,
+        inputs: &[&InputFile],
+    ) -> std::result::Result<(SessionContext, Arc<dyn ExecutionPlan>), DataFusionError> {
+        let ctx = self.session();
+        ctx.register_object_store(access.url.as_ref(), access.store.clone());
+        let table = BatchTable {
+            schema: self.schema.clone(),
+            format: Self::format(&self.pipeline),
+            url: access.url.clone(),
+            files: inputs
+                .iter()
+                .map(|f| {
+                    PartitionedFile::new_from_meta(object_store::ObjectMeta {
+                        location: access.path(&f.key),
+                        last_modified: chrono::DateTime::UNIX_EPOCH,
+                        size: f.size,
+                        e_tag: None,
+                        version: None,
+                    })
+                })
+                .collect(),
+            partitions: self.partitions,
+        };
+        ctx.register_table(self.pipeline.source.table.as_str(), Arc::new(table))?;
+        let df = ctx.sql(&self.pipeline.sql).await?;
+        let plan = df.create_physical_plan().await?;
+        Ok((ctx, plan))
+    }
+
+    /// Run one task of batch `batch`: read `task`'s inputs, run the SQL and
+    /// write the result to `sink`. An input that cannot be read is named in
+    /// the error.
+    pub async fn run(
+        &self,
+        source: &dyn Store,
+        sink: &ParquetSink,
+        batch: u64,
+        inputs: &[InputFile],
+        task: &TaskPlan,
+    ) -> Result<TaskResult> {
+        let started = Instant::now();
+        // Small tasks run as one partition: one output file, not one per core.
+        let op = SqlOperator {
+            partitions: self
+                .partitions
+                .min((task.bytes / SMALL_TASK_BYTES).max(1) as usize),
+            ..self.clone()
+        };
+        let this = &op;
+        let access = source.scan_access()?;
+        let files: Vec<&InputFile> = task.inputs.iter().map(|i| &inputs[*i as usize]).collect();
+        let exec = |e: DataFusionError| Error::Execution {
+            pipeline: self.pipeline.name.clone(),
+            batch,
+            task: task.task,
+            message: e.to_string(),
+            class: ErrorClass::InvalidInput,
+        };
+        let (ctx, plan) = this.plan_scan(&access, &files).await.map_err(exec)?;
+        let schema = plan.schema();
+        let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
+        let writes = streams.into_iter().enumerate().map(|(p, stream)| {
+            let sink = sink.clone();
+            let schema = schema.clone();
+            async move {
+                sink.write_partition(batch, task.task, p as u32, schema, stream)
+                    .await
+            }
+        });
+        let written = futures::future::join_all(writes).await;
+        let mut outputs = Vec::new();
+        let mut first_err = None;
+        for w in written {
+            match w {
+                Ok(o) => outputs.extend(o),
+                Err(e) if first_err.is_none() => first_err = Some(e),
+                Err(_) => {}
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(match e.class() {
+                ErrorClass::InvalidInput => this.attribute(&access, batch, task, &files, e).await,
+                _ => e,
+            });
+        }
+        sink.remove_stale_parts(batch, task.task, &outputs).await?;
+        let rows_out = outputs.iter().map(|o| o.rows).sum();
+        Ok(TaskResult {
+            task: task.task,
+            rows_in: leaf_rows(&plan),
+            rows_out,
+            bytes_read: files.iter().map(|f| f.size).sum(),
+            outputs,
+            millis: started.elapsed().as_millis() as u64,
+        })
+    }
+
+    /// Find which input made a task fail by reading each alone; name it.
+    async fn attribute(
+        &self,
+        access: &ScanAccess,
+        batch: u64,
+        task: &TaskPlan,
+        files: &[&InputFile],
+        original: Error,
+    ) -> Error {
+        for f in files {
+            let probe = async {
+                let (ctx, plan) = self.plan_scan(access, &[f]).await?;
+                datafusion::physical_plan::collect(plan, ctx.task_ctx()).await
+            };
+            if let Err(e) = probe.await {
+                let message = match &e {
+                    DataFusionError::ObjectStore(os)
+                        if matches!(**os, object_store::Error::NotFound { .. }) =>
+                    {
+                        "missing: it was listed when the batch was planned and has since been \
+                         deleted; restore it, or delete the batch plan to skip it"
+                            .to_string()
+                    }
+                    _ => format!(
+                        "{}; fix or replace the file (same key), then run again",
+                        e.to_string().trim()
+                    ),
+                };
+                return Error::Input {
+                    pipeline: self.pipeline.name.clone(),
+                    batch,
+                    key: f.key.clone(),
+                    message,
+                };
+            }
+        }
+        match original {
+            Error::Execution { message, .. } => Error::Execution {
+                pipeline: self.pipeline.name.clone(),
+                batch,
+                task: task.task,
+                message,
+                class: ErrorClass::Fatal,
+            },
+            other => other,
+        }
+    }
+}
+
+/// Rows produced by the leaves (the scans) of an executed plan.
+fn leaf_rows(plan: &Arc<dyn ExecutionPlan>) -> u64 {
+    if plan.children().is_empty() {
+        plan.metrics().and_then(|m| m.output_rows()).unwrap_or(0) as u64
+    } else {
+        plan.children().into_iter().map(leaf_rows).sum()
+    }
+}
+
+/// Why a plan's per-batch results would not add up to the one-shot result,
+/// if they would not.
+fn not_batch_equivalent(plan: &LogicalPlan) -> Option<String> {
+    let mut reason = None;
+    let _ = plan.apply_with_subqueries(|node| {
+        let why = match node {
+            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => Some(
+                "aggregation (GROUP BY, DISTINCT, count, sum, ...) over a micro-batch gives \
+                 per-batch results, not the answer over all input",
+            ),
+            LogicalPlan::Window(_) => Some("window functions (OVER) see one micro-batch at a time"),
+            LogicalPlan::Limit(_) => Some("LIMIT/OFFSET would apply to each micro-batch"),
+            LogicalPlan::Join(_) => Some("joins see one micro-batch at a time"),
+            LogicalPlan::RecursiveQuery(_) => Some("recursive queries are not supported"),
+            LogicalPlan::Dml(_)
+            | LogicalPlan::Ddl(_)
+            | LogicalPlan::Copy(_)
+            | LogicalPlan::Statement(_)
+            | LogicalPlan::Explain(_)
+            | LogicalPlan::Analyze(_)
+            | LogicalPlan::DescribeTable(_) => Some("query.sql must be a SELECT query"),
+            _ => None,
+        };
+        match why {
+            Some(w) => {
+                reason = Some(format!(
+                    "{w}; use a row-by-row query (SELECT, WHERE, expressions, UNION ALL) until \
+                     event-time windows land"
+                ));
+                Ok(TreeNodeRecursion::Stop)
+            }
+            None => Ok(TreeNodeRecursion::Continue),
+        }
+    });
+    reason
+}

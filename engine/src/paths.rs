@@ -1,0 +1,74 @@
+//! Every object key Sluice writes, built in one place. Batch numbers are
+//! zero-padded so lexicographic order is numeric order.
+
+/// Keys inside one pipeline's checkpoint folder (`<checkpoint>/<pipeline>/`).
+pub mod checkpoint {
+    /// Spec, pinned schema and format version.
+    pub const PIPELINE: &str = "pipeline.json";
+    /// The run lease and the pointer to the last committed batch.
+    pub const CONTROL: &str = "control.json";
+    /// Prefix of all batch plans.
+    pub const OFFSETS_PREFIX: &str = "offsets/";
+    /// Prefix of all commit records.
+    pub const COMMITS_PREFIX: &str = "commits/";
+    /// The processed-input index.
+    pub const INDEX: &str = "index/processed.json";
+
+    /// The plan of batch `n`, written create-only before any output.
+    pub fn offsets(n: u64) -> String {
+        format!("{OFFSETS_PREFIX}{n:010}.json")
+    }
+
+    /// The commit record of batch `n`, written create-only, last.
+    pub fn commit(n: u64) -> String {
+        format!("{COMMITS_PREFIX}{n:010}.json")
+    }
+
+    /// The batch number of an `offsets/` or `commits/` key.
+    pub fn batch_of(key: &str) -> Option<u64> {
+        key.rsplit('/').next()?.strip_suffix(".json")?.parse().ok()
+    }
+}
+
+/// Keys inside the sink folder.
+pub mod sink {
+    /// Prefix of the output files of batch `n`.
+    pub fn batch_prefix(n: u64) -> String {
+        format!("batch={n:010}/")
+    }
+
+    /// Prefix of the output files of task `task` of batch `n`.
+    pub fn task_prefix(n: u64, task: u32) -> String {
+        format!("{}part-{task:05}-", batch_prefix(n))
+    }
+
+    /// Output file `part` of task `task` of batch `n`: a function of
+    /// (batch, task, part) only, so a retried task overwrites its own files.
+    pub fn part(n: u64, task: u32, part: u32) -> String {
+        format!("{}{part:05}.parquet", task_prefix(n, task))
+    }
+
+    /// Prefix of the manifests.
+    pub const MANIFEST_PREFIX: &str = "_sluice/manifest/";
+
+    /// The manifest naming the committed files of batch `n`.
+    pub fn manifest(n: u64) -> String {
+        format!("{MANIFEST_PREFIX}{n:010}.json")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_sort_numerically_and_parse_back() {
+        assert!(checkpoint::offsets(9) < checkpoint::offsets(10));
+        assert_eq!(checkpoint::batch_of(&checkpoint::commit(42)), Some(42));
+        assert_eq!(
+            sink::part(3, 1, 2),
+            "batch=0000000003/part-00001-00002.parquet"
+        );
+        assert!(sink::part(3, 1, 2).starts_with(&sink::task_prefix(3, 1)));
+    }
+}

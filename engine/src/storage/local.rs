@@ -1,0 +1,307 @@
+//! A local folder as a [`Store`]: the embedded default.
+//!
+//! Atomicity across processes comes from the file system: every write goes to
+//! a hidden temporary file first; an overwrite renames it into place, a
+//! create-only put hard-links it (which fails if the key exists), and a
+//! compare-and-swap holds an exclusive lock on a hidden per-key lock file while
+//! it compares and renames. Hidden names (starting with `.`) are never listed.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use datafusion::execution::object_store::ObjectStoreUrl;
+
+use super::{
+    Object, ObjectMeta, PutMode, PutOutcome, RequestCounter, RequestCounts, RequestKind,
+    ScanAccess, Store,
+};
+use crate::error::StoreError;
+
+/// A [`Store`] over a local folder.
+#[derive(Debug)]
+pub struct LocalStore {
+    root: PathBuf,
+    counter: RequestCounter,
+}
+
+static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl LocalStore {
+    /// A store rooted at `root` (created on first write).
+    pub fn new(root: PathBuf) -> LocalStore {
+        LocalStore {
+            root,
+            counter: RequestCounter::default(),
+        }
+    }
+
+    fn path_of(&self, key: &str) -> Result<PathBuf, StoreError> {
+        if key.is_empty()
+            || key.starts_with('/')
+            || key
+                .split('/')
+                .any(|s| s.is_empty() || s == "." || s == "..")
+        {
+            return Err(StoreError::Permanent {
+                op: "resolve",
+                location: self.root.display().to_string(),
+                message: format!("key \"{key}\" is not a plain relative key"),
+            });
+        }
+        Ok(self.root.join(key))
+    }
+
+    fn err(&self, op: &'static str, path: &Path, e: std::io::Error) -> StoreError {
+        use std::io::ErrorKind::*;
+        let message = e.to_string();
+        let location = path.display().to_string();
+        match e.kind() {
+            Interrupted | TimedOut | WouldBlock | ResourceBusy => StoreError::Transient {
+                op,
+                location,
+                message,
+            },
+            _ => StoreError::Permanent {
+                op,
+                location,
+                message,
+            },
+        }
+    }
+
+    /// Write `bytes` to a fresh hidden file beside `path` and return its path.
+    fn write_temp(&self, path: &Path, bytes: &[u8]) -> Result<PathBuf, StoreError> {
+        let dir = path.parent().expect("a key has a parent folder");
+        std::fs::create_dir_all(dir).map_err(|e| self.err("put", dir, e))?;
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let tmp = dir.join(format!(
+            ".{name}.{}.{}.tmp",
+            std::process::id(),
+            TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let mut f = std::fs::File::create(&tmp).map_err(|e| self.err("put", &tmp, e))?;
+        f.write_all(bytes).map_err(|e| self.err("put", &tmp, e))?;
+        f.sync_data().map_err(|e| self.err("put", &tmp, e))?;
+        Ok(tmp)
+    }
+
+    fn put_sync(&self, key: &str, bytes: &[u8], mode: &PutMode) -> Result<PutOutcome, StoreError> {
+        let path = self.path_of(key)?;
+        let etag = etag_of(bytes);
+        match mode {
+            PutMode::Overwrite => {
+                let tmp = self.write_temp(&path, bytes)?;
+                std::fs::rename(&tmp, &path).map_err(|e| self.err("put", &path, e))?;
+                Ok(PutOutcome::Written(etag))
+            }
+            PutMode::Create => {
+                let tmp = self.write_temp(&path, bytes)?;
+                let linked = std::fs::hard_link(&tmp, &path);
+                let _ = std::fs::remove_file(&tmp);
+                match linked {
+                    Ok(()) => Ok(PutOutcome::Written(etag)),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        Ok(PutOutcome::Conflict)
+                    }
+                    Err(e) => Err(self.err("put-create", &path, e)),
+                }
+            }
+            PutMode::Update(expected) => {
+                let dir = path.parent().expect("a key has a parent folder");
+                std::fs::create_dir_all(dir).map_err(|e| self.err("put-update", dir, e))?;
+                let name = path.file_name().unwrap_or_default().to_string_lossy();
+                let lock_path = dir.join(format!(".{name}.lock"));
+                let lock = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&lock_path)
+                    .map_err(|e| self.err("put-update", &lock_path, e))?;
+                lock.lock()
+                    .map_err(|e| self.err("put-update", &lock_path, e))?;
+                let current = match std::fs::read(&path) {
+                    Ok(b) => Some(etag_of(&b)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                    Err(e) => return Err(self.err("put-update", &path, e)),
+                };
+                if current.as_deref() != Some(expected.as_str()) {
+                    return Ok(PutOutcome::Conflict);
+                }
+                let tmp = self.write_temp(&path, bytes)?;
+                std::fs::rename(&tmp, &path).map_err(|e| self.err("put-update", &path, e))?;
+                // The lock is released when `lock` is dropped.
+                Ok(PutOutcome::Written(etag))
+            }
+        }
+    }
+
+    fn list_sync(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+    ) -> Result<Vec<ObjectMeta>, StoreError> {
+        // Start the walk at the deepest folder the prefix names.
+        let (dir_part, _) = prefix.rsplit_once('/').unwrap_or(("", prefix));
+        let start = if dir_part.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(dir_part)
+        };
+        let mut out = Vec::new();
+        let base = if dir_part.is_empty() {
+            String::new()
+        } else {
+            format!("{dir_part}/")
+        };
+        self.walk(&start, &base, prefix, start_after, &mut out)?;
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    fn walk(
+        &self,
+        dir: &Path,
+        base: &str,
+        prefix: &str,
+        start_after: Option<&str>,
+        out: &mut Vec<ObjectMeta>,
+    ) -> Result<(), StoreError> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(self.err("list", dir, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| self.err("list", dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let key = format!("{base}{name}");
+            let meta = entry
+                .metadata()
+                .map_err(|e| self.err("list", &entry.path(), e))?;
+            if meta.is_dir() {
+                let sub = format!("{key}/");
+                // Skip folders that cannot hold a matching key.
+                let shares_prefix = sub.starts_with(prefix) || prefix.starts_with(&sub);
+                let after = match start_after {
+                    Some(s) => sub.as_str() >= s || s.starts_with(&sub),
+                    None => true,
+                };
+                if shares_prefix && after {
+                    self.walk(&entry.path(), &sub, prefix, start_after, out)?;
+                }
+                continue;
+            }
+            if !key.starts_with(prefix) || start_after.is_some_and(|s| key.as_str() <= s) {
+                continue;
+            }
+            out.push(ObjectMeta {
+                key,
+                size: meta.len(),
+                etag: None,
+                last_modified: meta.modified().ok().map(DateTime::<Utc>::from),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The etag of local content: a 64-bit FNV-1a hash and the length. Content
+/// equality is what compare-and-swap needs here, since every control record
+/// written carries a fresh epoch or heartbeat.
+pub(crate) fn etag_of(bytes: &[u8]) -> String {
+    format!("{:016x}-{}", crate::discovery::fnv1a(bytes), bytes.len())
+}
+
+#[async_trait::async_trait]
+impl Store for LocalStore {
+    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
+        self.counter.add(RequestKind::Get);
+        let path = self.path_of(key)?;
+        match tokio::fs::read(&path).await {
+            Ok(b) => Ok(Some(Object {
+                etag: etag_of(&b),
+                bytes: Bytes::from(b),
+            })),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.err("get", &path, e)),
+        }
+    }
+
+    async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
+        self.counter.add(match mode {
+            PutMode::Overwrite => RequestKind::Put,
+            PutMode::Create => RequestKind::PutCreate,
+            PutMode::Update(_) => RequestKind::PutUpdate,
+        });
+        let this = LocalStore {
+            root: self.root.clone(),
+            counter: RequestCounter::default(),
+        };
+        let key = key.to_string();
+        tokio::task::spawn_blocking(move || this.put_sync(&key, &bytes, &mode))
+            .await
+            .map_err(|e| StoreError::Transient {
+                op: "put",
+                location: self.root.display().to_string(),
+                message: e.to_string(),
+            })?
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+    ) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.counter.add(RequestKind::List);
+        let this = LocalStore {
+            root: self.root.clone(),
+            counter: RequestCounter::default(),
+        };
+        let prefix = prefix.to_string();
+        let start_after = start_after.map(str::to_string);
+        tokio::task::spawn_blocking(move || this.list_sync(&prefix, start_after.as_deref()))
+            .await
+            .map_err(|e| StoreError::Transient {
+                op: "list",
+                location: self.root.display().to_string(),
+                message: e.to_string(),
+            })?
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.counter.add(RequestKind::Delete);
+        let path = self.path_of(key)?;
+        match tokio::fs::remove_file(&path).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self.err("delete", &path, e)),
+        }
+    }
+
+    fn counts(&self) -> RequestCounts {
+        self.counter.snapshot()
+    }
+
+    fn describe(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
+        Ok(ScanAccess {
+            url: ObjectStoreUrl::local_filesystem(),
+            store: Arc::new(object_store::local::LocalFileSystem::new()),
+            root: self
+                .root
+                .to_string_lossy()
+                .trim_start_matches('/')
+                .to_string(),
+        })
+    }
+}

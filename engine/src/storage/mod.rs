@@ -1,0 +1,385 @@
+//! The object-store seam: every byte Sluice reads or writes goes through
+//! [`Store`], so the checkpoint protocol runs the same on a local folder, in
+//! memory and on S3.
+//!
+//! Guarantees an implementation must give (the protocols depend on them):
+//! - **read-after-write**: a `get` or `list` after a successful `put` sees it;
+//! - **create-only put** ([`PutMode::Create`]): of racing writers of one key,
+//!   exactly one succeeds and the others get [`PutOutcome::Conflict`], also
+//!   across processes;
+//! - **compare-and-swap put** ([`PutMode::Update`]): succeeds only while the
+//!   key's current etag equals the given one, atomically;
+//! - **atomic objects**: a reader sees a whole old or a whole new object, never
+//!   a torn one;
+//! - `list` returns keys in ascending byte order, starting after `start_after`.
+//!
+//! Every call is counted by kind ([`RequestCounts`]), so tests and benchmarks
+//! can assert how many requests a run made.
+
+mod local;
+mod memory;
+mod s3;
+
+pub use local::LocalStore;
+pub use memory::MemoryStore;
+pub use s3::{S3Config, S3Store};
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use datafusion::execution::object_store::ObjectStoreUrl;
+
+use crate::error::StoreError;
+
+/// One listed object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// Key relative to the store's root.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Entity tag, where the listing gives one.
+    pub etag: Option<String>,
+    /// Last modification time.
+    pub last_modified: Option<DateTime<Utc>>,
+}
+
+/// An object's content with the etag to use for a later compare-and-swap.
+#[derive(Debug, Clone)]
+pub struct Object {
+    /// Whole content.
+    pub bytes: Bytes,
+    /// Version of this content, for [`PutMode::Update`].
+    pub etag: String,
+}
+
+/// How a put treats an existing object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutMode {
+    /// Replace whatever is there.
+    Overwrite,
+    /// Write only if the key does not exist (S3 `If-None-Match: *`).
+    Create,
+    /// Write only if the key exists with this etag (S3 `If-Match`).
+    Update(String),
+}
+
+/// Result of a put.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// Written; the new etag.
+    Written(String),
+    /// A create found the key, or an update found another etag or no key.
+    Conflict,
+}
+
+/// Kinds of request, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// Read an object.
+    Get,
+    /// Unconditional write.
+    Put,
+    /// Create-only write.
+    PutCreate,
+    /// Compare-and-swap write.
+    PutUpdate,
+    /// One page of a listing.
+    List,
+    /// Delete an object.
+    Delete,
+}
+
+/// Request counters of one store, by kind.
+#[derive(Debug, Default)]
+pub struct RequestCounter {
+    counts: [AtomicU64; 6],
+}
+
+impl RequestCounter {
+    /// Count one request of `kind`.
+    pub fn add(&self, kind: RequestKind) {
+        self.counts[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts so far.
+    pub fn snapshot(&self) -> RequestCounts {
+        let c = |k: RequestKind| self.counts[k as usize].load(Ordering::Relaxed);
+        RequestCounts {
+            get: c(RequestKind::Get),
+            put: c(RequestKind::Put),
+            put_create: c(RequestKind::PutCreate),
+            put_update: c(RequestKind::PutUpdate),
+            list: c(RequestKind::List),
+            delete: c(RequestKind::Delete),
+        }
+    }
+}
+
+/// Request counts by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RequestCounts {
+    /// Object reads.
+    pub get: u64,
+    /// Unconditional writes.
+    pub put: u64,
+    /// Create-only writes.
+    pub put_create: u64,
+    /// Compare-and-swap writes.
+    pub put_update: u64,
+    /// Listing pages.
+    pub list: u64,
+    /// Deletes.
+    pub delete: u64,
+}
+
+impl RequestCounts {
+    /// All requests.
+    pub fn total(&self) -> u64 {
+        self.get + self.writes() + self.list + self.delete
+    }
+
+    /// All writes of any mode.
+    pub fn writes(&self) -> u64 {
+        self.put + self.put_create + self.put_update
+    }
+
+    /// Requests made since `earlier`.
+    pub fn since(&self, earlier: &RequestCounts) -> RequestCounts {
+        RequestCounts {
+            get: self.get - earlier.get,
+            put: self.put - earlier.put,
+            put_create: self.put_create - earlier.put_create,
+            put_update: self.put_update - earlier.put_update,
+            list: self.list - earlier.list,
+            delete: self.delete - earlier.delete,
+        }
+    }
+
+    /// Sum of two counts.
+    pub fn plus(&self, other: &RequestCounts) -> RequestCounts {
+        RequestCounts {
+            get: self.get + other.get,
+            put: self.put + other.put,
+            put_create: self.put_create + other.put_create,
+            put_update: self.put_update + other.put_update,
+            list: self.list + other.list,
+            delete: self.delete + other.delete,
+        }
+    }
+}
+
+impl fmt::Display for RequestCounts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (get {}, put {}, create {}, cas {}, list {}, delete {})",
+            self.total(),
+            self.get,
+            self.put,
+            self.put_create,
+            self.put_update,
+            self.list,
+            self.delete
+        )
+    }
+}
+
+/// How DataFusion reaches the objects of a store, for scans.
+#[derive(Debug, Clone)]
+pub struct ScanAccess {
+    /// URL the object store is registered under in a DataFusion session.
+    pub url: ObjectStoreUrl,
+    /// The object store.
+    pub store: Arc<dyn object_store::ObjectStore>,
+    /// Path of the store's root inside `store`, prepended to every key.
+    pub root: String,
+}
+
+impl ScanAccess {
+    /// The object-store path of `key`, taken as written: keys with spaces or
+    /// non-ASCII characters name the same object as in the store
+    /// (`Path::from` would percent-encode them into another key).
+    pub fn path(&self, key: &str) -> object_store::path::Path {
+        let full = if self.root.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}/{}", self.root, key)
+        };
+        object_store::path::Path::parse(&full)
+            .unwrap_or_else(|_| object_store::path::Path::from(full))
+    }
+}
+
+/// The seam every storage backend implements. Keys are relative to the
+/// store's root, `/`-separated, never starting with `/`.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + fmt::Debug {
+    /// Read a whole object; `None` if the key does not exist.
+    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError>;
+
+    /// Write a whole object atomically, honouring `mode`.
+    async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError>;
+
+    /// List every object whose key starts with `prefix` and sorts after
+    /// `start_after`, in ascending key order (all pages).
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+    ) -> Result<Vec<ObjectMeta>, StoreError>;
+
+    /// Delete an object; deleting a missing key succeeds.
+    async fn delete(&self, key: &str) -> Result<(), StoreError>;
+
+    /// Requests made so far, by kind.
+    fn counts(&self) -> RequestCounts;
+
+    /// Where this store's root is, for messages (`/data/in`, `s3://b/p`).
+    fn describe(&self) -> String;
+
+    /// How DataFusion scans this store's objects.
+    fn scan_access(&self) -> Result<ScanAccess, StoreError>;
+}
+
+/// Where a store lives: a local folder or an S3 bucket and prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// A folder on the local file system (absolute).
+    Local(PathBuf),
+    /// An S3 bucket and a key prefix (no leading or trailing `/`).
+    S3 {
+        /// Bucket name.
+        bucket: String,
+        /// Key prefix, possibly empty.
+        prefix: String,
+    },
+}
+
+impl Location {
+    /// Parse `s3://bucket/prefix/` or a path; a relative path resolves
+    /// against `base`.
+    pub fn parse(uri: &str, base: &std::path::Path) -> Result<Location, String> {
+        if let Some(rest) = uri.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(format!(
+                    "\"{uri}\" names no bucket; write s3://bucket/prefix/"
+                ));
+            }
+            let prefix = prefix.trim_matches('/').to_string();
+            if prefix.split('/').any(|p| p == ".." || p == ".") {
+                return Err(format!("\"{uri}\" has a . or .. segment"));
+            }
+            return Ok(Location::S3 {
+                bucket: bucket.to_string(),
+                prefix,
+            });
+        }
+        if let Some((scheme, _)) = uri.split_once("://") {
+            let hint = if scheme == "file" {
+                "write a plain path"
+            } else {
+                "use a local path or s3://"
+            };
+            return Err(format!(
+                "\"{uri}\": scheme {scheme}:// is not supported; {hint}"
+            ));
+        }
+        let path = std::path::Path::new(uri);
+        let path = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            base.join(path)
+        };
+        Ok(Location::Local(normalize(&path)))
+    }
+
+    /// A readable form, for messages and `sluice show`.
+    pub fn display(&self) -> String {
+        match self {
+            Location::Local(p) => p.display().to_string(),
+            Location::S3 { bucket, prefix } if prefix.is_empty() => format!("s3://{bucket}/"),
+            Location::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}/"),
+        }
+    }
+
+    /// The location `child` below this one.
+    pub fn join(&self, child: &str) -> Location {
+        match self {
+            Location::Local(p) => Location::Local(p.join(child)),
+            Location::S3 { bucket, prefix } => Location::S3 {
+                bucket: bucket.clone(),
+                prefix: if prefix.is_empty() {
+                    child.to_string()
+                } else {
+                    format!("{prefix}/{child}")
+                },
+            },
+        }
+    }
+
+    /// Open a store rooted here. S3 locations use `s3`, which must be given.
+    pub fn open(&self, s3: Option<&S3Config>) -> Result<Arc<dyn Store>, String> {
+        match self {
+            Location::Local(p) => Ok(Arc::new(LocalStore::new(p.clone()))),
+            Location::S3 { bucket, prefix } => {
+                let cfg = s3
+                    .ok_or_else(|| format!("{}: no S3 configuration was loaded", self.display()))?;
+                Ok(Arc::new(S3Store::new(cfg, bucket, prefix)))
+            }
+        }
+    }
+}
+
+/// Remove `.` and `..` segments without touching the file system (the folder
+/// may not exist yet).
+fn normalize(path: &std::path::Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_locations() {
+        let base = std::path::Path::new("/p/q");
+        assert_eq!(
+            Location::parse("s3://b/x/y/", base).unwrap(),
+            Location::S3 {
+                bucket: "b".into(),
+                prefix: "x/y".into()
+            }
+        );
+        assert_eq!(
+            Location::parse("s3://b", base).unwrap(),
+            Location::S3 {
+                bucket: "b".into(),
+                prefix: "".into()
+            }
+        );
+        assert_eq!(
+            Location::parse("../data", base).unwrap(),
+            Location::Local("/p/data".into())
+        );
+        assert!(Location::parse("s3:///x", base).is_err());
+        assert!(Location::parse("gs://b/x", base).is_err());
+        assert!(Location::parse("s3://b/../x", base).is_err());
+    }
+}

@@ -1,0 +1,119 @@
+//! Bad input fails the batch naming the key, leaves the checkpoint's
+//! committed state and the committed output unchanged, and the next run
+//! succeeds once the file is fixed.
+
+use sluice_engine::pipeline::SourceFormat;
+
+use crate::support::*;
+
+async fn committed_state(
+    root: &std::path::Path,
+    toml: &str,
+) -> (Option<u64>, Vec<String>, Vec<String>) {
+    let p = pipeline(root, toml);
+    let ctx = local_context(&p);
+    let control = ctx.checkpoint.control().await.unwrap().unwrap().0;
+    let list = |prefix: &'static str| {
+        let store = ctx.checkpoint.store().clone();
+        async move {
+            store
+                .list(prefix, None)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|m| m.key)
+                .collect::<Vec<_>>()
+        }
+    };
+    let mut keys = list("commits/").await;
+    keys.extend(list("offsets/").await);
+    let sink: Vec<String> = ctx
+        .sink
+        .store()
+        .list("", None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| format!("{} {}", m.key, m.size))
+        .collect();
+    (control.last_committed, keys, sink)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn corrupt_and_truncated_parquet_fail_cleanly_and_recover() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    gen_files(&input, 2, 100);
+    let toml = pipeline_toml("bad", "parquet", "", "max_files_per_batch = 2");
+    let p = pipeline(root, &toml);
+    run(&local_context(&p)).await.unwrap();
+    let before = committed_state(root, &toml).await;
+    let rows_before = committed_rows(&root.join("out/sink"), "bad").await;
+
+    // File 2 is garbage, file 3 is a valid file cut in half.
+    let good = gen_files(&input, 2, 100);
+    std::fs::write(&good[0], b"this is not parquet at all, not even close").unwrap();
+    let full = std::fs::read(&good[1]).unwrap();
+    std::fs::write(&good[1], &full[..full.len() / 2]).unwrap();
+
+    for (broken, name) in [
+        (&good[0], "trips-000002.parquet"),
+        (&good[1], "trips-000003.parquet"),
+    ] {
+        let err = run(&local_context(&p)).await.unwrap_err();
+        let msg = err.to_string();
+        assert_eq!(
+            err.class(),
+            sluice_engine::ErrorClass::InvalidInput,
+            "{msg}"
+        );
+        assert!(msg.contains(name), "error must name {name}: {msg}");
+        assert!(
+            msg.contains("run again"),
+            "error must say what to do: {msg}"
+        );
+        assert_eq!(
+            committed_state(root, &toml).await,
+            before,
+            "checkpoint or output changed"
+        );
+        assert_eq!(
+            committed_rows(&root.join("out/sink"), "bad").await,
+            rows_before
+        );
+        // Fix this file (same key) and go on to the next broken one.
+        let i: u64 = name[6..12].parse().unwrap();
+        let bytes = sluice_engine::generator::encode(
+            &sluice_engine::generator::taxi_batch(i, 100),
+            SourceFormat::Parquet,
+            None,
+        )
+        .unwrap();
+        std::fs::write(broken, bytes).unwrap();
+    }
+    let ok = run(&local_context(&p)).await.unwrap();
+    assert_eq!(ok.batches.iter().map(|b| b.files).sum::<u64>(), 2);
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "bad").await,
+        one_shot_rows(&input).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_csv_line_that_does_not_fit_the_schema_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    sluice_engine::generator::write_taxi_files(&input, 2, 50, SourceFormat::Csv, None).unwrap();
+    let toml = pipeline_toml("badcsv", "csv", "", "max_files_per_batch = 10");
+    let p = pipeline(root, &toml);
+    run(&local_context(&p)).await.unwrap();
+    let added =
+        sluice_engine::generator::write_taxi_files(&input, 1, 50, SourceFormat::Csv, None).unwrap();
+    let mut text = std::fs::read_to_string(&added[0]).unwrap();
+    text.push_str("1,not-a-time,x\n");
+    std::fs::write(&added[0], text).unwrap();
+    let err = run(&local_context(&p)).await.unwrap_err().to_string();
+    assert!(err.contains("trips-000002.csv"), "{err}");
+}

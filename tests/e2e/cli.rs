@@ -1,0 +1,154 @@
+//! The `sluice` binary as a user runs it: the sample pipeline, `show`,
+//! `gen`, refused pipeline files, and DuckDB reading the committed output.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::support::*;
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "sluice failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() == "out" {
+            continue;
+        }
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+#[test]
+fn sample_run_idle_run_gen_and_show() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../samples/taxi");
+    copy_dir(&sample, dir.path());
+    let file = dir.path().join("pipeline.toml");
+    let file = file.to_str().unwrap();
+
+    let first = stdout(&sluice(&["run", file]));
+    assert!(
+        first.lines().filter(|l| l.starts_with("batch")).count() >= 2,
+        "{first}"
+    );
+    assert!(first.contains("committed"), "{first}");
+
+    let idle = stdout(&sluice(&["run", file]));
+    assert!(idle.contains("no new data"), "{idle}");
+    assert!(!idle.contains("batch "), "{idle}");
+
+    let show = stdout(&sluice(&["show", file]));
+    assert!(show.contains("waiting      0 files"), "{show}");
+    assert!(show.contains("last batch"), "{show}");
+
+    let data = dir.path().join("data");
+    stdout(&sluice(&[
+        "gen",
+        "taxi",
+        "--files",
+        "3",
+        "--rows",
+        "500",
+        "--format",
+        "parquet",
+        "--out",
+        data.to_str().unwrap(),
+    ]));
+    let show = stdout(&sluice(&["show", file]));
+    assert!(show.contains("waiting      3 files"), "{show}");
+    let again = stdout(&sluice(&["run", file]));
+    let files: u64 = again
+        .lines()
+        .filter(|l| l.starts_with("batch"))
+        .map(|l| l.split_whitespace().nth(3).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(files, 3, "only the new files are read: {again}");
+
+    // DuckDB, an outside reader, sees exactly the committed rows.
+    let sink = dir.path().join("out/sink");
+    let script = format!(
+        "import duckdb, json, glob, os\n\
+         files = []\n\
+         for m in sorted(glob.glob(os.path.join({sink:?}, '_sluice/manifest/*.json'))):\n\
+         \x20   files += [os.path.join({sink:?}, f['key']) for f in json.load(open(m))['files']]\n\
+         print(duckdb.sql(f'select count(*) from read_parquet({{files!r}})').fetchall()[0][0])\n",
+        sink = sink.to_str().unwrap()
+    );
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "duckdb: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let duck: u64 = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let show = stdout(&sluice(&["show", file, "--json"]));
+    let status: serde_json::Value = serde_json::from_str(&show).unwrap();
+    let rows_out = status["control"]["totals"]["rows_out"].as_u64().unwrap();
+    assert!(rows_out > 0);
+    assert_eq!(duck, rows_out, "DuckDB count vs committed rows");
+}
+
+fn refused(toml: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    gen_files(&dir.path().join("input"), 1, 10);
+    let file = dir.path().join("p.toml");
+    std::fs::write(&file, toml).unwrap();
+    let out = sluice(&["run", file.to_str().unwrap()]);
+    assert!(!out.status.success(), "expected a refusal for:\n{toml}");
+    assert!(
+        !dir.path().join("out").exists(),
+        "a refused pipeline wrote something"
+    );
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[test]
+fn malformed_pipelines_and_bad_sql_are_refused_before_anything_runs() {
+    let good = pipeline_toml("p", "parquet", "", "");
+    let e = refused(&good.replace("table = \"trips\"", "table = \"trips\"\ntabel = \"x\""));
+    assert!(e.contains("tabel") && e.contains("line 6"), "{e}");
+    let e = refused(&good.replace("format = \"parquet\"\n", ""));
+    assert!(e.contains("missing field `format`"), "{e}");
+    let e = refused(&good.replace("[limits]\n", "[limits]\nmax_files_per_batch = -3\n"));
+    assert!(e.contains("max_files_per_batch"), "{e}");
+    let e = refused(&good.replace("fare_amount,", "fare_amont,"));
+    assert!(
+        e.contains("query does not plan") && e.contains("fare_amont"),
+        "{e}"
+    );
+    let e = refused(&good.replace(
+        SQL,
+        "SELECT payment_type, count(*) FROM trips GROUP BY payment_type",
+    ));
+    assert!(e.contains("aggregation"), "{e}");
+    let e = refused(&good.replace(SQL, "SELEC 1"));
+    assert!(e.contains("query does not plan"), "{e}");
+}

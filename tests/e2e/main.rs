@@ -1,0 +1,13 @@
+//! End-to-end tests of Sluice: the engine through its public seams, the
+//! `sluice` binary as a child process, S3 on a moto server on loopback, and
+//! DuckDB as an outside reader. Run with tests/run.sh (it starts moto).
+
+mod support;
+
+mod bad_input;
+mod cli;
+mod crash;
+mod equivalence;
+mod idle;
+mod s3;
+mod storage_contract;

@@ -1,0 +1,201 @@
+//! The storage seam's contract, run against the local folder, the in-memory
+//! store and S3 on a moto server on loopback.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use sluice_engine::storage::{
+    LocalStore, MemoryStore, PutMode, PutOutcome, S3Config, S3Store, Store,
+};
+
+use crate::support::*;
+
+async fn contract(store: Arc<dyn Store>) {
+    let what = store.describe();
+    let before = store.counts();
+    assert!(
+        store.get("a/missing.json").await.unwrap().is_none(),
+        "{what}"
+    );
+
+    // Create-only.
+    let w = store
+        .put("a/k.json", Bytes::from("1"), PutMode::Create)
+        .await
+        .unwrap();
+    assert!(matches!(w, PutOutcome::Written(_)), "{what}");
+    assert_eq!(
+        store
+            .put("a/k.json", Bytes::from("2"), PutMode::Create)
+            .await
+            .unwrap(),
+        PutOutcome::Conflict,
+        "{what}: a second create must lose"
+    );
+    let obj = store.get("a/k.json").await.unwrap().unwrap();
+    assert_eq!(obj.bytes, Bytes::from("1"), "{what}");
+
+    // Compare-and-swap.
+    let PutOutcome::Written(e2) = store
+        .put(
+            "a/k.json",
+            Bytes::from("3"),
+            PutMode::Update(obj.etag.clone()),
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("{what}: update with the current etag must win");
+    };
+    assert_eq!(
+        store
+            .put(
+                "a/k.json",
+                Bytes::from("4"),
+                PutMode::Update(obj.etag.clone())
+            )
+            .await
+            .unwrap(),
+        PutOutcome::Conflict,
+        "{what}: a stale etag must lose"
+    );
+    assert_eq!(
+        store
+            .put("a/none.json", Bytes::from("4"), PutMode::Update(e2.clone()))
+            .await
+            .unwrap(),
+        PutOutcome::Conflict,
+        "{what}: updating a missing key must lose"
+    );
+    assert_eq!(
+        store.get("a/k.json").await.unwrap().unwrap().bytes,
+        Bytes::from("3")
+    );
+
+    // Overwrite, odd keys, listing order and start-after.
+    for k in [
+        "b/2.txt",
+        "b/1 space.txt",
+        "b/ü/3.txt",
+        "b/10.txt",
+        "c/x.txt",
+    ] {
+        store
+            .put(k, Bytes::from(k.to_string()), PutMode::Overwrite)
+            .await
+            .unwrap();
+    }
+    store
+        .put("b/2.txt", Bytes::from("again"), PutMode::Overwrite)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get("b/2.txt").await.unwrap().unwrap().bytes,
+        Bytes::from("again")
+    );
+    let keys: Vec<String> = store
+        .list("b/", None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key)
+        .collect();
+    assert_eq!(
+        keys,
+        ["b/1 space.txt", "b/10.txt", "b/2.txt", "b/ü/3.txt"],
+        "{what}"
+    );
+    let after: Vec<String> = store
+        .list("b/", Some("b/10.txt"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key)
+        .collect();
+    assert_eq!(after, ["b/2.txt", "b/ü/3.txt"], "{what}");
+    let sizes: Vec<u64> = store
+        .list("c/", None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.size)
+        .collect();
+    assert_eq!(sizes, [7], "{what}");
+
+    // Delete, including a missing key.
+    store.delete("b/2.txt").await.unwrap();
+    store.delete("b/2.txt").await.unwrap();
+    assert!(store.get("b/2.txt").await.unwrap().is_none());
+
+    // Racing writers: exactly one create and one swap win.
+    let creates = (0..16).map(|i| {
+        let s = store.clone();
+        tokio::spawn(async move {
+            s.put("race/c.json", Bytes::from(format!("{i}")), PutMode::Create)
+                .await
+        })
+    });
+    let won = futures::future::join_all(creates)
+        .await
+        .into_iter()
+        .filter(|r| {
+            matches!(
+                r.as_ref().unwrap().as_ref().unwrap(),
+                PutOutcome::Written(_)
+            )
+        })
+        .count();
+    assert_eq!(won, 1, "{what}: racing creates");
+    let base = store.get("race/c.json").await.unwrap().unwrap().etag;
+    let swaps = (0..16).map(|i| {
+        let s = store.clone();
+        let etag = base.clone();
+        tokio::spawn(async move {
+            s.put(
+                "race/c.json",
+                Bytes::from(format!("swap {i}")),
+                PutMode::Update(etag),
+            )
+            .await
+        })
+    });
+    let won = futures::future::join_all(swaps)
+        .await
+        .into_iter()
+        .filter(|r| {
+            matches!(
+                r.as_ref().unwrap().as_ref().unwrap(),
+                PutOutcome::Written(_)
+            )
+        })
+        .count();
+    assert_eq!(won, 1, "{what}: racing compare-and-swaps");
+
+    let used = store.counts().since(&before);
+    assert!(
+        used.get >= 6
+            && used.put_create >= 18
+            && used.put_update >= 19
+            && used.list >= 3
+            && used.delete == 2,
+        "{what}: {used}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_store_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    contract(Arc::new(LocalStore::new(dir.path().join("root")))).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_store_contract() {
+    contract(Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn s3_store_contract_on_moto() {
+    let cfg = S3Config::from_env().await;
+    let bucket = fresh_bucket(&cfg, "contract").await;
+    contract(Arc::new(S3Store::new(&cfg, &bucket, "some/prefix"))).await;
+}

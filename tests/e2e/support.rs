@@ -1,0 +1,232 @@
+//! Shared helpers of the end-to-end tests.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use sluice_engine::error::StoreError;
+use sluice_engine::handlers::Context;
+use sluice_engine::pipeline::{Pipeline, SourceFormat};
+use sluice_engine::runner::{self, RunSummary};
+use sluice_engine::sinks::ParquetSink;
+use sluice_engine::storage::{
+    LocalStore, Object, ObjectMeta, PutMode, PutOutcome, RequestCounts, ScanAccess, Store,
+};
+
+/// The query most tests run: row-by-row, with a filter and expressions.
+pub const SQL: &str = "SELECT \"VendorID\", tpep_pickup_datetime, \"PULocationID\", trip_distance, \
+    fare_amount, total_amount - fare_amount AS surcharges FROM trips \
+    WHERE trip_distance > 1.0";
+
+/// A pipeline file over `root/input` with sink and checkpoint under `root/out`.
+pub fn pipeline_toml(name: &str, format: &str, extra_source: &str, limits: &str) -> String {
+    format!(
+        r#"name = "{name}"
+[source]
+uri = "input"
+format = "{format}"
+table = "trips"
+{extra_source}
+[query]
+sql = '''{SQL}'''
+[sink]
+uri = "out/sink"
+[checkpoint]
+uri = "out/checkpoint"
+[limits]
+{limits}
+"#
+    )
+}
+
+/// Parse a pipeline whose relative paths resolve against `root`.
+pub fn pipeline(root: &Path, toml: &str) -> Pipeline {
+    Pipeline::parse(toml, "test.toml", root).expect("test pipeline parses")
+}
+
+/// A context over the pipeline's local folders, with every other owner
+/// treated as gone (a restarted process in these in-process tests).
+pub fn local_context(p: &Pipeline) -> Context {
+    let mut ctx = Context::open(p.clone(), None).expect("local stores open");
+    ctx.owner_gone = Arc::new(|_| true);
+    ctx
+}
+
+/// Run to the end and return the summary.
+pub async fn run(ctx: &Context) -> sluice_engine::Result<RunSummary> {
+    runner::run(ctx, |_| {}).await
+}
+
+/// Render batches as sorted text rows (a multiset).
+pub fn rows_of(batches: &[RecordBatch]) -> Vec<String> {
+    let opts = FormatOptions::default().with_null("NULL");
+    let mut rows = Vec::new();
+    for b in batches {
+        let fmts: Vec<_> = b
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts).expect("formattable"))
+            .collect();
+        for r in 0..b.num_rows() {
+            rows.push(
+                fmts.iter()
+                    .map(|f| f.value(r).to_string())
+                    .collect::<Vec<_>>()
+                    .join("|"),
+            );
+        }
+    }
+    rows.sort();
+    rows
+}
+
+/// The committed output of a local sink: exactly the files its manifests
+/// name, as sorted rows. Fails if a manifest names a missing file.
+pub async fn committed_rows(sink_dir: &Path, name: &str) -> Vec<String> {
+    let sink = ParquetSink::new(Arc::new(LocalStore::new(sink_dir.to_path_buf())), name);
+    let ctx = SessionContext::new();
+    let mut batches = Vec::new();
+    for m in sink.manifests().await.expect("manifests readable") {
+        for f in m.files {
+            let path = sink_dir.join(&f.key);
+            let df = ctx
+                .read_parquet(path.to_str().unwrap(), ParquetReadOptions::default())
+                .await
+                .unwrap_or_else(|e| panic!("committed file {} unreadable: {e}", path.display()));
+            batches.extend(df.collect().await.unwrap());
+        }
+    }
+    rows_of(&batches)
+}
+
+/// Parquet files in the sink folder that no manifest names.
+pub async fn orphan_files(sink_dir: &Path, name: &str) -> Vec<String> {
+    let store = Arc::new(LocalStore::new(sink_dir.to_path_buf()));
+    let sink = ParquetSink::new(store.clone(), name);
+    let named: Vec<String> = sink
+        .manifests()
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|m| m.files.into_iter().map(|f| f.key))
+        .collect();
+    store
+        .list("", None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key)
+        .filter(|k| k.ends_with(".parquet") && !named.contains(k))
+        .collect()
+}
+
+/// The same SQL run once, by plain DataFusion, over every file under
+/// `input` (Parquet).
+pub async fn one_shot_rows(input: &Path) -> Vec<String> {
+    let ctx = SessionContext::new();
+    ctx.register_parquet(
+        "trips",
+        input.to_str().unwrap(),
+        ParquetReadOptions::default(),
+    )
+    .await
+    .unwrap();
+    rows_of(&ctx.sql(SQL).await.unwrap().collect().await.unwrap())
+}
+
+/// Write taxi files into `dir`.
+pub fn gen_files(dir: &Path, files: u64, rows: usize) -> Vec<PathBuf> {
+    sluice_engine::generator::write_taxi_files(dir, files, rows, SourceFormat::Parquet, None)
+        .unwrap()
+}
+
+/// Wraps a store and fails chosen writes: the tests' crash injector. Every
+/// put and delete counts as a write; write number `fail_at` (1-based,
+/// shared across every store wrapped with the same counter) fails with a
+/// transient error before reaching the store.
+#[derive(Debug)]
+pub struct FaultStore {
+    pub inner: Arc<dyn Store>,
+    pub writes: Arc<AtomicU64>,
+    pub fail_at: u64,
+}
+
+impl FaultStore {
+    fn check(&self, op: &'static str, key: &str) -> Result<(), StoreError> {
+        let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.fail_at {
+            return Err(StoreError::Transient {
+                op,
+                location: key.to_string(),
+                message: format!("injected failure at write {n}"),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for FaultStore {
+    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
+        self.check("put", key)?;
+        self.inner.put(key, bytes, mode).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+    ) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.inner.list(prefix, start_after).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.check("delete", key)?;
+        self.inner.delete(key).await
+    }
+    fn counts(&self) -> RequestCounts {
+        self.inner.counts()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
+        self.inner.scan_access()
+    }
+}
+
+/// The Python with DuckDB that tests/run.sh installs.
+pub fn python() -> String {
+    std::env::var("SLUICE_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// The moto S3 endpoint that tests/run.sh starts.
+pub fn s3_endpoint() -> String {
+    std::env::var("SLUICE_S3_ENDPOINT").expect(
+        "SLUICE_S3_ENDPOINT is not set: run the suite with tests/run.sh, which starts a moto S3 \
+         server on 127.0.0.1",
+    )
+}
+
+static BUCKET_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh bucket on the moto server.
+pub async fn fresh_bucket(cfg: &sluice_engine::storage::S3Config, what: &str) -> String {
+    let name = format!(
+        "sluice-{what}-{}-{}",
+        std::process::id(),
+        BUCKET_SEQ.fetch_add(1, Ordering::SeqCst)
+    );
+    cfg.client()
+        .create_bucket()
+        .bucket(&name)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("create bucket {name} on {}: {e:?}", s3_endpoint()));
+    name
+}
