@@ -19,7 +19,7 @@ use crate::checkpoint::{
 use crate::discovery;
 use crate::error::{Error, Result};
 use crate::operators::{SqlOperator, TaskResult};
-use crate::pipeline::{ColumnSpec, Pipeline};
+use crate::pipeline::{ColumnSpec, DiscoveryMode, Pipeline};
 use crate::planning;
 use crate::sinks::ParquetSink;
 use crate::storage::{ObjectMeta, RequestCounts, S3Config, Store};
@@ -434,6 +434,16 @@ async fn resolve_schema(
             ),
         });
     }
+    if let Some(r) = record
+        && r.pipeline.source.discovery == DiscoveryMode::Ordered
+        && p.source.discovery == DiscoveryMode::List
+    {
+        return Err(Error::Incompatible {
+            pipeline: p.name.clone(),
+            message: "discovery changed from ordered to list: the processed-file index only                       holds the ordered lookback window, so list mode would process older files                       again; keep discovery = \"ordered\", or delete the checkpoint folder to                       start over"
+                .into(),
+        });
+    }
     if let Some(declared) = p.source.declared_schema() {
         if let Some(pinned) = &pinned
             && let Some(change) = schema_change(pinned, &declared)
@@ -723,6 +733,13 @@ async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result
     if floor > 0 && c.last_committed == Some(record.batch) {
         ctx.checkpoint.prune_below(floor).await?;
     }
+    Ok(())
+}
+
+/// Refresh this run's heartbeat, proving it still holds `run.epoch`.
+pub async fn heartbeat(ctx: &Context, run: &RunState) -> Result<()> {
+    let now = ctx.now();
+    update_control(ctx, run.epoch, |c| c.heartbeat_ms = Some(now)).await?;
     Ok(())
 }
 

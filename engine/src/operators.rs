@@ -169,6 +169,12 @@ impl SqlOperator {
         if let Some(reason) = not_batch_equivalent(&plan) {
             return Err(self.sql_err(reason));
         }
+        // Optimise and plan physically too: some errors (a literal that
+        // cannot be cast) only show there.
+        ctx.state()
+            .create_physical_plan(&plan)
+            .await
+            .map_err(|e| self.sql_err(format!("{e}\nfix query.sql in the pipeline file")))?;
         Ok(plan)
     }
 
@@ -176,6 +182,15 @@ impl SqlOperator {
         &self,
         access: &ScanAccess,
         inputs: &[&InputFile],
+    ) -> std::result::Result<(SessionContext, Arc<dyn ExecutionPlan>), DataFusionError> {
+        self.plan_query(access, inputs, &self.pipeline.sql).await
+    }
+
+    async fn plan_query(
+        &self,
+        access: &ScanAccess,
+        inputs: &[&InputFile],
+        sql: &str,
     ) -> std::result::Result<(SessionContext, Arc<dyn ExecutionPlan>), DataFusionError> {
         let ctx = self.session();
         ctx.register_object_store(access.url.as_ref(), access.store.clone());
@@ -198,7 +213,7 @@ impl SqlOperator {
             partitions: self.partitions,
         };
         ctx.register_table(self.pipeline.source.table.as_str(), Arc::new(table))?;
-        let df = ctx.sql(&self.pipeline.sql).await?;
+        let df = ctx.sql(sql).await?;
         let plan = df.create_physical_plan().await?;
         Ok((ctx, plan))
     }
@@ -280,9 +295,16 @@ impl SqlOperator {
         files: &[&InputFile],
         original: Error,
     ) -> Error {
-        for f in files {
+        // First read each file whole (a broken or mismatched file), then run
+        // the query over each alone (a value the query cannot handle).
+        let read_all = format!("SELECT * FROM \"{}\"", self.pipeline.source.table);
+        let probes = [read_all.as_str(), self.pipeline.sql.as_str()];
+        for (sql, f) in probes
+            .iter()
+            .flat_map(|q| files.iter().map(move |f| (*q, f)))
+        {
             let probe = async {
-                let (ctx, plan) = self.plan_scan(access, &[f]).await?;
+                let (ctx, plan) = self.plan_query(access, &[f], sql).await?;
                 datafusion::physical_plan::collect(plan, ctx.task_ctx()).await
             };
             if let Err(e) = probe.await {

@@ -260,11 +260,14 @@ impl Pipeline {
             file: file.clone(),
             message: format!("cannot read the pipeline file: {e}"),
         })?;
-        let base = path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
-        let base = std::path::absolute(&base).unwrap_or(base);
+        let base = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let base = std::path::absolute(&base).map_err(|e| Error::Spec {
+            file: file.clone(),
+            message: format!("cannot resolve the folder of the pipeline file: {e}"),
+        })?;
         Pipeline::parse(&text, &file, &base)
     }
 

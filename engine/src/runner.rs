@@ -103,9 +103,14 @@ pub async fn run(ctx: &Context, mut on_batch: impl FnMut(&BatchReport)) -> Resul
         };
 
         let operate_started = Instant::now();
+        let heartbeat = spawn_heartbeat(ctx, &run);
         let mut results = Vec::with_capacity(batch.tasks.len());
         for task in &batch.tasks {
-            match handlers::operate(ctx, &run, batch.batch, *task).await {
+            let done = handlers::operate(ctx, &run, batch.batch, *task).await;
+            if done.is_err() {
+                heartbeat.abort();
+            }
+            match done {
                 Ok(r) => results.push(r),
                 Err(e) => {
                     if e.class() == ErrorClass::InvalidInput {
@@ -119,6 +124,7 @@ pub async fn run(ctx: &Context, mut on_batch: impl FnMut(&BatchReport)) -> Resul
                 }
             }
         }
+        heartbeat.abort();
         let durations = Durations {
             plan_ms,
             operate_ms: operate_started.elapsed().as_millis() as u64,
@@ -140,6 +146,25 @@ pub async fn run(ctx: &Context, mut on_batch: impl FnMut(&BatchReport)) -> Resul
         batches.push(report);
         state = Some(run);
     }
+}
+
+/// Keep the lease alive while tasks run: a heartbeat every third of the
+/// lease TTL. Stops by itself if the lease is lost.
+fn spawn_heartbeat(ctx: &Context, run: &handlers::RunState) -> tokio::task::JoinHandle<()> {
+    let ctx = ctx.clone();
+    let run = run.clone();
+    let every = std::time::Duration::from_secs((ctx.pipeline.limits.lease_ttl_seconds / 3).max(1));
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            if let Err(e) = handlers::heartbeat(&ctx, &run).await {
+                tracing::warn!(error = %e, "heartbeat failed; the lease may expire");
+                if e.class() == ErrorClass::Conflict {
+                    return;
+                }
+            }
+        }
+    })
 }
 
 fn summary(

@@ -5,6 +5,7 @@
 mod support;
 
 mod bad_input;
+mod checkpoint;
 mod cli;
 mod crash;
 mod equivalence;

@@ -1,0 +1,165 @@
+//! Checkpoint properties: retention, start-up cost independent of history,
+//! refusal of spec changes that would corrupt state, and local atomicity
+//! across processes.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use sluice_engine::storage::{LocalStore, PutMode, PutOutcome, Store};
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn old_records_are_pruned_and_planning_cost_does_not_grow_with_history() {
+    let mut per_history = Vec::new();
+    for history in [6u64, 24] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let toml = pipeline_toml(
+            "hist",
+            "parquet",
+            "discovery = \"ordered\"\nlookback = 5",
+            "max_files_per_batch = 1",
+        )
+        .replace("[checkpoint]\n", "[checkpoint]\nretain_batches = 4\n");
+        let p = pipeline(root, &toml);
+        gen_files(&root.join("input"), history, 10);
+        let s = run(&local_context(&p)).await.unwrap();
+        assert_eq!(s.batches.len() as u64, history);
+
+        let ctx = local_context(&p);
+        let kept = |prefix: &'static str| {
+            let store = ctx.checkpoint.store().clone();
+            async move { store.list(prefix, None).await.unwrap().len() }
+        };
+        assert_eq!(
+            kept("offsets/").await,
+            4,
+            "offsets kept with history {history}"
+        );
+        assert_eq!(
+            kept("commits/").await,
+            4,
+            "commits kept with history {history}"
+        );
+
+        // One new file: a new process plans and commits it.
+        gen_files(&root.join("input"), 1, 10);
+        let ctx = local_context(&p);
+        let s = run(&ctx).await.unwrap();
+        assert_eq!(s.batches.len(), 1);
+        let reads = s.requests.get + s.requests.list;
+        per_history.push(reads);
+        assert_eq!(
+            committed_rows(&root.join("out/sink"), "hist").await,
+            one_shot_rows(&root.join("input")).await
+        );
+    }
+    assert_eq!(
+        per_history[0], per_history[1],
+        "reads of a one-file run must not depend on history (6 vs 24 batches)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn spec_changes_that_would_corrupt_state_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 2, 10);
+    let ordered = pipeline_toml("spec", "parquet", "discovery = \"ordered\"", "");
+    run(&local_context(&pipeline(root, &ordered)))
+        .await
+        .unwrap();
+    gen_files(&root.join("input"), 1, 10);
+
+    let to_list = pipeline(root, &ordered.replace("\"ordered\"", "\"list\""));
+    let e = run(&local_context(&to_list)).await.unwrap_err().to_string();
+    assert!(e.contains("discovery changed from ordered to list"), "{e}");
+
+    let declared = ordered.replace(
+        "discovery = \"ordered\"",
+        "discovery = \"ordered\"\nschema = [{ name = \"VendorID\", type = \"Utf8\" }]",
+    );
+    let e = run(&local_context(&pipeline(root, &declared)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("source schema changed"), "{e}");
+
+    // A compatible change (the SQL) is accepted and used from then on.
+    let new_sql = ordered.replace("WHERE trip_distance > 1.0", "WHERE trip_distance > 2.0");
+    let s = run(&local_context(&pipeline(root, &new_sql)))
+        .await
+        .unwrap();
+    assert_eq!(s.batches.len(), 1);
+}
+
+/// Child side of the cross-process race below: one put, outcome on stdout.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "run by local_conditional_writes_are_atomic_across_processes"]
+async fn race_child() {
+    let dir = std::env::var("SLUICE_RACE_DIR").expect("set by the parent test");
+    let store = LocalStore::new(dir.into());
+    let mode = match std::env::var("SLUICE_RACE_ETAG") {
+        Ok(etag) => PutMode::Update(etag),
+        Err(_) => PutMode::Create,
+    };
+    let me = std::process::id().to_string();
+    let out = store.put("race.json", Bytes::from(me), mode).await.unwrap();
+    println!(
+        "RACE {}",
+        if matches!(out, PutOutcome::Written(_)) {
+            "won"
+        } else {
+            "lost"
+        }
+    );
+}
+
+fn race(dir: &std::path::Path, etag: Option<&str>) -> usize {
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..8)
+        .map(|_| {
+            let mut c = std::process::Command::new(&exe);
+            c.args([
+                "--ignored",
+                "--exact",
+                "checkpoint::race_child",
+                "--nocapture",
+            ])
+            .env("SLUICE_RACE_DIR", dir);
+            if let Some(e) = etag {
+                c.env("SLUICE_RACE_ETAG", e);
+            }
+            c.stdout(std::process::Stdio::piped()).spawn().unwrap()
+        })
+        .collect();
+    let mut won = 0;
+    let mut answered = 0;
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        won += text.matches("RACE won").count();
+        answered += text.matches("RACE ").count();
+    }
+    assert_eq!(answered, 8, "every child process must report");
+    won
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_conditional_writes_are_atomic_across_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(
+        race(dir.path(), None),
+        1,
+        "racing create-only writers in 8 processes"
+    );
+    let store = Arc::new(LocalStore::new(dir.path().to_path_buf()));
+    let etag = store.get("race.json").await.unwrap().unwrap().etag;
+    assert_eq!(
+        race(dir.path(), Some(&etag)),
+        1,
+        "racing compare-and-swap writers in 8 processes"
+    );
+}
