@@ -113,6 +113,23 @@ impl Context {
         }
     }
 
+    fn broken(&self, key: String, message: impl Into<String>) -> Error {
+        Error::Checkpoint {
+            pipeline: self.pipeline.name.clone(),
+            key,
+            message: message.into(),
+        }
+    }
+
+    async fn planned(&self, batch: u64, when: &str) -> Result<Offsets> {
+        self.checkpoint.offsets(batch).await?.ok_or_else(|| {
+            self.broken(
+                crate::paths::checkpoint::offsets(batch),
+                format!("missing {when}"),
+            )
+        })
+    }
+
     fn ttl_ms(&self) -> i64 {
         self.pipeline.limits.lease_ttl_seconds as i64 * 1000
     }
@@ -605,27 +622,28 @@ async fn update_control(
 /// Operate step: run one task of a batch.
 pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Result<TaskResult> {
     let off = ctx
-        .checkpoint
-        .offsets(batch)
-        .await?
-        .ok_or_else(|| Error::Checkpoint {
-            pipeline: ctx.pipeline.name.clone(),
-            key: crate::paths::checkpoint::offsets(batch),
-            message: format!("missing while run epoch {} operates on it", run.epoch),
-        })?;
-    let plan = off
-        .tasks
-        .iter()
-        .find(|t| t.task == task)
-        .ok_or_else(|| Error::Checkpoint {
-            pipeline: ctx.pipeline.name.clone(),
-            key: crate::paths::checkpoint::offsets(batch),
-            message: format!("has no task {task}"),
-        })?;
+        .planned(
+            batch,
+            &format!("while run epoch {} operates on it", run.epoch),
+        )
+        .await?;
+    let plan = off.tasks.iter().find(|t| t.task == task).ok_or_else(|| {
+        ctx.broken(
+            crate::paths::checkpoint::offsets(batch),
+            format!("has no task {task}"),
+        )
+    })?;
     let schema = ctx.schema().await?;
     let op = SqlOperator::new(ctx.pipeline.clone(), schema);
     let result = op
-        .run(ctx.source.as_ref(), &ctx.sink, batch, &off.inputs, plan)
+        .run(
+            ctx.source.as_ref(),
+            &ctx.sink,
+            run.epoch,
+            batch,
+            &off.inputs,
+            plan,
+        )
         .await?;
     tracing::debug!(pipeline = %ctx.pipeline.name, batch, task, rows = result.rows_out, "task done");
     Ok(result)
@@ -643,15 +661,7 @@ pub async fn commit(
 ) -> Result<Commit> {
     let started = std::time::Instant::now();
     owned_control(ctx, run.epoch).await?;
-    let off = ctx
-        .checkpoint
-        .offsets(batch)
-        .await?
-        .ok_or_else(|| Error::Checkpoint {
-            pipeline: ctx.pipeline.name.clone(),
-            key: crate::paths::checkpoint::offsets(batch),
-            message: "missing at commit".into(),
-        })?;
+    let off = ctx.planned(batch, "at commit").await?;
     let mut outputs: Vec<_> = results.iter().flat_map(|r| r.outputs.clone()).collect();
     outputs.sort_by(|a, b| a.key.cmp(&b.key));
     ctx.sink.verify(batch, &outputs).await?;
@@ -675,15 +685,12 @@ pub async fn commit(
     record.requests.put_create += 1;
     if !ctx.checkpoint.create_commit(&record).await? {
         // A retried commit: the record that won is the truth.
-        record = ctx
-            .checkpoint
-            .commit(batch)
-            .await?
-            .ok_or_else(|| Error::Checkpoint {
-                pipeline: ctx.pipeline.name.clone(),
-                key: crate::paths::checkpoint::commit(batch),
-                message: "create-only write lost, yet no record is there".into(),
-            })?;
+        record = ctx.checkpoint.commit(batch).await?.ok_or_else(|| {
+            ctx.broken(
+                crate::paths::checkpoint::commit(batch),
+                "create-only write lost, yet no record is there",
+            )
+        })?;
     }
     finish_commit(ctx, run, &record).await?;
     Ok(record)
@@ -701,6 +708,9 @@ async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result
             files: record.outputs.clone(),
             rows: record.rows_out,
         })
+        .await?;
+    ctx.sink
+        .remove_uncommitted(record.batch, &record.outputs)
         .await?;
     let index = ctx.checkpoint.index().await?;
     let index = index.apply(

@@ -218,13 +218,14 @@ impl SqlOperator {
         Ok((ctx, plan))
     }
 
-    /// Run one task of batch `batch`: read `task`'s inputs, run the SQL and
-    /// write the result to `sink`. An input that cannot be read is named in
+    /// Run one task of batch `batch` for the run holding lease `epoch`: read
+    /// `task`'s inputs, run the SQL and write the result to `sink`. An input that cannot be read is named in
     /// the error.
     pub async fn run(
         &self,
         source: &dyn Store,
         sink: &ParquetSink,
+        epoch: u64,
         batch: u64,
         inputs: &[InputFile],
         task: &TaskPlan,
@@ -254,7 +255,7 @@ impl SqlOperator {
             let sink = sink.clone();
             let schema = schema.clone();
             async move {
-                sink.write_partition(batch, task.task, p as u32, schema, stream)
+                sink.write_partition(epoch, batch, task.task, p as u32, schema, stream)
                     .await
             }
         });
@@ -274,7 +275,8 @@ impl SqlOperator {
                 _ => e,
             });
         }
-        sink.remove_stale_parts(batch, task.task, &outputs).await?;
+        sink.remove_stale_parts(epoch, batch, task.task, &outputs)
+            .await?;
         let rows_out = outputs.iter().map(|o| o.rows).sum();
         Ok(TaskResult {
             task: task.task,

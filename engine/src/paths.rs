@@ -42,10 +42,17 @@ pub mod sink {
         format!("{}part-{task:05}-", batch_prefix(n))
     }
 
-    /// Output file `part` of task `task` of batch `n`: a function of
-    /// (batch, task, part) only, so a retried task overwrites its own files.
-    pub fn part(n: u64, task: u32, part: u32) -> String {
-        format!("{}{part:05}.parquet", task_prefix(n, task))
+    /// Output file `part` of task `task` of batch `n`, written by the run
+    /// holding lease `epoch`: a retried task of the same run overwrites its
+    /// own files, and a run that lost its lease can never overwrite the
+    /// files another run committed.
+    pub fn part(n: u64, task: u32, part: u32, epoch: u64) -> String {
+        format!("{}{part:05}{}", task_prefix(n, task), epoch_suffix(epoch))
+    }
+
+    /// The ending of every part file written under lease `epoch`.
+    pub fn epoch_suffix(epoch: u64) -> String {
+        format!("-e{epoch}.parquet")
     }
 
     /// Prefix of the manifests.
@@ -66,9 +73,10 @@ mod tests {
         assert!(checkpoint::offsets(9) < checkpoint::offsets(10));
         assert_eq!(checkpoint::batch_of(&checkpoint::commit(42)), Some(42));
         assert_eq!(
-            sink::part(3, 1, 2),
-            "batch=0000000003/part-00001-00002.parquet"
+            sink::part(3, 1, 2, 7),
+            "batch=0000000003/part-00001-00002-e7.parquet"
         );
-        assert!(sink::part(3, 1, 2).starts_with(&sink::task_prefix(3, 1)));
+        assert!(sink::part(3, 1, 2, 7).starts_with(&sink::task_prefix(3, 1)));
+        assert!(sink::part(3, 1, 2, 7).ends_with(&sink::epoch_suffix(7)));
     }
 }

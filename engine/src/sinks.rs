@@ -61,6 +61,7 @@ impl ParquetSink {
     /// Returns the files written (none for an empty partition).
     pub async fn write_partition(
         &self,
+        epoch: u64,
         batch: u64,
         task: u32,
         partition: u32,
@@ -100,7 +101,7 @@ impl ParquetSink {
             if w.bytes_written() + w.in_progress_size() >= TARGET_PART_BYTES {
                 let (w, rows) = writer.take().expect("writer is open");
                 outputs.push(
-                    self.finish_part(batch, task, partition, roll, w, rows)
+                    self.finish_part(epoch, batch, task, partition, roll, w, rows)
                         .await?,
                 );
                 roll += 1;
@@ -108,15 +109,17 @@ impl ParquetSink {
         }
         if let Some((w, rows)) = writer.take() {
             outputs.push(
-                self.finish_part(batch, task, partition, roll, w, rows)
+                self.finish_part(epoch, batch, task, partition, roll, w, rows)
                     .await?,
             );
         }
         Ok(outputs)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn finish_part(
         &self,
+        epoch: u64,
         batch: u64,
         task: u32,
         partition: u32,
@@ -132,7 +135,7 @@ impl ParquetSink {
                 ErrorClass::Fatal,
             )
         })?;
-        let key = paths::sink::part(batch, task, partition * PARTS_PER_PARTITION + roll);
+        let key = paths::sink::part(batch, task, partition * PARTS_PER_PARTITION + roll, epoch);
         let size = bytes.len() as u64;
         self.store
             .put(&key, Bytes::from(bytes), PutMode::Overwrite)
@@ -144,20 +147,39 @@ impl ParquetSink {
         })
     }
 
-    /// Delete part files of a task that an earlier attempt wrote and this one
-    /// did not (they were never committed).
+    /// Delete part files of a task that an earlier attempt of this run
+    /// wrote and this attempt did not. Files of other runs are left alone:
+    /// they may be committed (this run may have lost its lease).
     pub async fn remove_stale_parts(
         &self,
+        epoch: u64,
         batch: u64,
         task: u32,
         keep: &[OutputFile],
     ) -> Result<()> {
+        let mine = paths::sink::epoch_suffix(epoch);
         for meta in self
             .store
             .list(&paths::sink::task_prefix(batch, task), None)
             .await?
         {
-            if !keep.iter().any(|o| o.key == meta.key) {
+            if meta.key.ends_with(&mine) && !keep.iter().any(|o| o.key == meta.key) {
+                self.store.delete(&meta.key).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After batch `batch` is committed with `outputs`: delete every other
+    /// file under the batch's folder (attempts of runs that died or lost
+    /// their lease), so the folder holds exactly the committed files.
+    pub async fn remove_uncommitted(&self, batch: u64, outputs: &[OutputFile]) -> Result<()> {
+        for meta in self
+            .store
+            .list(&paths::sink::batch_prefix(batch), None)
+            .await?
+        {
+            if !outputs.iter().any(|o| o.key == meta.key) {
                 self.store.delete(&meta.key).await?;
             }
         }

@@ -12,6 +12,17 @@ use crate::support::*;
 
 const LIMITS: &str = "max_files_per_batch = 2";
 
+/// Start `sluice run` on the pipeline file in `root`, output captured.
+fn spawn_run(root: &std::path::Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("run")
+        .arg(root.join("pipeline.toml"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn faulty_context(root: &std::path::Path, writes: Arc<AtomicU64>, fail_at: u64) -> Context {
     let p = pipeline(root, &pipeline_toml("crash", "parquet", "", LIMITS));
     let wrap = |path: std::path::PathBuf| -> Arc<dyn Store> {
@@ -92,19 +103,12 @@ async fn killing_the_process_at_any_point_then_rerunning_gives_the_clean_output(
     gen_files(&root.join("input"), 12, 5_000);
     let toml = pipeline_toml("kill", "parquet", "", "max_files_per_batch = 1");
     std::fs::write(root.join("pipeline.toml"), &toml).unwrap();
-    let bin = env!("CARGO_BIN_EXE_sluice");
     // Start a run and kill it after a delay, again and again with varying
     // delays, until a run finishes by itself.
     let mut killed_mid_run = 0;
     for attempt in 0..40 {
         let delay_ms = [10u64, 35, 70, 120, 200][attempt % 5];
-        let mut child = std::process::Command::new(bin)
-            .arg("run")
-            .arg(root.join("pipeline.toml"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_run(root);
         std::thread::sleep(std::time::Duration::from_millis(delay_ms));
         if child.try_wait().unwrap().is_some() {
             break;
@@ -117,11 +121,7 @@ async fn killing_the_process_at_any_point_then_rerunning_gives_the_clean_output(
         killed_mid_run >= 3,
         "only {killed_mid_run} kills landed mid-run"
     );
-    let out = std::process::Command::new(bin)
-        .arg("run")
-        .arg(root.join("pipeline.toml"))
-        .output()
-        .unwrap();
+    let out = spawn_run(root).wait_with_output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -133,13 +133,106 @@ async fn killing_the_process_at_any_point_then_rerunning_gives_the_clean_output(
         orphan_files(&root.join("out/sink"), "kill").await,
         Vec::<String>::new()
     );
-    let p = pipeline(root, &toml);
-    let (control, _) = local_context(&p)
-        .checkpoint
-        .control()
-        .await
-        .unwrap()
-        .unwrap();
+    let control = control_of(root, &toml).await;
     assert_eq!(control.totals.files, 12);
     assert_eq!(control.last_committed, Some(11));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_runs_of_one_pipeline_commit_every_file_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = pipeline_toml("conc", "parquet", "", "max_files_per_batch = 2");
+    std::fs::write(root.join("pipeline.toml"), &toml).unwrap();
+    let mut busy = 0;
+    for wave in 0..3 {
+        gen_files(&root.join("input"), 4, 500);
+        let children: Vec<_> = (0..4).map(|_| spawn_run(root)).collect();
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "wave {wave}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            busy += text.matches("holds the lease").count();
+        }
+    }
+    // Whatever ran concurrently, one more run takes anything left behind.
+    let last = spawn_run(root).wait_with_output().unwrap();
+    assert!(last.status.success());
+    eprintln!("concurrent runs: {busy} of 12 found the lease held");
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "conc").await,
+        one_shot_rows(&root.join("input")).await
+    );
+    let control = control_of(root, &toml).await;
+    assert_eq!(control.totals.files, 12);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_that_lost_its_lease_cannot_change_committed_output() {
+    use sluice_engine::handlers::{self, PlanOutcome};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 3, 200);
+    let p = pipeline(root, &pipeline_toml("zombie", "parquet", "", ""));
+
+    // Run A claims the lease and plans batch 0, then stalls.
+    let a = local_context(&p);
+    let PlanOutcome::Batch { run: run_a, batch } = handlers::plan(&a, None).await.unwrap() else {
+        panic!("run A should plan a batch");
+    };
+    // Run B takes over (A looks dead), resumes batch 0 and commits it.
+    let b = run(&local_context(&p)).await.unwrap();
+    assert!(b.batches[0].resumed);
+    let sink = root.join("out/sink");
+    let committed = committed_rows(&sink, "zombie").await;
+    let snapshot = |dir: &std::path::Path| {
+        let mut files: Vec<(String, Vec<u8>)> = walk(dir);
+        files.sort();
+        files
+    };
+    let before = snapshot(&sink.join("batch=0000000000"));
+
+    // A wakes up: its task writes only files of its own epoch, and its
+    // commit is refused.
+    let task = handlers::operate(&a, &run_a, batch.batch, 0).await.unwrap();
+    assert!(
+        task.outputs
+            .iter()
+            .all(|o| o.key.ends_with(&format!("-e{}.parquet", run_a.epoch)))
+    );
+    let err = handlers::commit(
+        &a,
+        &run_a,
+        batch.batch,
+        &[task],
+        Default::default(),
+        a.counts(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.class(), sluice_engine::ErrorClass::Conflict, "{err}");
+    let after: Vec<_> = snapshot(&sink.join("batch=0000000000"))
+        .into_iter()
+        .filter(|(k, _)| before.iter().any(|(b, _)| b == k))
+        .collect();
+    assert_eq!(after, before, "committed files changed");
+    assert_eq!(committed_rows(&sink, "zombie").await, committed);
+    assert_eq!(committed, one_shot_rows(&root.join("input")).await);
+}
+
+fn walk(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect()
 }

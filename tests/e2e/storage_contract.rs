@@ -10,6 +10,22 @@ use sluice_engine::storage::{
 
 use crate::support::*;
 
+type PutTask = tokio::task::JoinHandle<Result<PutOutcome, sluice_engine::error::StoreError>>;
+
+/// How many racing puts wrote.
+async fn wins(puts: impl Iterator<Item = PutTask>) -> usize {
+    futures::future::join_all(puts)
+        .await
+        .into_iter()
+        .filter(|r| {
+            matches!(
+                r.as_ref().unwrap().as_ref().unwrap(),
+                PutOutcome::Written(_)
+            )
+        })
+        .count()
+}
+
 async fn contract(store: Arc<dyn Store>) {
     let what = store.describe();
     let before = store.counts();
@@ -135,16 +151,7 @@ async fn contract(store: Arc<dyn Store>) {
                 .await
         })
     });
-    let won = futures::future::join_all(creates)
-        .await
-        .into_iter()
-        .filter(|r| {
-            matches!(
-                r.as_ref().unwrap().as_ref().unwrap(),
-                PutOutcome::Written(_)
-            )
-        })
-        .count();
+    let won = wins(creates).await;
     assert_eq!(won, 1, "{what}: racing creates");
     let base = store.get("race/c.json").await.unwrap().unwrap().etag;
     let swaps = (0..16).map(|i| {
@@ -159,16 +166,7 @@ async fn contract(store: Arc<dyn Store>) {
             .await
         })
     });
-    let won = futures::future::join_all(swaps)
-        .await
-        .into_iter()
-        .filter(|r| {
-            matches!(
-                r.as_ref().unwrap().as_ref().unwrap(),
-                PutOutcome::Written(_)
-            )
-        })
-        .count();
+    let won = wins(swaps).await;
     assert_eq!(won, 1, "{what}: racing compare-and-swaps");
 
     let used = store.counts().since(&before);

@@ -56,6 +56,13 @@ pub fn local_context(p: &Pipeline) -> Context {
     ctx
 }
 
+/// The control record of the pipeline `toml` under `root`.
+pub async fn control_of(root: &Path, toml: &str) -> sluice_engine::checkpoint::Control {
+    let ctx = local_context(&pipeline(root, toml));
+    let read = ctx.checkpoint.control().await.unwrap();
+    read.expect("control.json exists").0
+}
+
 /// Run to the end and return the summary.
 pub async fn run(ctx: &Context) -> sluice_engine::Result<RunSummary> {
     runner::run(ctx, |_| {}).await
