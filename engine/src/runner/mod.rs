@@ -2,6 +2,8 @@
 //! state machine does (plan -> operate each task -> commit -> plan ...),
 //! until the run is done.
 
+pub mod asl;
+
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
