@@ -34,6 +34,15 @@ export AWS_ENDPOINT_URL="$SLUICE_S3_ENDPOINT"
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
 export AWS_EC2_METADATA_DISABLED=true
 
+NODE_DIR="$CACHE/node"
+if [ ! -x "$NODE_DIR/node_modules/.bin/asl-validator" ]; then
+  echo "== installing asl-validator into $NODE_DIR"
+  mkdir -p "$NODE_DIR"
+  npm install --silent --no-audit --no-fund --prefix "$NODE_DIR" asl-validator@4 >/dev/null
+fi
+echo "== asl-validator statemachines/microbatch.asl.json"
+"$NODE_DIR/node_modules/.bin/asl-validator" --json-path statemachines/microbatch.asl.json
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -221,6 +221,12 @@ pub struct Offsets {
     pub inputs: Vec<InputFile>,
     /// How the inputs split into operator tasks.
     pub tasks: Vec<TaskPlan>,
+    /// Time the planner spent up to this plan, ms.
+    #[serde(default)]
+    pub plan_ms: u64,
+    /// Requests the planner made up to this plan.
+    #[serde(default)]
+    pub plan_requests: RequestCounts,
 }
 
 impl Offsets {
@@ -268,8 +274,10 @@ pub struct OutputFile {
 pub struct Durations {
     /// Planning (discovery, offsets), ms.
     pub plan_ms: u64,
-    /// Operator tasks (wall time), ms.
+    /// From the plan to the start of the commit (tasks, fan-out), ms.
     pub operate_ms: u64,
+    /// The longest task, ms.
+    pub task_max_ms: u64,
     /// Commit, ms.
     pub commit_ms: u64,
 }
@@ -405,9 +413,15 @@ impl Checkpoint {
     }
 
     async fn read<T: DeserializeOwned>(&self, key: &str) -> Result<Option<(T, String)>> {
-        let Some(obj) = self.store.get(key).await? else {
-            return Ok(None);
-        };
+        let fetched = self.store.get(key).await?;
+        fetched.map(|obj| self.decode(key, obj)).transpose()
+    }
+
+    fn decode<T: DeserializeOwned>(
+        &self,
+        key: &str,
+        obj: crate::storage::Object,
+    ) -> Result<(T, String)> {
         let value = serde_json::from_slice(&obj.bytes).map_err(|e| Error::Checkpoint {
             pipeline: self.pipeline.clone(),
             key: format!("{}/{key}", self.store.describe()),
@@ -416,7 +430,7 @@ impl Checkpoint {
                  its checkpoint folder"
             ),
         })?;
-        Ok(Some((value, obj.etag)))
+        Ok((value, obj.etag))
     }
 
     async fn write<T: Serialize>(&self, key: &str, value: &T, mode: PutMode) -> Result<PutOutcome> {

@@ -17,12 +17,12 @@ use crate::checkpoint::{
     RunStatus,
 };
 use crate::discovery;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorClass, Result};
 use crate::operators::{SqlOperator, TaskResult};
 use crate::pipeline::{ColumnSpec, DiscoveryMode, Pipeline};
 use crate::planning;
 use crate::sinks::ParquetSink;
-use crate::storage::{ObjectMeta, RequestCounts, S3Config, Store};
+use crate::storage::{CountingStore, ObjectMeta, RequestCounts, S3Config, Store};
 
 /// Milliseconds since the Unix epoch.
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -47,6 +47,8 @@ pub struct Context {
     pub clock: Clock,
     /// Liveness of other owners.
     pub owner_gone: OwnerGone,
+    /// How the local runner waits (Retry intervals); tests make it instant.
+    pub sleep: crate::runner::asl::Sleeper,
     schema: Arc<tokio::sync::OnceCell<SchemaRef>>,
 }
 
@@ -76,6 +78,7 @@ impl Context {
             owner: local_owner(),
             clock: Arc::new(|| chrono::Utc::now().timestamp_millis()),
             owner_gone: Arc::new(local_owner_gone),
+            sleep: crate::runner::real_sleep(),
             schema: Arc::default(),
         }
     }
@@ -137,19 +140,18 @@ impl Context {
     /// The source schema, once the plan step resolved it (or from
     /// `pipeline.json`).
     pub async fn schema(&self) -> Result<SchemaRef> {
-        self.schema
-            .get_or_try_init(|| async {
-                match self.checkpoint.pipeline_record().await? {
-                    Some(r) => Ok(schema_of(&r.schema)),
-                    None => Err(Error::Checkpoint {
-                        pipeline: self.pipeline.name.clone(),
-                        key: "pipeline.json".into(),
-                        message: "missing; the pipeline was never planned".into(),
-                    }),
-                }
-            })
-            .await
-            .cloned()
+        if let Some(s) = self.schema.get() {
+            return Ok(s.clone());
+        }
+        let record = self.checkpoint.pipeline_record().await?.ok_or_else(|| {
+            self.broken(
+                "pipeline.json".into(),
+                "missing; the pipeline was never planned",
+            )
+        })?;
+        let schema = schema_of(&record.schema);
+        let _ = self.schema.set(schema.clone());
+        Ok(schema)
     }
 }
 
@@ -233,8 +235,10 @@ pub struct BatchRef {
     pub resumed: bool,
 }
 
-/// What the plan step decided.
+/// What the plan step decided; `kind` is what the state machine's Choice
+/// reads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
 pub enum PlanOutcome {
     /// Nothing to do; no lease was taken and nothing written.
     Idle {
@@ -267,8 +271,12 @@ pub enum PlanOutcome {
 /// left, and plan the new input into batches. With a run: resume the next
 /// planned batch, or release.
 pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
+    let clock = PlanClock {
+        started: std::time::Instant::now(),
+        counts: ctx.counts(),
+    };
     match run {
-        None => start(ctx).await,
+        None => start(ctx, &clock).await,
         Some(run) => {
             let (control, _) = owned_control(ctx, run.epoch).await?;
             let next = control.next_batch();
@@ -276,7 +284,7 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
                 return Ok(batch_outcome(run, &off));
             }
             if !run.discovered {
-                return discover_and_plan(ctx, run, &control, None).await;
+                return discover_and_plan(ctx, run, &control, None, &clock).await;
             }
             release(ctx, &run, RunStatus::Idle).await?;
             Ok(PlanOutcome::Done { run })
@@ -298,7 +306,13 @@ fn batch_outcome(run: RunState, off: &Offsets) -> PlanOutcome {
     }
 }
 
-async fn start(ctx: &Context) -> Result<PlanOutcome> {
+/// When and with how many requests a plan step started.
+struct PlanClock {
+    started: std::time::Instant,
+    counts: RequestCounts,
+}
+
+async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     let p = &ctx.pipeline;
     let read = ctx.checkpoint.control().await?;
     let control = read.as_ref().map(|(c, _)| c);
@@ -427,7 +441,7 @@ async fn start(ctx: &Context) -> Result<PlanOutcome> {
     }
     let (control, _) = owned_control(ctx, epoch).await?;
     let known = index.map(|i| (i, listed));
-    discover_and_plan(ctx, run, &control, known).await
+    discover_and_plan(ctx, run, &control, known, clock).await
 }
 
 /// The source schema: declared, else pinned, else inferred from the first
@@ -539,6 +553,7 @@ async fn discover_and_plan(
     mut run: RunState,
     control: &Control,
     known: Option<(Index, Vec<ObjectMeta>)>,
+    clock: &PlanClock,
 ) -> Result<PlanOutcome> {
     let p = &ctx.pipeline;
     let (index, listed) = match known {
@@ -575,7 +590,17 @@ async fn discover_and_plan(
             planned_ms: now,
             inputs,
             tasks,
+            plan_ms: 0,
+            plan_requests: RequestCounts::default(),
         });
+    }
+    let plan_ms = clock.started.elapsed().as_millis() as u64;
+    let mut plan_requests = ctx.counts().since(&clock.counts);
+    // Each plan's own create-only write is counted once, in its batch.
+    plan_requests.put_create += 1;
+    for off in &mut plans {
+        off.plan_ms = plan_ms;
+        off.plan_requests = plan_requests;
     }
     for off in &plans {
         ctx.checkpoint.create_offsets(off).await?;
@@ -602,7 +627,7 @@ async fn owned_control(ctx: &Context, epoch: u64) -> Result<(Control, String)> {
 async fn update_control(
     ctx: &Context,
     epoch: u64,
-    change: impl Fn(&mut Control),
+    change: &(dyn Fn(&mut Control) + Send + Sync),
 ) -> Result<Control> {
     for _ in 0..16 {
         let (mut c, etag) = owned_control(ctx, epoch).await?;
@@ -619,7 +644,8 @@ async fn update_control(
     Err(ctx.conflict("control.json keeps changing under this run; it stops".into()))
 }
 
-/// Operate step: run one task of a batch.
+/// Operate step: run one task of a batch, and leave its result in the
+/// checkpoint for the committer (`work/N/task-T-eE.json`).
 pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Result<TaskResult> {
     let off = ctx
         .planned(
@@ -635,36 +661,62 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     })?;
     let schema = ctx.schema().await?;
     let op = SqlOperator::new(ctx.pipeline.clone(), schema);
-    let result = op
-        .run(
-            ctx.source.as_ref(),
-            &ctx.sink,
-            run.epoch,
-            batch,
-            &off.inputs,
-            plan,
+    // Views that count only this task's requests.
+    let source = CountingStore::new(ctx.source.clone());
+    let sink = ParquetSink::new(
+        Arc::new(CountingStore::new(ctx.sink.store().clone())),
+        &ctx.pipeline.name,
+    );
+    let mut result = op
+        .run(&source, &sink, run.epoch, batch, &off.inputs, plan)
+        .await?;
+    result.requests.get += 1; // the plan read above
+    result.requests.put += 1; // the result written below
+    let bytes = serde_json::to_vec(&result).expect("a task result serializes");
+    ctx.checkpoint
+        .store()
+        .put(
+            &crate::paths::checkpoint::work(batch, task, run.epoch),
+            bytes.into(),
+            crate::storage::PutMode::Overwrite,
         )
         .await?;
     tracing::debug!(pipeline = %ctx.pipeline.name, batch, task, rows = result.rows_out, "task done");
     Ok(result)
 }
 
-/// Commit step: check the outputs, write `commits/N` (create-only), then
-/// the manifest, the index and control. Returns the commit record.
-pub async fn commit(
-    ctx: &Context,
-    run: &RunState,
-    batch: u64,
-    results: &[TaskResult],
-    durations: Durations,
-    requests_before: RequestCounts,
-) -> Result<Commit> {
+/// Commit step: collect the task results, check the outputs, write
+/// `commits/N` (create-only), then the manifest, the index and control.
+/// Returns the commit record.
+pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit> {
     let started = std::time::Instant::now();
+    let counts_before = ctx.counts();
+    let started_ms = ctx.now();
     owned_control(ctx, run.epoch).await?;
     let off = ctx.planned(batch, "at commit").await?;
+    let mut results: Vec<TaskResult> = Vec::with_capacity(off.tasks.len());
+    for t in &off.tasks {
+        let key = crate::paths::checkpoint::work(batch, t.task, run.epoch);
+        let Some(obj) = ctx.checkpoint.store().get(&key).await? else {
+            return Err(Error::Execution {
+                pipeline: ctx.pipeline.name.clone(),
+                batch,
+                task: t.task,
+                message: format!(
+                    "no result at {key}: the task did not finish under this run; run again"
+                ),
+                class: ErrorClass::Fatal,
+            });
+        };
+        results
+            .push(serde_json::from_slice(&obj.bytes).map_err(|e| ctx.broken(key, e.to_string()))?);
+    }
     let mut outputs: Vec<_> = results.iter().flat_map(|r| r.outputs.clone()).collect();
     outputs.sort_by(|a, b| a.key.cmp(&b.key));
     ctx.sink.verify(batch, &outputs).await?;
+    let task_requests = results
+        .iter()
+        .fold(RequestCounts::default(), |acc, r| acc.plus(&r.requests));
     let mut record = Commit {
         format_version: checkpoint::FORMAT_VERSION,
         batch,
@@ -675,14 +727,20 @@ pub async fn commit(
         rows_in: results.iter().map(|r| r.rows_in).sum(),
         rows_out: results.iter().map(|r| r.rows_out).sum(),
         outputs,
-        durations,
+        durations: Durations {
+            plan_ms: off.plan_ms,
+            operate_ms: (started_ms - off.planned_ms).max(0) as u64,
+            task_max_ms: results.iter().map(|r| r.millis).max().unwrap_or(0),
+            commit_ms: 0,
+        },
         requests: RequestCounts::default(),
         input_keys: off.inputs.iter().map(|i| i.key.clone()).collect(),
     };
     record.durations.commit_ms = started.elapsed().as_millis() as u64;
-    // This commit write itself is counted too.
-    record.requests = ctx.counts().since(&requests_before);
-    record.requests.put_create += 1;
+    // Planner, tasks and this committer, including the commit write itself.
+    let mut own = ctx.counts().since(&counts_before);
+    own.put_create += 1;
+    record.requests = off.plan_requests.plus(&task_requests).plus(&own);
     if !ctx.checkpoint.create_commit(&record).await? {
         // A retried commit: the record that won is the truth.
         record = ctx.checkpoint.commit(batch).await?.ok_or_else(|| {
@@ -712,6 +770,13 @@ async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result
     ctx.sink
         .remove_uncommitted(record.batch, &record.outputs)
         .await?;
+    let work = ctx.checkpoint.store();
+    for m in work
+        .list(&crate::paths::checkpoint::work_prefix(record.batch), None)
+        .await?
+    {
+        work.delete(&m.key).await?;
+    }
     let index = ctx.checkpoint.index().await?;
     let index = index.apply(
         record.batch,
@@ -723,7 +788,7 @@ async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result
     let listing = index.listing();
     let now = ctx.now();
     let spec_hash = p.spec_hash();
-    let c = update_control(ctx, run.epoch, |c| {
+    let c = update_control(ctx, run.epoch, &|c| {
         if c.last_committed.is_some_and(|l| l >= record.batch) {
             return;
         }
@@ -749,7 +814,7 @@ async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result
 /// Refresh this run's heartbeat, proving it still holds `run.epoch`.
 pub async fn heartbeat(ctx: &Context, run: &RunState) -> Result<()> {
     let now = ctx.now();
-    update_control(ctx, run.epoch, |c| c.heartbeat_ms = Some(now)).await?;
+    update_control(ctx, run.epoch, &|c| c.heartbeat_ms = Some(now)).await?;
     Ok(())
 }
 
@@ -760,7 +825,7 @@ pub async fn heartbeat(ctx: &Context, run: &RunState) -> Result<()> {
 pub async fn release(ctx: &Context, run: &RunState, status: RunStatus) -> Result<()> {
     let now = ctx.now();
     let spec_hash = ctx.pipeline.spec_hash();
-    update_control(ctx, run.epoch, |c| {
+    update_control(ctx, run.epoch, &|c| {
         c.status = status;
         c.heartbeat_ms = Some(now);
         // pipeline.json holds this spec since the lease was taken.
@@ -835,5 +900,159 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         last_commit,
         waiting_files: waiting.len() as u64,
         waiting_bytes: waiting.iter().map(|f| f.size).sum(),
+    })
+}
+
+/// Input of the planner function.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanRequest {
+    /// Pipeline name.
+    pub pipeline: String,
+    /// The run so far; `null` for the first plan of an execution.
+    #[serde(default)]
+    pub run: Option<RunState>,
+}
+
+/// Input of the operator function: one task of a planned batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRequest {
+    /// Pipeline name.
+    pub pipeline: String,
+    /// The run.
+    pub run: RunState,
+    /// Batch number.
+    pub batch: u64,
+    /// Task number.
+    pub task: u32,
+}
+
+/// Output of the operator function: an acknowledgement (the result itself
+/// stays in the checkpoint).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskAck {
+    /// Task number.
+    pub task: u32,
+    /// Rows written.
+    pub rows_out: u64,
+    /// Files written.
+    pub files: u64,
+}
+
+/// What the committer function is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CommitAction {
+    /// Commit the batch.
+    Commit,
+    /// Drop the plans from this batch on after its input was refused.
+    Abandon,
+}
+
+/// Input of the committer function.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitRequest {
+    /// Commit or abandon.
+    pub action: CommitAction,
+    /// Pipeline name.
+    pub pipeline: String,
+    /// The run.
+    pub run: RunState,
+    /// Batch number.
+    pub batch: u64,
+}
+
+/// Output of the committer function: what was committed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitSummary {
+    /// Batch number.
+    pub batch: u64,
+    /// Input files.
+    pub files: u64,
+    /// Input bytes.
+    pub bytes: u64,
+    /// Rows read.
+    pub rows_in: u64,
+    /// Rows written.
+    pub rows_out: u64,
+    /// Output files.
+    pub outputs: u64,
+    /// Requests of the batch.
+    pub requests: RequestCounts,
+}
+
+impl From<&Commit> for CommitSummary {
+    fn from(c: &Commit) -> Self {
+        CommitSummary {
+            batch: c.batch,
+            files: c.files,
+            bytes: c.bytes_read,
+            rows_in: c.rows_in,
+            rows_out: c.rows_out,
+            outputs: c.outputs.len() as u64,
+            requests: c.requests,
+        }
+    }
+}
+
+impl Context {
+    fn check_pipeline(&self, name: &str) -> Result<()> {
+        if name == self.pipeline.name {
+            Ok(())
+        } else {
+            Err(Error::Execution {
+                pipeline: self.pipeline.name.clone(),
+                batch: 0,
+                task: 0,
+                message: format!(
+                    "a request for pipeline \"{name}\" reached this pipeline's handler"
+                ),
+                class: ErrorClass::Fatal,
+            })
+        }
+    }
+}
+
+/// A boxed handler future. Boxing here, where lifetimes are concrete, lets
+/// callers that need `Send` for every lifetime (the state machine's task
+/// invoker) hold it: rustc cannot prove that through nested async fns.
+pub type HandlerFuture<'a, T> = futures::future::BoxFuture<'a, Result<T>>;
+
+/// The planner function's entry point.
+pub fn handle_plan(ctx: &Context, req: PlanRequest) -> HandlerFuture<'_, PlanOutcome> {
+    Box::pin(async move {
+        ctx.check_pipeline(&req.pipeline)?;
+        plan(ctx, req.run).await
+    })
+}
+
+/// The operator function's entry point.
+pub fn handle_task(ctx: &Context, req: TaskRequest) -> HandlerFuture<'_, TaskAck> {
+    Box::pin(async move {
+        ctx.check_pipeline(&req.pipeline)?;
+        let r = operate(ctx, &req.run, req.batch, req.task).await?;
+        Ok(TaskAck {
+            task: r.task,
+            rows_out: r.rows_out,
+            files: r.outputs.len() as u64,
+        })
+    })
+}
+
+/// The committer function's entry point.
+pub fn handle_commit(ctx: &Context, req: CommitRequest) -> HandlerFuture<'_, CommitSummary> {
+    Box::pin(async move {
+        ctx.check_pipeline(&req.pipeline)?;
+        match req.action {
+            CommitAction::Commit => Ok(CommitSummary::from(
+                &commit(ctx, &req.run, req.batch).await?,
+            )),
+            CommitAction::Abandon => {
+                abandon(ctx, &req.run, req.batch).await?;
+                Ok(CommitSummary {
+                    batch: req.batch,
+                    ..CommitSummary::default()
+                })
+            }
+        }
     })
 }

@@ -95,6 +95,9 @@ pub struct TaskResult {
     pub bytes_read: u64,
     /// Wall time, ms.
     pub millis: u64,
+    /// Storage requests of this task.
+    #[serde(default)]
+    pub requests: crate::storage::RequestCounts,
 }
 
 /// Runs the pipeline's SQL over task inputs with DataFusion.
@@ -251,11 +254,12 @@ impl SqlOperator {
         let (ctx, plan) = this.plan_scan(&access, &files).await.map_err(exec)?;
         let schema = plan.schema();
         let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
+        let task_no = task.task;
         let writes = streams.into_iter().enumerate().map(|(p, stream)| {
             let sink = sink.clone();
             let schema = schema.clone();
             async move {
-                sink.write_partition(epoch, batch, task.task, p as u32, schema, stream)
+                sink.write_partition(epoch, batch, task_no, p as u32, schema, stream)
                     .await
             }
         });
@@ -285,6 +289,7 @@ impl SqlOperator {
             bytes_read: files.iter().map(|f| f.size).sum(),
             outputs,
             millis: started.elapsed().as_millis() as u64,
+            requests: source.counts().plus(&sink.store().counts()),
         })
     }
 
@@ -301,10 +306,13 @@ impl SqlOperator {
         // the query over each alone (a value the query cannot handle).
         let read_all = format!("SELECT * FROM \"{}\"", self.pipeline.source.table);
         let probes = [read_all.as_str(), self.pipeline.sql.as_str()];
-        for (sql, f) in probes
-            .iter()
-            .flat_map(|q| files.iter().map(move |f| (*q, f)))
-        {
+        let mut attempts: Vec<(&str, &InputFile)> = Vec::new();
+        for q in probes {
+            for f in files {
+                attempts.push((q, f));
+            }
+        }
+        for (sql, f) in attempts {
             let probe = async {
                 let (ctx, plan) = self.plan_query(access, &[f], sql).await?;
                 datafusion::physical_plan::collect(plan, ctx.task_ctx()).await

@@ -14,6 +14,17 @@ pub mod checkpoint {
     /// The processed-input index.
     pub const INDEX: &str = "index/processed.json";
 
+    /// Prefix of the task results of batch `n`.
+    pub fn work_prefix(n: u64) -> String {
+        format!("work/{n:010}/")
+    }
+
+    /// The result of task `task` of batch `n` run under lease `epoch`,
+    /// read by the committer (payloads between steps carry no data).
+    pub fn work(n: u64, task: u32, epoch: u64) -> String {
+        format!("{}task-{task:05}-e{epoch}.json", work_prefix(n))
+    }
+
     /// The plan of batch `n`, written create-only before any output.
     pub fn offsets(n: u64) -> String {
         format!("{OFFSETS_PREFIX}{n:010}.json")

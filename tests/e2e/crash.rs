@@ -39,7 +39,7 @@ fn faulty_context(root: &std::path::Path, writes: Arc<AtomicU64>, fail_at: u64) 
         wrap(root.join("out/sink")),
         wrap(root.join("out/checkpoint/crash")),
     );
-    ctx.owner_gone = Arc::new(|_| true);
+    test_mode(&mut ctx);
     ctx
 }
 
@@ -204,16 +204,7 @@ async fn a_run_that_lost_its_lease_cannot_change_committed_output() {
             .iter()
             .all(|o| o.key.ends_with(&format!("-e{}.parquet", run_a.epoch)))
     );
-    let err = handlers::commit(
-        &a,
-        &run_a,
-        batch.batch,
-        &[task],
-        Default::default(),
-        a.counts(),
-    )
-    .await
-    .unwrap_err();
+    let err = handlers::commit(&a, &run_a, batch.batch).await.unwrap_err();
     assert_eq!(err.class(), sluice_engine::ErrorClass::Conflict, "{err}");
     let after: Vec<_> = snapshot(&sink.join("batch=0000000000"))
         .into_iter()

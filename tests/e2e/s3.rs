@@ -70,7 +70,7 @@ max_files_per_batch = 2
     let p = Pipeline::parse(&toml, "s3.toml", dir.path()).unwrap();
     let open = || {
         let mut ctx = Context::open(p.clone(), Some(&cfg)).unwrap();
-        ctx.owner_gone = Arc::new(|_| true);
+        test_mode(&mut ctx);
         ctx
     };
     let first = run(&open()).await.unwrap();

@@ -52,8 +52,15 @@ pub fn pipeline(root: &Path, toml: &str) -> Pipeline {
 /// treated as gone (a restarted process in these in-process tests).
 pub fn local_context(p: &Pipeline) -> Context {
     let mut ctx = Context::open(p.clone(), None).expect("local stores open");
-    ctx.owner_gone = Arc::new(|_| true);
+    test_mode(&mut ctx);
     ctx
+}
+
+/// Every other lease owner counts as gone (a restarted process in these
+/// in-process tests), and Retry intervals pass at once.
+pub fn test_mode(ctx: &mut Context) {
+    ctx.owner_gone = Arc::new(|_| true);
+    ctx.sleep = Arc::new(|_| Box::pin(async {}));
 }
 
 /// The control record of the pipeline `toml` under `root`.
@@ -151,10 +158,11 @@ pub fn gen_files(dir: &Path, files: u64, rows: usize) -> Vec<PathBuf> {
         .unwrap()
 }
 
-/// Wraps a store and fails chosen writes: the tests' crash injector. Every
-/// put and delete counts as a write; write number `fail_at` (1-based,
-/// shared across every store wrapped with the same counter) fails with a
-/// transient error before reaching the store.
+/// Wraps a store and stops writes from a chosen one on: the tests' crash
+/// injector. Every put and delete counts as a write; write number `fail_at`
+/// (1-based, counted across every store wrapped with the same counter) and
+/// every later one fails with a transient error before reaching the store,
+/// as if the process had died there (retries cannot get past it).
 #[derive(Debug)]
 pub struct FaultStore {
     pub inner: Arc<dyn Store>,
@@ -165,7 +173,7 @@ pub struct FaultStore {
 impl FaultStore {
     fn check(&self, op: &'static str, key: &str) -> Result<(), StoreError> {
         let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
-        if n == self.fail_at {
+        if self.fail_at > 0 && n >= self.fail_at {
             return Err(StoreError::Transient {
                 op,
                 location: key.to_string(),

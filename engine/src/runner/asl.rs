@@ -67,6 +67,7 @@ pub type Sleeper = Arc<dyn Fn(Duration) -> Pin<Box<dyn Future<Output = ()> + Sen
 pub struct StateMachine {
     start_at: String,
     states: BTreeMap<String, Value>,
+    timeout: Option<f64>,
 }
 
 const COMMON: &[&str] = &["Type", "Comment", "Next", "End", "InputPath", "OutputPath"];
@@ -183,7 +184,11 @@ impl StateMachine {
                 }
             }
         }
-        Ok(StateMachine { start_at, states })
+        Ok(StateMachine {
+            start_at,
+            states,
+            timeout: v["TimeoutSeconds"].as_f64(),
+        })
     }
 
     /// Run an execution with `input` to its end.
@@ -194,7 +199,13 @@ impl StateMachine {
         sleep: &Sleeper,
     ) -> Result<Value, Failure> {
         let context = json!({ "Execution": { "Input": input.clone() } });
-        self.run(input, &context, tasks, sleep).await
+        let run = self.run(input, &context, tasks, sleep);
+        match self.timeout {
+            Some(t) => tokio::time::timeout(Duration::from_secs_f64(t), run)
+                .await
+                .map_err(|_| Failure::new("States.Timeout", format!("execution ran past {t} s")))?,
+            None => run.await,
+        }
     }
 
     fn run<'a>(

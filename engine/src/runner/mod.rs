@@ -1,16 +1,31 @@
-//! The local runner: drives the handler steps in-process, in the order the
-//! state machine does (plan -> operate each task -> commit -> plan ...),
+//! The local runner: executes `statemachines/microbatch.asl.json`, the very
+//! definition that is deployed, with its Task resources bound to the
+//! in-process handlers (plan -> operate each task -> commit -> plan ...),
 //! until the run is done.
 
 pub mod asl;
 
-use std::time::Instant;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
-use crate::checkpoint::Durations;
-use crate::error::{ErrorClass, Result};
-use crate::handlers::{self, Context, PlanOutcome};
+use crate::error::{Error, ErrorClass, Result};
+use crate::handlers::{self, CommitRequest, Context, PlanOutcome, PlanRequest, TaskRequest};
+use asl::{Failure, Sleeper, StateMachine, TaskInvoker};
+
+/// The state machine definition, compiled in from `statemachines/`.
+pub const DEFINITION: &str = include_str!("../../../statemachines/microbatch.asl.json");
+
+/// Task resources of the definition, as SAM substitutes them.
+pub const PLANNER: &str = "${PlannerFunctionArn}";
+/// The operator function's resource.
+pub const OPERATOR: &str = "${OperatorFunctionArn}";
+/// The committer function's resource.
+pub const COMMITTER: &str = "${CommitterFunctionArn}";
 
 /// One committed batch, as reported to the user.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,105 +72,193 @@ pub struct RunSummary {
     pub requests: crate::storage::RequestCounts,
 }
 
-/// Run the pipeline until everything available at the start is committed
-/// (Spark's `Trigger.AvailableNow`). `on_batch` sees each committed batch.
-pub async fn run(ctx: &Context, mut on_batch: impl FnMut(&BatchReport)) -> Result<RunSummary> {
-    let started = Instant::now();
-    let counts_at_start = ctx.counts();
-    let mut batches = Vec::new();
-    let mut state = None;
-    loop {
-        let batch_started = Instant::now();
-        let counts_before = ctx.counts();
-        let outcome = handlers::plan(ctx, state.take()).await?;
-        let plan_ms = batch_started.elapsed().as_millis() as u64;
-        let (run, batch) = match outcome {
-            PlanOutcome::Idle { reason } => {
-                return Ok(summary(
-                    RunEnd::Idle(reason),
-                    batches,
-                    started,
-                    ctx,
-                    counts_at_start,
-                ));
+/// A real sleep, for Retry intervals and Wait states.
+pub fn real_sleep() -> Sleeper {
+    Arc::new(|d: Duration| Box::pin(tokio::time::sleep(d)))
+}
+
+/// What the in-process Task resources saw during one execution.
+struct Observed {
+    end: Option<RunEnd>,
+    batches: Vec<BatchReport>,
+    batch_started: Instant,
+    resumed: bool,
+    /// The engine error behind the last failed task, to report with its
+    /// class and fields rather than as a string.
+    last_error: Option<Error>,
+    heartbeat: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Binds the definition's Task resources to the in-process handlers.
+struct LocalInvoker<'a> {
+    ctx: &'a Context,
+    observed: Mutex<Observed>,
+    on_batch: Mutex<&'a mut (dyn FnMut(&BatchReport) + Send)>,
+}
+
+impl LocalInvoker<'_> {
+    async fn call(&self, resource: &str, input: Value) -> Result<Value> {
+        let bad = |e: serde_json::Error| Error::Execution {
+            pipeline: self.ctx.pipeline.name.clone(),
+            batch: 0,
+            task: 0,
+            message: format!("{resource}: payload does not fit its request type: {e}"),
+            class: ErrorClass::Fatal,
+        };
+        let out = match resource {
+            PLANNER => {
+                let req: PlanRequest = serde_json::from_value(input).map_err(bad)?;
+                let outcome = handlers::handle_plan(self.ctx, req).await?;
+                self.on_plan(&outcome);
+                serde_json::to_value(&outcome)
             }
+            OPERATOR => {
+                let req: TaskRequest = serde_json::from_value(input).map_err(bad)?;
+                serde_json::to_value(handlers::handle_task(self.ctx, req).await?)
+            }
+            COMMITTER => {
+                let req: CommitRequest = serde_json::from_value(input).map_err(bad)?;
+                let summary = handlers::handle_commit(self.ctx, req.clone()).await?;
+                if req.action == handlers::CommitAction::Commit {
+                    self.on_commit(&summary);
+                }
+                serde_json::to_value(summary)
+            }
+            other => {
+                return Err(Error::Execution {
+                    pipeline: self.ctx.pipeline.name.clone(),
+                    batch: 0,
+                    task: 0,
+                    message: format!("the state machine names an unknown resource {other}"),
+                    class: ErrorClass::Fatal,
+                });
+            }
+        };
+        Ok(out.expect("handler outputs serialize"))
+    }
+
+    fn on_plan(&self, outcome: &PlanOutcome) {
+        let mut o = self.observed.lock().expect("not poisoned");
+        match outcome {
+            PlanOutcome::Idle { reason } => o.end = Some(RunEnd::Idle(reason.clone())),
             PlanOutcome::Busy {
                 owner,
                 heartbeat_age_s,
             } => {
-                let why = format!("{owner} holds the lease (heartbeat {heartbeat_age_s}s ago)");
-                return Ok(summary(
-                    RunEnd::Busy(why),
-                    batches,
-                    started,
-                    ctx,
-                    counts_at_start,
-                ));
+                o.end = Some(RunEnd::Busy(format!(
+                    "{owner} holds the lease (heartbeat {heartbeat_age_s}s ago)"
+                )))
             }
-            PlanOutcome::Done { .. } => {
-                return Ok(summary(
-                    RunEnd::Done,
-                    batches,
-                    started,
-                    ctx,
-                    counts_at_start,
-                ));
-            }
-            PlanOutcome::Batch { run, batch } => (run, batch),
-        };
-
-        let operate_started = Instant::now();
-        let heartbeat = spawn_heartbeat(ctx, &run);
-        let mut results = Vec::with_capacity(batch.tasks.len());
-        for task in &batch.tasks {
-            let done = handlers::operate(ctx, &run, batch.batch, *task).await;
-            if done.is_err() {
-                heartbeat.abort();
-            }
-            match done {
-                Ok(r) => results.push(r),
-                Err(e) => {
-                    if e.class() == ErrorClass::InvalidInput {
-                        // Nothing of this batch is committed: drop its plan
-                        // so the next run plans afresh once the input is fixed.
-                        if let Err(abandon_err) = handlers::abandon(ctx, &run, batch.batch).await {
-                            tracing::warn!(error = %abandon_err, "could not abandon the batch; the next run resumes it");
-                        }
-                    }
-                    return Err(e);
+            PlanOutcome::Done { .. } => o.end = Some(RunEnd::Done),
+            PlanOutcome::Batch { run, batch } => {
+                o.resumed = batch.resumed;
+                if o.heartbeat.is_none() {
+                    o.heartbeat = Some(spawn_heartbeat(self.ctx, run));
                 }
             }
         }
-        heartbeat.abort();
-        let durations = Durations {
-            plan_ms,
-            operate_ms: operate_started.elapsed().as_millis() as u64,
-            commit_ms: 0,
+    }
+
+    fn on_commit(&self, c: &handlers::CommitSummary) {
+        let report = {
+            let mut o = self.observed.lock().expect("not poisoned");
+            let report = BatchReport {
+                batch: c.batch,
+                files: c.files,
+                bytes: c.bytes,
+                rows_in: c.rows_in,
+                rows_out: c.rows_out,
+                outputs: c.outputs,
+                millis: o.batch_started.elapsed().as_millis() as u64,
+                resumed: o.resumed,
+            };
+            o.batches.push(report.clone());
+            o.batch_started = Instant::now();
+            report
         };
-        let record =
-            handlers::commit(ctx, &run, batch.batch, &results, durations, counts_before).await?;
-        let report = BatchReport {
-            batch: record.batch,
-            files: record.files,
-            bytes: record.bytes_read,
-            rows_in: record.rows_in,
-            rows_out: record.rows_out,
-            outputs: record.outputs.len() as u64,
-            millis: batch_started.elapsed().as_millis() as u64,
-            resumed: batch.resumed,
-        };
-        on_batch(&report);
-        batches.push(report);
-        state = Some(run);
+        (self.on_batch.lock().expect("not poisoned"))(&report);
     }
 }
 
-/// Keep the lease alive while tasks run: a heartbeat every third of the
-/// lease TTL. Stops by itself if the lease is lost.
+impl TaskInvoker for LocalInvoker<'_> {
+    fn invoke<'a>(
+        &'a self,
+        resource: &'a str,
+        input: Value,
+    ) -> Pin<Box<dyn Future<Output = std::result::Result<Value, Failure>> + Send + 'a>> {
+        Box::pin(async move {
+            self.call(resource, input).await.map_err(|e| {
+                let failure = Failure {
+                    error: e.class().name().to_string(),
+                    cause: e.to_string(),
+                };
+                self.observed.lock().expect("not poisoned").last_error = Some(e);
+                failure
+            })
+        })
+    }
+}
+
+/// Run the pipeline until everything available at the start is committed
+/// (Spark's `Trigger.AvailableNow`), by executing the state machine
+/// in-process. `on_batch` sees each committed batch.
+pub async fn run(
+    ctx: &Context,
+    mut on_batch: impl FnMut(&BatchReport) + Send,
+) -> Result<RunSummary> {
+    let machine = StateMachine::parse(DEFINITION).map_err(|e| Error::Execution {
+        pipeline: ctx.pipeline.name.clone(),
+        batch: 0,
+        task: 0,
+        message: e.to_string(),
+        class: ErrorClass::Fatal,
+    })?;
+    let started = Instant::now();
+    let counts_at_start = ctx.counts();
+    let invoker = LocalInvoker {
+        ctx,
+        observed: Mutex::new(Observed {
+            end: None,
+            batches: Vec::new(),
+            batch_started: Instant::now(),
+            resumed: false,
+            last_error: None,
+            heartbeat: None,
+        }),
+        on_batch: Mutex::new(&mut on_batch),
+    };
+    let input = json!({ "pipeline": ctx.pipeline.name, "run": null });
+    let result = machine.execute(input, &invoker, &ctx.sleep).await;
+    let observed = invoker.observed.into_inner().expect("not poisoned");
+    if let Some(h) = &observed.heartbeat {
+        h.abort();
+    }
+    match result {
+        Ok(_) => Ok(RunSummary {
+            end: observed.end.unwrap_or(RunEnd::Done),
+            batches: observed.batches,
+            millis: started.elapsed().as_millis() as u64,
+            requests: ctx.counts().since(&counts_at_start),
+        }),
+        Err(failure) => Err(match observed.last_error {
+            Some(e) if e.class().name() == failure.error => e,
+            _ => Error::Execution {
+                pipeline: ctx.pipeline.name.clone(),
+                batch: 0,
+                task: 0,
+                message: failure.to_string(),
+                class: ErrorClass::Fatal,
+            },
+        }),
+    }
+}
+
+/// Keep the lease alive while the run works: a heartbeat every third of
+/// the lease TTL. Stops by itself if the lease is lost.
 fn spawn_heartbeat(ctx: &Context, run: &handlers::RunState) -> tokio::task::JoinHandle<()> {
     let ctx = ctx.clone();
     let run = run.clone();
-    let every = std::time::Duration::from_secs((ctx.pipeline.limits.lease_ttl_seconds / 3).max(1));
+    let every = Duration::from_secs((ctx.pipeline.limits.lease_ttl_seconds / 3).max(1));
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(every).await;
@@ -169,17 +272,56 @@ fn spawn_heartbeat(ctx: &Context, run: &handlers::RunState) -> tokio::task::Join
     })
 }
 
-fn summary(
-    end: RunEnd,
-    batches: Vec<BatchReport>,
-    started: Instant,
-    ctx: &Context,
-    counts_at_start: crate::storage::RequestCounts,
-) -> RunSummary {
-    RunSummary {
-        end,
-        batches,
-        millis: started.elapsed().as_millis() as u64,
-        requests: ctx.counts().since(&counts_at_start),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn walk<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
+        out.push(v);
+        match v {
+            Value::Object(m) => m.values().for_each(|c| walk(c, out)),
+            Value::Array(a) => a.iter().for_each(|c| walk(c, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn definition_parses_and_names_only_known_errors_and_resources() {
+        StateMachine::parse(DEFINITION).expect("the local runner accepts the definition");
+        let v: Value = serde_json::from_str(DEFINITION).unwrap();
+        let mut nodes = Vec::new();
+        walk(&v, &mut nodes);
+        let classes = [
+            ErrorClass::Retryable,
+            ErrorClass::Conflict,
+            ErrorClass::InvalidInput,
+            ErrorClass::Fatal,
+        ]
+        .map(|c| c.name());
+        let mut names = 0;
+        let mut resources = Vec::new();
+        for n in &nodes {
+            for e in n["ErrorEquals"].as_array().into_iter().flatten() {
+                let e = e.as_str().unwrap();
+                names += 1;
+                assert!(
+                    classes.contains(&e) || e.starts_with("States.") || e.starts_with("Lambda."),
+                    "ErrorEquals names {e}, which no handler returns"
+                );
+            }
+            if let Some(r) = n["Resource"].as_str() {
+                resources.push(r);
+            }
+        }
+        assert!(names >= 8, "only {names} error names found");
+        for r in &resources {
+            assert!(
+                [PLANNER, OPERATOR, COMMITTER].contains(r),
+                "unknown resource {r}"
+            );
+        }
+        for r in [PLANNER, OPERATOR, COMMITTER] {
+            assert!(resources.contains(&r), "{r} is never used");
+        }
     }
 }
