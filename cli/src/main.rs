@@ -34,6 +34,11 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Register a pipeline: pin its schema, check its SQL, write pipeline.json (what the Lambda functions read).
+    Register {
+        /// The pipeline file.
+        pipeline: PathBuf,
+    },
     /// Show the last committed batch, totals and what is waiting.
     Show {
         /// The pipeline file.
@@ -116,6 +121,17 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Run { pipeline, json } => run(&pipeline, json).await,
         Command::Show { pipeline, json } => show(&pipeline, json).await,
+        Command::Register { pipeline } => {
+            let ctx = open(&pipeline).await?;
+            let record = handlers::register(&ctx).await?;
+            println!(
+                "registered pipeline \"{}\" in {} ({} source columns pinned)",
+                record.pipeline.name,
+                ctx.pipeline.checkpoint.display(),
+                record.schema.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Gen {
             dataset: Dataset::Taxi,
             files,

@@ -137,6 +137,11 @@ impl Context {
         self.pipeline.limits.lease_ttl_seconds as i64 * 1000
     }
 
+    /// Use `schema` as the source schema (from a registered `pipeline.json`).
+    pub fn pin_schema(&self, schema: SchemaRef) {
+        let _ = self.schema.set(schema);
+    }
+
     /// The source schema, once the plan step resolved it (or from
     /// `pipeline.json`).
     pub async fn schema(&self) -> Result<SchemaRef> {
@@ -442,6 +447,35 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     let (control, _) = owned_control(ctx, epoch).await?;
     let known = index.map(|i| (i, listed));
     discover_and_plan(ctx, run, &control, known, clock).await
+}
+
+/// Register the pipeline: resolve its source schema (declared, pinned, or
+/// inferred from the first input file), check its SQL against it, and write
+/// `pipeline.json`, which the Lambda functions build their context from.
+pub async fn register(ctx: &Context) -> Result<PipelineRecord> {
+    let p = &ctx.pipeline;
+    let record = ctx.checkpoint.pipeline_record().await?;
+    let listed = discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?;
+    let schema = resolve_schema(ctx, record.as_ref(), &listed)
+        .await?
+        .ok_or_else(|| Error::Spec {
+            file: p.name.clone(),
+            message: format!(
+                "no input file under {} to infer the source schema from; declare \
+                 source.schema or add a file, then register again",
+                p.source.location.display()
+            ),
+        })?;
+    SqlOperator::new(p.clone(), schema.clone()).check().await?;
+    let record = PipelineRecord {
+        format_version: checkpoint::FORMAT_VERSION,
+        spec_hash: p.spec_hash(),
+        pipeline: (**p).clone(),
+        schema: columns_of(&schema),
+    };
+    ctx.checkpoint.put_pipeline_record(&record).await?;
+    ctx.pin_schema(schema);
+    Ok(record)
 }
 
 /// The source schema: declared, else pinned, else inferred from the first

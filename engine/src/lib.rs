@@ -13,11 +13,15 @@
 //! Modules follow the data flow: [`pipeline`] (the spec), [`storage`] (the
 //! object-store seam), [`discovery`], [`checkpoint`] (records and protocol
 //! decisions), [`planning`], [`operators`], [`sinks`], [`handlers`] (the
-//! steps, shared by the local runner and Lambda) and [`runner`].
+//! steps, shared by the local runner and Lambda), [`runner`] (the local
+//! state machine interpreter) and, with the `lambda` feature, `functions`
+//! (the glue of the Lambda binaries).
 
 pub mod checkpoint;
 pub mod discovery;
 pub mod error;
+#[cfg(feature = "lambda")]
+pub mod functions;
 pub mod generator;
 pub mod handlers;
 pub mod operators;

@@ -32,7 +32,7 @@ use crate::sinks::ParquetSink;
 use crate::storage::{ScanAccess, Store};
 
 /// Input bytes per output partition below which a task uses fewer partitions.
-const SMALL_TASK_BYTES: u64 = 32 << 20;
+const SMALL_TASK_BYTES: u64 = 8 << 20;
 
 /// A table over a fixed list of files: one task's inputs.
 #[derive(Debug)]

@@ -1,0 +1,224 @@
+//! Glue for the Lambda function binaries in `functions/`: JSON logs, one
+//! context per registered pipeline (built once per cold start and cached),
+//! and errors reported to Step Functions under their class name, which the
+//! state machine's Retry and Catch clauses match.
+
+use std::collections::HashMap;
+
+use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::handlers::{CommitRequest, Context, HandlerFuture, PlanRequest, TaskRequest, schema_of};
+use crate::storage::{Location, S3Config};
+
+/// The environment variable naming where pipelines are registered.
+pub const CHECKPOINT_ENV: &str = "SLUICE_CHECKPOINT_URI";
+
+/// The Step Functions view of an engine error: its class name and message.
+pub fn diagnostic(e: &Error) -> Diagnostic {
+    Diagnostic {
+        error_type: e.class().name().to_string(),
+        error_message: e.to_string(),
+    }
+}
+
+/// A request that names its pipeline.
+pub trait PipelineRequest {
+    /// The pipeline the request is for.
+    fn pipeline(&self) -> &str;
+}
+
+impl PipelineRequest for PlanRequest {
+    fn pipeline(&self) -> &str {
+        &self.pipeline
+    }
+}
+
+impl PipelineRequest for TaskRequest {
+    fn pipeline(&self) -> &str {
+        &self.pipeline
+    }
+}
+
+impl PipelineRequest for CommitRequest {
+    fn pipeline(&self) -> &str {
+        &self.pipeline
+    }
+}
+
+/// Contexts of the pipelines registered under one checkpoint location.
+pub struct Contexts {
+    root: Location,
+    s3: Option<S3Config>,
+    cache: tokio::sync::Mutex<HashMap<String, Context>>,
+}
+
+impl Contexts {
+    /// Contexts of the pipelines registered under `root`.
+    pub fn new(root: Location, s3: Option<S3Config>) -> Contexts {
+        Contexts {
+            root,
+            s3,
+            cache: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Read the checkpoint location from `SLUICE_CHECKPOINT_URI`; fails with
+    /// a message naming the variable when it is missing or malformed.
+    pub async fn from_env() -> std::result::Result<Contexts, String> {
+        let uri = std::env::var(CHECKPOINT_ENV).map_err(|_| {
+            format!(
+                "{CHECKPOINT_ENV} is not set: set it to the checkpoint location where pipelines \
+                 are registered (s3://bucket/prefix/)"
+            )
+        })?;
+        let root = Location::parse(&uri, std::path::Path::new("/"))
+            .map_err(|e| format!("{CHECKPOINT_ENV}: {e}"))?;
+        let s3 = match root {
+            Location::S3 { .. } => Some(S3Config::from_env().await),
+            Location::Local(_) => None,
+        };
+        Ok(Contexts::new(root, s3))
+    }
+
+    /// The context of `pipeline`, from its registered `pipeline.json`.
+    pub async fn get(&self, pipeline: &str) -> Result<Context> {
+        let mut cache = self.cache.lock().await;
+        if let Some(c) = cache.get(pipeline) {
+            return Ok(c.clone());
+        }
+        let store = self
+            .root
+            .join(pipeline)
+            .open(self.s3.as_ref())
+            .map_err(|message| Error::Spec {
+                file: pipeline.to_string(),
+                message,
+            })?;
+        let record = Checkpoint::new(store, pipeline)
+            .pipeline_record()
+            .await?
+            .ok_or_else(|| Error::Spec {
+                file: pipeline.to_string(),
+                message: format!(
+                    "no pipeline \"{pipeline}\" is registered under {}; run `sluice register` \
+                     with its pipeline file first",
+                    self.root.display()
+                ),
+            })?;
+        let ctx = Context::open(record.pipeline.clone(), self.s3.as_ref())?;
+        ctx.pin_schema(schema_of(&record.schema));
+        cache.insert(pipeline.to_string(), ctx.clone());
+        Ok(ctx)
+    }
+}
+
+/// JSON logs, filtered by `RUST_LOG` (default `info`).
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_current_span(false)
+        .without_time()
+        .init();
+}
+
+/// Run one request through `handler` for the pipeline it names.
+pub async fn handle<Req, Resp>(
+    contexts: &Contexts,
+    req: Req,
+    handler: impl for<'a> Fn(&'a Context, Req) -> HandlerFuture<'a, Resp>,
+) -> std::result::Result<Resp, Diagnostic>
+where
+    Req: PipelineRequest,
+{
+    let ctx = contexts
+        .get(req.pipeline())
+        .await
+        .map_err(|e| diagnostic(&e))?;
+    handler(&ctx, req).await.map_err(|e| {
+        tracing::warn!(pipeline = %ctx.pipeline.name, class = %e.class(), error = %e, "handler failed");
+        diagnostic(&e)
+    })
+}
+
+/// A function binary's whole `main`: logs, contexts from the environment
+/// (failing fast with a clear message), then the Lambda runtime loop.
+pub async fn serve<Req, Resp, H>(handler: H) -> std::result::Result<(), lambda_runtime::Error>
+where
+    Req: PipelineRequest + DeserializeOwned + Send + 'static,
+    Resp: Serialize + Send + 'static,
+    H: for<'a> Fn(&'a Context, Req) -> HandlerFuture<'a, Resp> + Copy + Send + Sync + 'static,
+{
+    init_tracing();
+    let contexts = std::sync::Arc::new(Contexts::from_env().await?);
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Req>| {
+        let contexts = contexts.clone();
+        handle_owned(contexts, event.payload, handler)
+    }))
+    .await
+}
+
+async fn handle_owned<Req, Resp, H>(
+    contexts: std::sync::Arc<Contexts>,
+    req: Req,
+    handler: H,
+) -> std::result::Result<Resp, Diagnostic>
+where
+    Req: PipelineRequest,
+    H: for<'a> Fn(&'a Context, Req) -> HandlerFuture<'a, Resp>,
+{
+    handle(&contexts, req, handler).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handlers::{PlanOutcome, handle_plan};
+    use crate::pipeline::Pipeline;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn registered_pipelines_are_served_and_errors_carry_their_class() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        crate::generator::write_taxi_files(
+            &root.join("input"),
+            2,
+            20,
+            crate::pipeline::SourceFormat::Parquet,
+            None,
+        )
+        .unwrap();
+        let toml = "name = \"fn\"\n[source]\nuri = \"input\"\nformat = \"parquet\"\ntable = \"t\"\n\
+                    [query]\nsql = \"SELECT fare_amount FROM t\"\n[sink]\nuri = \"out/sink\"\n\
+                    [checkpoint]\nuri = \"out/cp\"\n";
+        let p = Pipeline::parse(toml, "fn.toml", root).unwrap();
+        let contexts = Contexts::new(Location::Local(root.join("out/cp")), None);
+
+        // Not registered yet: a clear InvalidInput diagnostic.
+        let req = || PlanRequest {
+            pipeline: "fn".into(),
+            run: None,
+        };
+        let d = handle(&contexts, req(), handle_plan).await.unwrap_err();
+        assert_eq!(d.error_type, "Sluice.InvalidInput");
+        assert!(
+            d.error_message.contains("sluice register"),
+            "{}",
+            d.error_message
+        );
+
+        crate::handlers::register(&Context::open(p, None).unwrap())
+            .await
+            .unwrap();
+        let out = handle(&contexts, req(), handle_plan).await.unwrap();
+        assert!(matches!(out, PlanOutcome::Batch { .. }), "{out:?}");
+        let busy = handle(&contexts, req(), handle_plan).await.unwrap();
+        assert!(matches!(busy, PlanOutcome::Busy { .. }), "{busy:?}");
+    }
+}
