@@ -254,19 +254,33 @@ impl SqlOperator {
         let (ctx, plan) = this.plan_scan(&access, &files).await.map_err(exec)?;
         let schema = plan.schema();
         let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
+        // One tokio task per output partition, so decoding, the query and
+        // Parquet encoding of the partitions run on separate cores.
         let task_no = task.task;
-        let writes = streams.into_iter().enumerate().map(|(p, stream)| {
-            let sink = sink.clone();
-            let schema = schema.clone();
-            async move {
-                sink.write_partition(epoch, batch, task_no, p as u32, schema, stream)
-                    .await
-            }
-        });
-        let written = futures::future::join_all(writes).await;
+        let writes: Vec<_> = streams
+            .into_iter()
+            .enumerate()
+            .map(|(p, stream)| {
+                let sink = sink.clone();
+                let schema = schema.clone();
+                tokio::spawn(async move {
+                    sink.write_partition(epoch, batch, task_no, p as u32, schema, stream)
+                        .await
+                })
+            })
+            .collect();
         let mut outputs = Vec::new();
         let mut first_err = None;
-        for w in written {
+        for w in futures::future::join_all(writes).await {
+            let w = w.unwrap_or_else(|e| {
+                Err(Error::Execution {
+                    pipeline: this.pipeline.name.clone(),
+                    batch,
+                    task: task_no,
+                    message: format!("writer task failed: {e}"),
+                    class: ErrorClass::Fatal,
+                })
+            });
             match w {
                 Ok(o) => outputs.extend(o),
                 Err(e) if first_err.is_none() => first_err = Some(e),
