@@ -235,11 +235,7 @@ impl Store for LocalStore {
     }
 
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
-        self.counter.add(match mode {
-            PutMode::Overwrite => RequestKind::Put,
-            PutMode::Create => RequestKind::PutCreate,
-            PutMode::Update(_) => RequestKind::PutUpdate,
-        });
+        self.counter.add(mode.kind());
         let this = LocalStore {
             root: self.root.clone(),
             counter: RequestCounter::default(),

@@ -71,18 +71,15 @@ impl Store for MemoryStore {
     }
 
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
-        let (kind, mode) = match mode {
-            PutMode::Overwrite => (RequestKind::Put, object_store::PutMode::Overwrite),
-            PutMode::Create => (RequestKind::PutCreate, object_store::PutMode::Create),
-            PutMode::Update(etag) => (
-                RequestKind::PutUpdate,
-                object_store::PutMode::Update(UpdateVersion {
-                    e_tag: Some(etag),
-                    version: None,
-                }),
-            ),
+        self.counter.add(mode.kind());
+        let mode = match mode {
+            PutMode::Overwrite => object_store::PutMode::Overwrite,
+            PutMode::Create => object_store::PutMode::Create,
+            PutMode::Update(etag) => object_store::PutMode::Update(UpdateVersion {
+                e_tag: Some(etag),
+                version: None,
+            }),
         };
-        self.counter.add(kind);
         let opts = PutOptions {
             mode,
             ..Default::default()

@@ -68,6 +68,17 @@ pub enum PutMode {
     Update(String),
 }
 
+impl PutMode {
+    /// The request kind a put in this mode is counted as.
+    pub fn kind(&self) -> RequestKind {
+        match self {
+            PutMode::Overwrite => RequestKind::Put,
+            PutMode::Create => RequestKind::PutCreate,
+            PutMode::Update(_) => RequestKind::PutUpdate,
+        }
+    }
+}
+
 /// Result of a put.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PutOutcome {
@@ -272,11 +283,7 @@ impl Store for CountingStore {
     }
 
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
-        self.counter.add(match mode {
-            PutMode::Overwrite => RequestKind::Put,
-            PutMode::Create => RequestKind::PutCreate,
-            PutMode::Update(_) => RequestKind::PutUpdate,
-        });
+        self.counter.add(mode.kind());
         self.inner.put(key, bytes, mode).await
     }
 

@@ -202,18 +202,12 @@ impl Store for S3Store {
             .bucket(&self.bucket)
             .key(self.full_key(key))
             .body(ByteStream::from(bytes));
-        let kind = match &mode {
-            PutMode::Overwrite => RequestKind::Put,
-            PutMode::Create => {
-                req = req.if_none_match("*");
-                RequestKind::PutCreate
-            }
-            PutMode::Update(etag) => {
-                req = req.if_match(etag);
-                RequestKind::PutUpdate
-            }
-        };
-        self.counter.add(kind);
+        match &mode {
+            PutMode::Overwrite => {}
+            PutMode::Create => req = req.if_none_match("*"),
+            PutMode::Update(etag) => req = req.if_match(etag),
+        }
+        self.counter.add(mode.kind());
         match req.send().await {
             Ok(out) => Ok(PutOutcome::Written(
                 out.e_tag().unwrap_or_default().to_string(),
