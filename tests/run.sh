@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what the tests need (moto, DuckDB in a
-# venv), starts a moto S3 server on 127.0.0.1, runs fmt, clippy and every
-# test, and stops the server. Usage: tests/run.sh
+# The whole test suite: installs what the tests need (moto, DuckDB and
+# cargo-lambda in a venv, asl-validator from npm), starts a moto S3 server on
+# 127.0.0.1, runs fmt, clippy and every test, and stops the server. The
+# emulated-AWS test (tests/aws) starts and stops its own moto, proxy and
+# cargo-lambda. Usage: tests/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,11 +12,25 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
 VENV="$CACHE/venv"
 mkdir -p "$CACHE"
 
-if ! "$VENV/bin/python" -c 'import moto, duckdb, boto3' 2>/dev/null; then
-  echo "== installing moto and duckdb into $VENV"
+# The template validators live in venvs of their own (their pins clash with
+# moto's) and install in the background while Rust builds.
+install_tool() { # venv, its command, pip requirement
+  if [ ! -x "$1/bin/$2" ]; then
+    rm -rf "$1" && python3 -m venv "$1" \
+      && "$1/bin/pip" install --quiet --disable-pip-version-check "$3"
+  fi
+}
+install_tool "$CACHE/sam-venv" sam 'aws-sam-cli==1.170.0' >"$CACHE/sam-install.log" 2>&1 &
+SAM_INSTALL=$!
+install_tool "$CACHE/checkov-venv" checkov 'checkov==3.3.30' >"$CACHE/checkov-install.log" 2>&1 &
+CHECKOV_INSTALL=$!
+
+if ! "$VENV/bin/python" -c 'import moto, duckdb, boto3' 2>/dev/null \
+  || [ ! -x "$VENV/bin/cargo-lambda" ]; then
+  echo "== installing moto, duckdb and cargo-lambda into $VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check \
-    'moto[server]==5.2.5' boto3 duckdb
+    'moto[server]==5.2.5' boto3 duckdb 'cargo-lambda==1.9.2'
 fi
 export SLUICE_PYTHON="$VENV/bin/python"
 
@@ -49,3 +65,11 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+
+echo "== sam validate --lint template.yaml"
+wait $SAM_INSTALL || { cat "$CACHE/sam-install.log"; exit 1; }
+SAM_CLI_TELEMETRY=0 "$CACHE/sam-venv/bin/sam" validate --lint --region us-east-1
+echo "== checkov template.yaml"
+wait $CHECKOV_INSTALL || { cat "$CACHE/checkov-install.log"; exit 1; }
+"$CACHE/checkov-venv/bin/checkov" -f template.yaml --framework cloudformation \
+  --skip-download --compact --quiet

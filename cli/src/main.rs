@@ -39,6 +39,17 @@ enum Command {
         /// The pipeline file.
         pipeline: PathBuf,
     },
+    /// Start a run on AWS now: claim the lease and start the Step Functions execution `<pipeline>-<epoch>` (or, while a run is going, ask it to look again).
+    Refresh {
+        /// The pipeline file (registered with `sluice register`).
+        pipeline: PathBuf,
+        /// The Sluice state machine (the stack output StateMachineArn).
+        #[arg(long, env = "SLUICE_STATE_MACHINE_ARN")]
+        state_machine_arn: String,
+        /// Poll until the execution ends, then print the batches it committed.
+        #[arg(long)]
+        wait: bool,
+    },
     /// Show the last committed batch, totals and what is waiting.
     Show {
         /// The pipeline file.
@@ -121,6 +132,11 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Run { pipeline, json } => run(&pipeline, json).await,
         Command::Show { pipeline, json } => show(&pipeline, json).await,
+        Command::Refresh {
+            pipeline,
+            state_machine_arn,
+            wait,
+        } => refresh(&pipeline, &state_machine_arn, wait).await,
         Command::Register { pipeline } => {
             let ctx = open(&pipeline).await?;
             let record = handlers::register(&ctx).await?;
@@ -183,6 +199,92 @@ async fn open(path: &Path) -> anyhow::Result<Context> {
         None
     };
     Ok(Context::open(pipeline, s3.as_ref())?)
+}
+
+async fn refresh(path: &Path, state_machine_arn: &str, wait: bool) -> anyhow::Result<ExitCode> {
+    use sluice_engine::triggers::{self, Event, StepFunctions, WakeOutcome};
+    let ctx = open(path).await?;
+    let name = ctx.pipeline.name.clone();
+    if ctx.checkpoint.pipeline_record().await?.is_none() {
+        anyhow::bail!(
+            "pipeline \"{name}\" is not registered in {}; run `sluice register {}` first",
+            ctx.pipeline.checkpoint.display(),
+            path.display()
+        );
+    }
+    let sfn = StepFunctions::from_env(state_machine_arn).await;
+    let report = triggers::trigger(
+        &Event::Manual {
+            pipeline: name.clone(),
+        },
+        std::slice::from_ref(&ctx),
+        &sfn,
+    )
+    .await?;
+    let epoch = match &report.woken[&name] {
+        WakeOutcome::Started {
+            epoch, execution, ..
+        } => {
+            println!("{name}: started {execution} (epoch {epoch})");
+            *epoch
+        }
+        WakeOutcome::Requested { epoch } => {
+            println!(
+                "{name}: a run (epoch {epoch}, execution {}) is in progress; it will look for new \
+                 input again before it finishes",
+                sfn.execution_arn(&triggers::execution_name(&name, *epoch))
+            );
+            *epoch
+        }
+    };
+    if !wait {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let end = sfn
+        .wait(
+            &triggers::execution_name(&name, epoch),
+            std::time::Duration::from_secs(1),
+        )
+        .await?;
+    // The batches this run committed: the last ones, back to the first of
+    // another epoch.
+    let mut committed = Vec::new();
+    if let Some((control, _)) = ctx.checkpoint.control().await? {
+        let mut n = control.last_committed;
+        while let Some(b) = n {
+            match ctx.checkpoint.commit(b).await? {
+                Some(c) if c.epoch == epoch => committed.push(c),
+                _ => break,
+            }
+            n = b.checked_sub(1);
+        }
+    }
+    committed.reverse();
+    for c in &committed {
+        println!(
+            "  batch {}: {} files, {} rows in, {} rows out, {} output files",
+            c.batch,
+            c.files,
+            c.rows_in,
+            c.rows_out,
+            c.outputs.len()
+        );
+    }
+    println!(
+        "{name}: execution {} ({} batches committed){}",
+        end.status,
+        committed.len(),
+        match (&end.error, &end.cause) {
+            (Some(e), Some(c)) => format!(": {e}: {c}"),
+            (Some(e), None) => format!(": {e}"),
+            _ => String::new(),
+        }
+    );
+    Ok(if end.status == "SUCCEEDED" {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn mib(bytes: u64) -> String {

@@ -102,6 +102,13 @@ pub enum Error {
         message: String,
         class: ErrorClass,
     },
+    /// A call to another service (Step Functions) failed.
+    #[error("{service}: {message}")]
+    Service {
+        service: &'static str,
+        message: String,
+        class: ErrorClass,
+    },
     /// The storage seam failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -117,7 +124,7 @@ impl Error {
             Error::Input { .. } => ErrorClass::InvalidInput,
             Error::Conflict { .. } => ErrorClass::Conflict,
             Error::Checkpoint { .. } => ErrorClass::Fatal,
-            Error::Execution { class, .. } => *class,
+            Error::Execution { class, .. } | Error::Service { class, .. } => *class,
             Error::Store(e) => e.class(),
         }
     }

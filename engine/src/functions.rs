@@ -16,6 +16,9 @@ use crate::storage::{Location, S3Config};
 /// The environment variable naming where pipelines are registered.
 pub const CHECKPOINT_ENV: &str = "SLUICE_CHECKPOINT_URI";
 
+/// The environment variable naming the state machine the trigger starts.
+pub const STATE_MACHINE_ENV: &str = "SLUICE_STATE_MACHINE_ARN";
+
 /// The Step Functions view of an engine error: its class name and message.
 pub fn diagnostic(e: &Error) -> Diagnostic {
     Diagnostic {
@@ -81,6 +84,23 @@ impl Contexts {
             Location::Local(_) => None,
         };
         Ok(Contexts::new(root, s3))
+    }
+
+    /// The contexts of every pipeline registered under the root (one
+    /// listing; specs are read once per process).
+    pub async fn registered(&self) -> Result<Vec<Context>> {
+        let root = self
+            .root
+            .open(self.s3.as_ref())
+            .map_err(|message| Error::Spec {
+                file: CHECKPOINT_ENV.into(),
+                message,
+            })?;
+        let mut out = Vec::new();
+        for name in crate::triggers::registered_names(root.as_ref()).await? {
+            out.push(self.get(&name).await?);
+        }
+        Ok(out)
     }
 
     /// The context of `pipeline`, from its registered `pipeline.json`.
@@ -162,6 +182,42 @@ where
         handle_owned(contexts, event.payload, handler)
     }))
     .await
+}
+
+/// The trigger function's whole `main`: logs, contexts and the state
+/// machine from the environment, then the Lambda runtime loop over
+/// [`crate::triggers::trigger`].
+pub async fn serve_trigger() -> std::result::Result<(), lambda_runtime::Error> {
+    init_tracing();
+    let contexts = std::sync::Arc::new(Contexts::from_env().await?);
+    let arn = std::env::var(STATE_MACHINE_ENV).map_err(|_| {
+        format!("{STATE_MACHINE_ENV} is not set: set it to the ARN of the Sluice state machine")
+    })?;
+    let sfn = std::sync::Arc::new(crate::triggers::StepFunctions::from_env(arn).await);
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
+        let contexts = contexts.clone();
+        let sfn = sfn.clone();
+        async move { trigger_event(&contexts, sfn.as_ref(), &event.payload).await }
+    }))
+    .await
+}
+
+/// One trigger invocation: parse, route to the registered pipelines, wake.
+pub async fn trigger_event(
+    contexts: &Contexts,
+    executions: &dyn crate::triggers::Executions,
+    payload: &serde_json::Value,
+) -> std::result::Result<crate::triggers::TriggerReport, Diagnostic> {
+    let run = async {
+        let bytes = serde_json::to_vec(payload).expect("a JSON value serialises");
+        let event = crate::triggers::parse_event(&bytes)?;
+        let registered = contexts.registered().await?;
+        crate::triggers::trigger(&event, &registered, executions).await
+    };
+    run.await.map_err(|e| {
+        tracing::warn!(class = %e.class(), error = %e, "trigger failed");
+        diagnostic(&e)
+    })
 }
 
 async fn handle_owned<Req, Resp, H>(

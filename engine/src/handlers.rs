@@ -49,6 +49,9 @@ pub struct Context {
     pub owner_gone: OwnerGone,
     /// How the local runner waits (Retry intervals); tests make it instant.
     pub sleep: crate::runner::asl::Sleeper,
+    /// The checkpoint root shared by all pipelines (`<checkpoint uri>`),
+    /// where `register` lists the pipeline for the trigger.
+    pub registry: Option<Arc<dyn Store>>,
     schema: Arc<tokio::sync::OnceCell<SchemaRef>>,
 }
 
@@ -79,8 +82,15 @@ impl Context {
             clock: Arc::new(|| chrono::Utc::now().timestamp_millis()),
             owner_gone: Arc::new(local_owner_gone),
             sleep: crate::runner::real_sleep(),
+            registry: None,
             schema: Arc::default(),
         }
+    }
+
+    /// This context with `registry` as the checkpoint root.
+    pub fn with_registry(mut self, registry: Arc<dyn Store>) -> Context {
+        self.registry = Some(registry);
+        self
     }
 
     /// A context whose stores are opened from the pipeline's locations.
@@ -94,7 +104,8 @@ impl Context {
         let source = open(&pipeline.source.location)?;
         let sink = open(&pipeline.sink)?;
         let checkpoint = open(&pipeline.checkpoint)?;
-        Ok(Context::new(pipeline, source, sink, checkpoint))
+        let registry = open(&pipeline.checkpoint.parent())?;
+        Ok(Context::new(pipeline, source, sink, checkpoint).with_registry(registry))
     }
 
     /// Requests made so far through all of this pipeline's stores.
@@ -105,7 +116,7 @@ impl Context {
             .plus(&self.checkpoint.store().counts())
     }
 
-    fn now(&self) -> i64 {
+    pub(crate) fn now(&self) -> i64 {
         (self.clock)()
     }
 
@@ -133,7 +144,7 @@ impl Context {
         })
     }
 
-    fn ttl_ms(&self) -> i64 {
+    pub(crate) fn ttl_ms(&self) -> i64 {
         self.pipeline.limits.lease_ttl_seconds as i64 * 1000
     }
 
@@ -283,18 +294,60 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
     match run {
         None => start(ctx, &clock).await,
         Some(run) => {
-            let (control, _) = owned_control(ctx, run.epoch).await?;
-            let next = control.next_batch();
+            let (mut control, _) = owned_control(ctx, run.epoch).await?;
+            let mut next = control.next_batch();
+            if !run.discovered {
+                // A run whose lease a trigger claimed (`triggers::wake`): it
+                // finishes what a dead run committed but did not record.
+                while let Some(commit) = ctx.checkpoint.commit(next).await? {
+                    finish_commit(ctx, &run, &commit).await?;
+                    next += 1;
+                }
+                control = owned_control(ctx, run.epoch).await?.0;
+            }
             if let Some(off) = ctx.checkpoint.offsets(next).await? {
                 return Ok(batch_outcome(run, &off));
             }
-            if !run.discovered {
-                return discover_and_plan(ctx, run, &control, None, &clock).await;
+            if run.discovered && release_idle(ctx, &run).await? {
+                return Ok(PlanOutcome::Done { run });
             }
-            release(ctx, &run, RunStatus::Idle).await?;
-            Ok(PlanOutcome::Done { run })
+            discover_and_plan(ctx, run, &control, None, &clock).await
         }
     }
+}
+
+/// Give the lease back (`Idle`) unless a trigger set `requested` since the
+/// last discovery: then clear the flag and return `false`, and the run
+/// discovers again. So every file that existed when a trigger returned is
+/// seen by a discovery that started after it.
+async fn release_idle(ctx: &Context, run: &RunState) -> Result<bool> {
+    let now = ctx.now();
+    let spec_hash = ctx.pipeline.spec_hash();
+    for _ in 0..16 {
+        let (mut c, etag) = owned_control(ctx, run.epoch).await?;
+        let again = c.requested;
+        if again {
+            c.requested = false;
+        } else {
+            c.status = RunStatus::Idle;
+            c.heartbeat_ms = Some(now);
+            c.spec_hash = spec_hash.clone();
+        }
+        if ctx
+            .checkpoint
+            .swap_control(&c, Some(&etag))
+            .await?
+            .is_some()
+        {
+            if again {
+                tracing::info!(pipeline = %ctx.pipeline.name, epoch = run.epoch, "a trigger asked again; discovering once more");
+            } else {
+                tracing::info!(pipeline = %ctx.pipeline.name, epoch = run.epoch, "lease released");
+            }
+            return Ok(!again);
+        }
+    }
+    Err(ctx.conflict("control.json keeps changing under this run; it stops".into()))
 }
 
 fn batch_outcome(run: RunState, off: &Offsets) -> PlanOutcome {
@@ -474,6 +527,21 @@ pub async fn register(ctx: &Context) -> Result<PipelineRecord> {
         schema: columns_of(&schema),
     };
     ctx.checkpoint.put_pipeline_record(&record).await?;
+    if let Some(registry) = &ctx.registry {
+        let entry = crate::paths::registry::Entry {
+            pipeline: p.name.clone(),
+            source: p.source.location.display(),
+        };
+        registry
+            .put(
+                &crate::paths::registry::entry(&p.name),
+                serde_json::to_vec_pretty(&entry)
+                    .expect("serialisable")
+                    .into(),
+                crate::storage::PutMode::Overwrite,
+            )
+            .await?;
+    }
     ctx.pin_schema(schema);
     Ok(record)
 }
@@ -590,25 +658,30 @@ async fn discover_and_plan(
     clock: &PlanClock,
 ) -> Result<PlanOutcome> {
     let p = &ctx.pipeline;
-    let (index, listed) = match known {
-        Some(k) => k,
-        None => {
-            let index = ctx.checkpoint.index().await?;
-            let listed = discovery::list_inputs(
-                ctx.source.as_ref(),
-                &p.source,
-                index.start_after.as_deref(),
-            )
-            .await?;
-            (index, listed)
+    let mut known = known;
+    let fresh = loop {
+        let (index, listed) = match known.take() {
+            Some(k) => k,
+            None => {
+                let index = ctx.checkpoint.index().await?;
+                let listed = discovery::list_inputs(
+                    ctx.source.as_ref(),
+                    &p.source,
+                    index.start_after.as_deref(),
+                )
+                .await?;
+                (index, listed)
+            }
+        };
+        run.discovered = true;
+        let fresh = discovery::new_inputs(&listed, &index, p.source.discovery);
+        if !fresh.is_empty() {
+            break fresh;
+        }
+        if release_idle(ctx, &run).await? {
+            return Ok(PlanOutcome::Done { run });
         }
     };
-    run.discovered = true;
-    let fresh = discovery::new_inputs(&listed, &index, p.source.discovery);
-    if fresh.is_empty() {
-        release(ctx, &run, RunStatus::Idle).await?;
-        return Ok(PlanOutcome::Done { run });
-    }
     let first = control.next_batch();
     let now = ctx.now();
     let mut plans = Vec::new();

@@ -13,7 +13,8 @@
 //! Modules follow the data flow: [`pipeline`] (the spec), [`storage`] (the
 //! object-store seam), [`discovery`], [`checkpoint`] (records and protocol
 //! decisions), [`planning`], [`operators`], [`sinks`], [`handlers`] (the
-//! steps, shared by the local runner and Lambda), [`runner`] (the local
+//! steps, shared by the local runner and Lambda), [`triggers`] (events to
+//! runs: routing and the lease protocol), [`runner`] (the local
 //! state machine interpreter) and, with the `lambda` feature, `functions`
 //! (the glue of the Lambda binaries).
 
@@ -31,5 +32,6 @@ pub mod planning;
 pub mod runner;
 pub mod sinks;
 pub mod storage;
+pub mod triggers;
 
 pub use error::{Error, ErrorClass, Result};

@@ -91,3 +91,31 @@ mod tests {
         assert!(sink::part(3, 1, 2, 7).ends_with(&sink::epoch_suffix(7)));
     }
 }
+
+/// Keys at the checkpoint root, shared by all pipelines registered there.
+pub mod registry {
+    use serde::{Deserialize, Serialize};
+
+    /// Prefix of the registry: one entry per registered pipeline. Pipeline
+    /// names cannot start with `_`, so no pipeline folder collides with it.
+    pub const PREFIX: &str = "_registry/";
+
+    /// The entry of `pipeline`.
+    pub fn entry(pipeline: &str) -> String {
+        format!("{PREFIX}{pipeline}.json")
+    }
+
+    /// The pipeline an entry key names.
+    pub fn pipeline_of(key: &str) -> Option<&str> {
+        key.strip_prefix(PREFIX)?.strip_suffix(".json")
+    }
+
+    /// What the trigger needs to route an event without reading the spec.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct Entry {
+        /// Pipeline name (its folder under the checkpoint root).
+        pub pipeline: String,
+        /// Its source location, `s3://bucket/prefix/` or a local path.
+        pub source: String,
+    }
+}

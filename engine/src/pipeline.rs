@@ -283,13 +283,14 @@ impl Pipeline {
         let name = raw.name.clone();
         if name.is_empty()
             || name.len() > 64
+            || name.starts_with(['_', '-'])
             || !name
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
         {
             return Err(spec_err(format!(
-                "name = \"{name}\": use 1 to 64 characters of a-z, 0-9, - and _ (it names \
-                 the checkpoint folder and the Step Functions executions)"
+                "name = \"{name}\": use 1 to 64 characters of a-z, 0-9, - and _, starting with a \
+                 letter or digit (it names the checkpoint folder and the Step Functions executions)"
             )));
         }
 

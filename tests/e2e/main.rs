@@ -12,3 +12,4 @@ mod equivalence;
 mod idle;
 mod s3;
 mod storage_contract;
+mod triggers;

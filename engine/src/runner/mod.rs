@@ -202,8 +202,21 @@ impl TaskInvoker for LocalInvoker<'_> {
 /// Run the pipeline until everything available at the start is committed
 /// (Spark's `Trigger.AvailableNow`), by executing the state machine
 /// in-process. `on_batch` sees each committed batch.
-pub async fn run(
+pub async fn run(ctx: &Context, on_batch: impl FnMut(&BatchReport) + Send) -> Result<RunSummary> {
+    execute(
+        ctx,
+        json!({ "pipeline": ctx.pipeline.name, "run": null }),
+        on_batch,
+    )
+    .await
+}
+
+/// Execute the state machine in-process with `input`: `{"pipeline": NAME,
+/// "run": null}` (the run claims the lease itself), or the input a trigger
+/// gave the execution whose lease it claimed (`triggers::execution_input`).
+pub async fn execute(
     ctx: &Context,
+    input: Value,
     mut on_batch: impl FnMut(&BatchReport) + Send,
 ) -> Result<RunSummary> {
     let machine = StateMachine::parse(DEFINITION).map_err(|e| Error::Execution {
@@ -227,7 +240,6 @@ pub async fn run(
         }),
         on_batch: Mutex::new(&mut on_batch),
     };
-    let input = json!({ "pipeline": ctx.pipeline.name, "run": null });
     let result = machine.execute(input, &invoker, &ctx.sleep).await;
     let observed = invoker.observed.into_inner().expect("not poisoned");
     if let Some(h) = &observed.heartbeat {

@@ -392,6 +392,20 @@ impl Location {
         }
     }
 
+    /// The location one level up (the checkpoint root above a pipeline's
+    /// folder). The root of a file system or bucket is its own parent.
+    pub fn parent(&self) -> Location {
+        match self {
+            Location::Local(p) => Location::Local(p.parent().unwrap_or(p).to_path_buf()),
+            Location::S3 { bucket, prefix } => Location::S3 {
+                bucket: bucket.clone(),
+                prefix: prefix
+                    .rsplit_once('/')
+                    .map_or(String::new(), |(up, _)| up.to_string()),
+            },
+        }
+    }
+
     /// Open a store rooted here. S3 locations use `s3`, which must be given.
     pub fn open(&self, s3: Option<&S3Config>) -> Result<Arc<dyn Store>, String> {
         match self {

@@ -35,6 +35,20 @@ impl S3Config {
         let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .load()
             .await;
+        S3Config::from_sdk(sdk)
+    }
+
+    /// As [`S3Config::from_env`], with `endpoint` in place of the
+    /// environment's (tests that start their own S3 server).
+    pub async fn for_endpoint(endpoint: &str) -> S3Config {
+        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .endpoint_url(endpoint)
+            .load()
+            .await;
+        S3Config::from_sdk(sdk)
+    }
+
+    fn from_sdk(sdk: aws_config::SdkConfig) -> S3Config {
         let endpoint = std::env::var("AWS_ENDPOINT_URL_S3")
             .ok()
             .or_else(|| sdk.endpoint_url().map(str::to_string));

@@ -1,0 +1,560 @@
+//! End to end on emulated AWS, with the real pieces: a moto server (S3 and
+//! Step Functions executions) running the real `statemachines/
+//! microbatch.asl.json`, `cargo lambda watch --only-lambda-apis` serving the
+//! Lambda runtime API to the four function binaries of this very build
+//! (`CARGO_BIN_EXE_*`, nothing is compiled here), and the project's proxy
+//! between them (`tests/aws/lambda_proxy.py`, see TESTING-STACK.md). All on
+//! 127.0.0.1; everything started here is stopped when the test ends.
+//!
+//! Needs the venv tests/run.sh makes (moto, cargo-lambda), found next to
+//! `SLUICE_PYTHON`.
+
+#[allow(dead_code)]
+#[path = "../e2e/support.rs"]
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use sluice_engine::handlers::{self, Context};
+use sluice_engine::pipeline::Pipeline;
+use sluice_engine::storage::{PutMode, S3Config, S3Store, Store};
+use sluice_engine::triggers::{StepFunctions, execution_name};
+
+use support::*;
+
+const ACCOUNT: &str = "123456789012";
+const FUNCTIONS: [&str; 4] = [
+    "sluice-trigger",
+    "sluice-planner",
+    "sluice-operator",
+    "sluice-committer",
+];
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn venv_bin(tool: &str) -> PathBuf {
+    let python = std::env::var("SLUICE_PYTHON").expect(
+        "SLUICE_PYTHON is not set: run the suite with tests/run.sh, which installs moto and \
+         cargo-lambda into a venv",
+    );
+    let bin = Path::new(&python).parent().unwrap().join(tool);
+    assert!(
+        bin.exists(),
+        "{} is missing: run tests/run.sh, which installs it",
+        bin.display()
+    );
+    bin
+}
+
+fn bin(name: &str) -> &'static str {
+    match name {
+        "sluice-trigger" => env!("CARGO_BIN_EXE_sluice-trigger"),
+        "sluice-planner" => env!("CARGO_BIN_EXE_sluice-planner"),
+        "sluice-operator" => env!("CARGO_BIN_EXE_sluice-operator"),
+        "sluice-committer" => env!("CARGO_BIN_EXE_sluice-committer"),
+        other => panic!("no function {other}"),
+    }
+}
+
+/// Processes started by the test, each in its own process group, stopped
+/// (with their children) when dropped.
+struct Stack {
+    children: Vec<(String, Child)>,
+    logs: tempfile::TempDir,
+    moto: u16,
+    proxy: u16,
+    lambda: u16,
+}
+
+impl Stack {
+    fn spawn(&mut self, name: &str, cmd: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        let log = std::fs::File::create(self.logs.path().join(format!("{name}.log"))).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        self.children.push((name.to_string(), child));
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.logs.path().join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Every log, for a failure message.
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for (name, _) in &self.children {
+            let log = self.log(name);
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            out.push_str(&format!("\n--- {name} (last lines)\n"));
+            for l in tail.into_iter().rev() {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.children {
+            let _ = Command::new("kill")
+                .args(["-TERM", "--", &format!("-{}", c.id())])
+                .status();
+        }
+        for (_, c) in &mut self.children {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One HTTP/1.1 request on loopback; returns status and body.
+fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, rest.to_string())
+}
+
+fn wait_until(what: &str, stack: &Stack, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not come up{}",
+            stack.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn listening(port: u16) -> bool {
+    TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+fn start_stack(bucket: &str) -> Stack {
+    let mut stack = Stack {
+        children: Vec::new(),
+        logs: tempfile::tempdir().unwrap(),
+        moto: free_port(),
+        proxy: free_port(),
+        lambda: free_port(),
+    };
+    let (moto, proxy, lambda) = (stack.moto, stack.proxy, stack.lambda);
+    // moto's Step Functions interpreter calls Lambda at localhost:$MOTO_PORT:
+    // the proxy.
+    stack.spawn(
+        "moto",
+        Command::new(venv_bin("moto_server"))
+            .args(["-H", "127.0.0.1", "-p", &moto.to_string()])
+            .env("MOTO_PORT", proxy.to_string()),
+    );
+    stack.spawn(
+        "proxy",
+        Command::new(venv_bin("python")).args([
+            workspace()
+                .join("tests/aws/lambda_proxy.py")
+                .to_str()
+                .unwrap(),
+            &proxy.to_string(),
+            &moto.to_string(),
+            &lambda.to_string(),
+        ]),
+    );
+    stack.spawn(
+        "cargo-lambda",
+        Command::new(venv_bin("cargo-lambda"))
+            .args([
+                "lambda",
+                "watch",
+                "--only-lambda-apis",
+                "--invoke-address",
+                "127.0.0.1",
+                "--invoke-port",
+                &lambda.to_string(),
+            ])
+            .current_dir(workspace()),
+    );
+    wait_until("moto", &stack, || {
+        listening(moto) && http(moto, "GET", "/moto-api/", "").0 == 200
+    });
+    wait_until("the proxy", &stack, || listening(proxy));
+    wait_until("cargo lambda watch", &stack, || listening(lambda));
+    let (status, body) = http(
+        moto,
+        "POST",
+        "/moto-api/config",
+        r#"{"stepfunctions": {"execute_state_machine": true}}"#,
+    );
+    assert!((200..300).contains(&status), "moto config: {status} {body}");
+
+    let endpoint = format!("http://127.0.0.1:{moto}");
+    for f in FUNCTIONS {
+        let mut cmd = Command::new(bin(f));
+        cmd.env(
+            "AWS_LAMBDA_RUNTIME_API",
+            format!("http://127.0.0.1:{lambda}/.rt/{f}"),
+        )
+        .env("AWS_LAMBDA_FUNCTION_NAME", f)
+        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "2048")
+        .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+        .env(
+            "SLUICE_CHECKPOINT_URI",
+            format!("s3://{bucket}/checkpoints/"),
+        )
+        .env("SLUICE_STATE_MACHINE_ARN", state_machine_arn())
+        .env("AWS_ENDPOINT_URL", &endpoint)
+        .env("SLUICE_S3_ENDPOINT", &endpoint)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("RUST_LOG", "info");
+        stack.spawn(f, &mut cmd);
+    }
+    stack
+}
+
+fn function_arn(name: &str) -> String {
+    format!("arn:aws:lambda:us-east-1:{ACCOUNT}:function:{name}")
+}
+
+fn state_machine_arn() -> String {
+    format!("arn:aws:states:us-east-1:{ACCOUNT}:stateMachine:sluice")
+}
+
+/// The definition as deployed: the template's substitutions applied.
+fn definition() -> String {
+    std::fs::read_to_string(workspace().join("statemachines/microbatch.asl.json"))
+        .unwrap()
+        .replace("${PlannerFunctionArn}", &function_arn("sluice-planner"))
+        .replace("${OperatorFunctionArn}", &function_arn("sluice-operator"))
+        .replace("${CommitterFunctionArn}", &function_arn("sluice-committer"))
+}
+
+/// An S3 bucket notification for `keys`, URL-encoded as S3 sends them.
+fn s3_event(bucket: &str, keys: &[String]) -> String {
+    let records: Vec<Value> = keys
+        .iter()
+        .map(|k| {
+            let encoded: String = k
+                .split('/')
+                .map(percent_encode)
+                .collect::<Vec<_>>()
+                .join("%2F");
+            json!({
+                "eventVersion": "2.1", "eventSource": "aws:s3", "awsRegion": "us-east-1",
+                "eventTime": "2026-11-30T12:00:00.000Z", "eventName": "ObjectCreated:Put",
+                "userIdentity": {"principalId": "test"},
+                "requestParameters": {"sourceIPAddress": "127.0.0.1"},
+                "responseElements": {},
+                "s3": {"s3SchemaVersion": "1.0", "configurationId": "sluice",
+                       "bucket": {"name": bucket, "ownerIdentity": {"principalId": "test"},
+                                  "arn": format!("arn:aws:s3:::{bucket}")},
+                       "object": {"key": encoded, "size": 1, "sequencer": "00"}}
+            })
+        })
+        .collect();
+    json!({ "Records": records }).to_string()
+}
+
+/// Form encoding as S3 notifications use it: space as `+`, others `%XX`.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// Invoke the trigger function through the Lambda API, as S3 (via SNS) or
+/// EventBridge would.
+fn invoke_trigger(stack: &Stack, event: &str) -> Value {
+    let (status, body) = http(
+        stack.lambda,
+        "POST",
+        "/2015-03-31/functions/sluice-trigger/invocations",
+        event,
+    );
+    assert_eq!(status, 200, "trigger: {body}{}", stack.logs());
+    serde_json::from_str(&body).unwrap()
+}
+
+fn inject(stack: &Stack, function: &str, error: &str) {
+    let (status, body) = http(
+        stack.proxy,
+        "POST",
+        "/_proxy/faults",
+        &json!({"function": function, "error": error, "count": 1}).to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+}
+
+fn stats(stack: &Stack) -> Value {
+    serde_json::from_str(&http(stack.proxy, "GET", "/_proxy/stats", "").1).unwrap()
+}
+
+/// The epoch a trigger report started for `pipeline`.
+fn started_epoch(report: &Value, pipeline: &str) -> u64 {
+    let w = &report["woken"][pipeline];
+    assert_eq!(w["action"], "started", "{report}");
+    w["epoch"].as_u64().unwrap()
+}
+
+async fn wait_execution(
+    sfn: &StepFunctions,
+    stack: &Stack,
+    pipeline: &str,
+    epoch: u64,
+) -> sluice_engine::triggers::ExecutionEnd {
+    let name = execution_name(pipeline, epoch);
+    tokio::time::timeout(
+        Duration::from_secs(300),
+        sfn.wait(&name, Duration::from_millis(200)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("execution {name} still running after 300 s{}", stack.logs()))
+    .unwrap()
+}
+
+/// The rows committed on S3, and those a local run commits for `files`.
+async fn committed(
+    cfg: &S3Config,
+    bucket: &str,
+    files: &[PathBuf],
+    input: &Path,
+) -> (Vec<String>, Vec<String>) {
+    let out = tempfile::tempdir().unwrap();
+    download(cfg, bucket, "curated", out.path()).await;
+    let rows = committed_rows(out.path(), "taxi").await;
+    (rows, local_rows(files, input, "taxi").await)
+}
+
+/// Download every object under `prefix` into `into`, keeping relative keys.
+async fn download(cfg: &S3Config, bucket: &str, prefix: &str, into: &Path) {
+    let store = S3Store::new(cfg, bucket, prefix);
+    for m in store.list("", None).await.unwrap() {
+        let obj = store.get(&m.key).await.unwrap().unwrap();
+        let path = into.join(&m.key);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, &obj.bytes).unwrap();
+    }
+}
+
+/// What `sluice run` commits locally for the same input files: the
+/// pipeline run in-process over a local copy of `files` (under `input`).
+async fn local_rows(files: &[PathBuf], input: &Path, name: &str) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("input");
+    for f in files {
+        let to = copy.join(f.strip_prefix(input).unwrap());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(f, to).unwrap();
+    }
+    let toml = pipeline_toml(name, "parquet", "", "max_files_per_batch = 2");
+    let ctx = local_context(&pipeline(dir.path(), &toml));
+    run(&ctx).await.unwrap();
+    committed_rows(&dir.path().join("out/sink"), name).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn step_functions_runs_the_real_functions_exactly_once() {
+    let bucket = "sluice-aws-e2e";
+    let stack = start_stack(bucket);
+    let endpoint = format!("http://127.0.0.1:{}", stack.moto);
+    let cfg = S3Config::for_endpoint(&endpoint).await;
+    cfg.client()
+        .create_bucket()
+        .bucket(bucket)
+        .send()
+        .await
+        .unwrap();
+    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(&endpoint)
+        .load()
+        .await;
+    let sfn_client = aws_sdk_sfn::Client::new(&conf);
+    sfn_client
+        .create_state_machine()
+        .name("sluice")
+        .definition(definition())
+        .role_arn(format!("arn:aws:iam::{ACCOUNT}:role/sluice"))
+        .send()
+        .await
+        .expect("moto accepts the real definition");
+    let sfn = StepFunctions::new(sfn_client, state_machine_arn());
+
+    // Input: files landing under s3://bucket/landing/, one key with a space
+    // and non-ASCII characters.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input");
+    let files = gen_files(&input, 8, 400);
+    let source = S3Store::new(&cfg, bucket, "landing");
+    let upload = |from: Vec<PathBuf>| {
+        let source = &source;
+        let input = &input;
+        async move {
+            let mut keys = Vec::new();
+            for f in from {
+                let mut rel = f.strip_prefix(input).unwrap().to_str().unwrap().to_string();
+                if rel.ends_with("trips-000001.parquet") {
+                    rel = rel.replace("trips-000001", "trips-000001 été copy");
+                }
+                source
+                    .put(
+                        &rel,
+                        Bytes::from(std::fs::read(&f).unwrap()),
+                        PutMode::Overwrite,
+                    )
+                    .await
+                    .unwrap();
+                keys.push(format!("landing/{rel}"));
+            }
+            keys
+        }
+    };
+    let keys = upload(files[..4].to_vec()).await;
+
+    // Register the pipeline where the functions look (SLUICE_CHECKPOINT_URI).
+    let toml = format!(
+        r#"name = "taxi"
+[source]
+uri = "s3://{bucket}/landing/"
+format = "parquet"
+table = "trips"
+[query]
+sql = '''{SQL}'''
+[sink]
+uri = "s3://{bucket}/curated/"
+[checkpoint]
+uri = "s3://{bucket}/checkpoints/"
+[limits]
+max_files_per_batch = 2
+"#
+    );
+    let p = Pipeline::parse(&toml, "taxi.toml", dir.path()).unwrap();
+    let ctx = Context::open(p, Some(&cfg)).unwrap();
+    handlers::register(&ctx).await.unwrap();
+
+    // 1. An S3 notification for the first files starts a run; it commits
+    //    what `sluice run` commits locally for the same files.
+    let t0 = Instant::now();
+    let report = invoke_trigger(&stack, &s3_event(bucket, &keys));
+    assert_eq!(report["objects"], 4, "{report}");
+    let e1 = started_epoch(&report, "taxi");
+    let end = wait_execution(&sfn, &stack, "taxi", e1).await;
+    assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    eprintln!(
+        "aws e2e: first execution (2 batches) took {:?}",
+        t0.elapsed()
+    );
+    let (rows, local) = committed(&cfg, bucket, &files[..4], &input).await;
+    assert!(!rows.is_empty());
+    assert_eq!(rows, local, "S3 output differs from the local run's");
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!((c.last_committed, c.totals.files), (Some(1), 4));
+
+    // 2. A scheduled event with no new data: a run that commits nothing.
+    let sched =
+        std::fs::read_to_string(workspace().join("events/eventbridge-schedule.json")).unwrap();
+    let report = invoke_trigger(&stack, &sched);
+    let e2 = started_epoch(&report, "taxi");
+    let end = wait_execution(&sfn, &stack, "taxi", e2).await;
+    assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(
+        (c.last_committed, c.totals.files),
+        (Some(1), 4),
+        "nothing new"
+    );
+
+    // 3. A retryable failure of one operator task is retried by the state
+    //    machine's Retry and the run succeeds.
+    let keys = upload(files[4..6].to_vec()).await;
+    inject(&stack, "sluice-operator", "Sluice.Retryable");
+    let e3 = started_epoch(&invoke_trigger(&stack, &s3_event(bucket, &keys)), "taxi");
+    let end = wait_execution(&sfn, &stack, "taxi", e3).await;
+    assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    assert_eq!(stats(&stack)["sluice-operator"]["injected"], 1);
+    let (rows, local) = committed(&cfg, bucket, &files[..6], &input).await;
+    assert_eq!(rows, local, "after a retried task");
+
+    // 4. A fatal failure ends the execution; the checkpoint stays
+    //    recoverable (planned, not committed, lease kept); the next event
+    //    takes over the ended execution's lease and completes the batch with
+    //    no duplicate output.
+    let keys = upload(files[6..].to_vec()).await;
+    inject(&stack, "sluice-operator", "Sluice.Fatal");
+    let e4 = started_epoch(&invoke_trigger(&stack, &s3_event(bucket, &keys)), "taxi");
+    let end = wait_execution(&sfn, &stack, "taxi", e4).await;
+    assert_eq!(end.status, "FAILED", "{end:?}");
+    assert_eq!(end.error.as_deref(), Some("Sluice.Fatal"), "{end:?}");
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(
+        c.last_committed,
+        Some(2),
+        "nothing committed by the failed run"
+    );
+    assert!(
+        ctx.checkpoint.offsets(3).await.unwrap().is_some(),
+        "batch 3 stays planned"
+    );
+    let manual = json!({"pipeline": "taxi"}).to_string();
+    let report = invoke_trigger(&stack, &manual);
+    let e5 = started_epoch(&report, "taxi");
+    assert_eq!(report["woken"]["taxi"]["recover"], true, "{report}");
+    let end = wait_execution(&sfn, &stack, "taxi", e5).await;
+    assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    let (rows, local) = committed(&cfg, bucket, &files[..8], &input).await;
+    assert_eq!(rows, local, "after recovering from a fatal failure");
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(c.totals.files, 8);
+    eprintln!("aws e2e: proxy saw {}", stats(&stack));
+}

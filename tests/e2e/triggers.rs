@@ -1,0 +1,535 @@
+//! Triggers: every sample in events/ parses (with the aws_lambda_events
+//! types and through the trigger) and routes to the right pipeline; bad
+//! payloads and path tricks start nothing; the lease protocol claims,
+//! requests and never loses a wake-up; a triggered run recovers from a
+//! failure at every write.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use aws_lambda_events::event::s3::S3Event;
+use aws_lambda_events::event::sns::SnsEvent;
+use serde_json::Value;
+use sluice_engine::checkpoint::RunStatus;
+use sluice_engine::handlers::{self, Context};
+use sluice_engine::pipeline::Pipeline;
+use sluice_engine::runner::{self, RunEnd};
+use sluice_engine::storage::{LocalStore, Store};
+use sluice_engine::triggers::{
+    self, Event, ExecutionState, Executions, ObjectRef, Started, Via, WakeOutcome, execution_input,
+};
+use sluice_engine::{Error, ErrorClass};
+
+use crate::support::*;
+
+fn events_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../events")
+}
+
+fn sample(name: &str) -> Vec<u8> {
+    std::fs::read(events_dir().join(name)).unwrap_or_else(|e| panic!("events/{name}: {e}"))
+}
+
+/// The pipeline the samples concern: `taxi` over s3://sluice-demo-landing/taxi/in/.
+fn taxi_on_s3(root: &Path) -> Pipeline {
+    let toml = format!(
+        "name = \"taxi\"\n[source]\nuri = \"s3://sluice-demo-landing/taxi/in/\"\nformat = \
+         \"parquet\"\ntable = \"trips\"\n[query]\nsql = '''{SQL}'''\n[sink]\nuri = \
+         \"out/sink\"\n[checkpoint]\nuri = \"out/checkpoint\"\n"
+    );
+    Pipeline::parse(&toml, "taxi.toml", root).unwrap()
+}
+
+fn keys(e: &Event) -> Vec<String> {
+    match e {
+        Event::Objects { objects, .. } => objects.iter().map(|o| o.key.clone()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[test]
+fn every_sample_event_parses_with_the_aws_types_and_routes_to_its_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let taxi = taxi_on_s3(dir.path());
+    let mut seen = Vec::new();
+    for entry in std::fs::read_dir(events_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "json") {
+            seen.push(path.file_name().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "eventbridge-s3-object-created.json",
+            "eventbridge-schedule.json",
+            "manual-refresh.json",
+            "s3-object-created.json",
+            "sns-s3-object-created.json",
+            "sns-s3-test-event.json",
+        ],
+        "every sample needs a case below"
+    );
+
+    // The AWS types read each sample as the service sends it.
+    let s3: S3Event = serde_json::from_slice(&sample("s3-object-created.json")).unwrap();
+    assert_eq!(s3.records.len(), 4);
+    assert_eq!(
+        s3.records[1].s3.object.key.as_deref(),
+        Some("taxi/in/date%3D2026-11-30/trips+%C3%A9t%C3%A9+%232+%28copy%29.parquet")
+    );
+    let sns: SnsEvent = serde_json::from_slice(&sample("sns-s3-object-created.json")).unwrap();
+    let inner: S3Event = serde_json::from_str(&sns.records[0].sns.message).unwrap();
+    assert_eq!(inner.records.len(), 2);
+    let _: SnsEvent = serde_json::from_slice(&sample("sns-s3-test-event.json")).unwrap();
+    let sched: EventBridgeEvent =
+        serde_json::from_slice(&sample("eventbridge-schedule.json")).unwrap();
+    assert_eq!(sched.detail_type, "Scheduled Event");
+    let eb: EventBridgeEvent =
+        serde_json::from_slice(&sample("eventbridge-s3-object-created.json")).unwrap();
+    assert_eq!(
+        eb.detail["object"]["key"],
+        "taxi/in/date=2026-11-30/trips-000010.parquet"
+    );
+
+    // The trigger's reading: source, decoded keys, skipped records, routing.
+    // (file, source, decoded keys, skipped records, objects for taxi, ignored)
+    type Case = (&'static str, &'static str, Vec<&'static str>, u64, u64, u64);
+    let cases: [Case; 6] = [
+        (
+            "s3-object-created.json",
+            "s3",
+            vec![
+                "taxi/in/date=2026-11-30/trips-000007.parquet",
+                "taxi/in/date=2026-11-30/trips été #2 (copy).parquet",
+                "other/in/trips-000001.parquet",
+            ],
+            1, // the ObjectRemoved record
+            2, // objects for taxi
+            1, // ignored: outside every source
+        ),
+        (
+            "sns-s3-object-created.json",
+            "sns",
+            vec![
+                "taxi/in/date=2026-11-30/trips-000008.parquet",
+                "taxi/in/date=2026-11-30/trips-000009.parquet",
+            ],
+            0,
+            2,
+            0,
+        ),
+        ("sns-s3-test-event.json", "sns", vec![], 1, 0, 0),
+        (
+            "eventbridge-s3-object-created.json",
+            "eventbridge-s3",
+            vec!["taxi/in/date=2026-11-30/trips-000010.parquet"],
+            0,
+            1,
+            0,
+        ),
+        ("eventbridge-schedule.json", "schedule", vec![], 0, 0, 0),
+        ("manual-refresh.json", "manual", vec![], 0, 0, 0),
+    ];
+    for (file, source, want_keys, want_skipped, want_taxi, want_ignored) in cases {
+        let e = triggers::parse_event(&sample(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(e.source(), source, "{file}");
+        assert_eq!(keys(&e), want_keys, "{file}");
+        if let Event::Objects { skipped, .. } = &e {
+            assert_eq!(*skipped, want_skipped, "{file}: skipped records");
+        }
+        let r = triggers::route(&e, std::slice::from_ref(&taxi)).unwrap();
+        assert_eq!(r.ignored, want_ignored, "{file}: ignored");
+        let wakes_taxi = r.pipelines.get("taxi").copied();
+        match source {
+            "schedule" | "manual" => assert_eq!(wakes_taxi, Some(0), "{file}"),
+            _ if want_taxi == 0 => assert_eq!(wakes_taxi, None, "{file}: nothing to wake"),
+            _ => assert_eq!(wakes_taxi, Some(want_taxi), "{file}"),
+        }
+    }
+}
+
+#[test]
+fn bad_payloads_are_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let taxi = taxi_on_s3(dir.path());
+    let huge = format!("{{\"pipeline\": \"{}\"}}", "a".repeat(300 * 1024));
+    let cases: [(&[u8], &str); 7] = [
+        (b"not json", "not JSON"),
+        (b"[1, 2]", "expected a JSON object"),
+        (b"{\"hello\": 1}", "unrecognised event"),
+        (
+            br#"{"Records":[{"EventSource":"aws:sns","EventVersion":"1.0","EventSubscriptionArn":"arn:aws:sns:us-east-1:1:t:s","Sns":{"Type":"Notification","MessageId":"m-1","TopicArn":"arn:aws:sns:us-east-1:1:t","Message":"plain text","Timestamp":"2026-11-30T12:00:00Z","SignatureVersion":"1","Signature":"x","SigningCertUrl":"https://x","UnsubscribeUrl":"https://x","MessageAttributes":{}}}]}"#,
+            "SNS message m-1 is not JSON",
+        ),
+        (
+            br#"{"version":"0","id":"1","detail-type":"EC2 Instance State-change Notification","source":"aws.ec2","account":"1","time":"2026-11-30T12:00:00Z","region":"us-east-1","resources":[],"detail":{}}"#,
+            "is not a trigger",
+        ),
+        (
+            br#"{"pipeline": "taxi", "force": true}"#,
+            "unknown field `force`",
+        ),
+        (huge.as_bytes(), "over the 262144-byte limit"),
+    ];
+    for (payload, want) in cases {
+        let e = triggers::parse_event(payload).expect_err(want);
+        assert_eq!(e.class(), ErrorClass::InvalidInput, "{e}");
+        assert!(e.to_string().contains(want), "want \"{want}\" in: {e}");
+    }
+    // A key that decodes to invalid UTF-8 names the key.
+    let e = triggers::decode_key("trips-%FF.parquet").unwrap_err();
+    assert!(e.to_string().contains("trips-%FF.parquet"), "{e}");
+    // A manual refresh of an unregistered pipeline says what to do.
+    let e = triggers::route(
+        &Event::Manual {
+            pipeline: "nope".into(),
+        },
+        std::slice::from_ref(&taxi),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("sluice register"), "{e}");
+}
+
+#[test]
+fn keys_outside_the_source_or_with_path_tricks_are_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let taxi = taxi_on_s3(dir.path());
+    let obj = |bucket: &str, key: &str| ObjectRef {
+        bucket: bucket.into(),
+        key: key.into(),
+    };
+    let event = Event::Objects {
+        via: Via::S3,
+        objects: vec![
+            obj("sluice-demo-landing", "taxi/in/a.parquet"),
+            obj("sluice-demo-landing", "taxi/in/../secret/b.parquet"),
+            obj("sluice-demo-landing", "taxi/in/./c.parquet"),
+            obj("sluice-demo-landing", "taxi/in//d.parquet"),
+            obj("sluice-demo-landing", "/taxi/in/e.parquet"),
+            obj("sluice-demo-landing", "taxi/inbox/f.parquet"),
+            obj("sluice-demo-landing", "taxi/in/.staging/g.parquet"),
+            obj("sluice-demo-landing", "taxi/in/_tmp/h.parquet"),
+            obj("sluice-demo-landing", "taxi/in/i.csv"),
+            obj("another-bucket", "taxi/in/j.parquet"),
+            obj("sluice-demo-landing", "taxi/in/k\n.parquet"),
+        ],
+        skipped: 0,
+    };
+    let r = triggers::route(&event, std::slice::from_ref(&taxi)).unwrap();
+    assert_eq!(r.pipelines.get("taxi"), Some(&1), "only a.parquet is input");
+    assert_eq!(r.ignored, 10);
+}
+
+/// Executions recorded in memory; a start can be made to fail, and
+/// executions can be marked ended.
+#[derive(Default)]
+struct Recorder {
+    started: Mutex<Vec<(String, Value)>>,
+    ended: Mutex<Vec<String>>,
+    fail: AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Executions for Recorder {
+    async fn state(&self, name: &str) -> sluice_engine::Result<ExecutionState> {
+        Ok(if self.ended.lock().unwrap().iter().any(|n| n == name) {
+            ExecutionState::Ended
+        } else if self.started.lock().unwrap().iter().any(|(n, _)| n == name) {
+            ExecutionState::Running
+        } else {
+            ExecutionState::Missing
+        })
+    }
+
+    async fn start(&self, name: &str, input: &Value) -> sluice_engine::Result<Started> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(Error::Service {
+                service: "Step Functions",
+                message: "injected throttling".into(),
+                class: ErrorClass::Retryable,
+            });
+        }
+        let mut started = self.started.lock().unwrap();
+        let earlier = started.iter().find(|(n, _)| n == name);
+        if let Some((_, i)) = earlier {
+            assert_eq!(
+                i, input,
+                "a second start of {name} must carry the same input"
+            );
+        }
+        let new = earlier.is_none();
+        started.push((name.to_string(), input.clone()));
+        Ok(Started {
+            execution: format!("local:{name}"),
+            new,
+        })
+    }
+}
+
+fn manual(name: &str) -> Event {
+    Event::Manual {
+        pipeline: name.into(),
+    }
+}
+
+async fn trigger(ctx: &Context, rec: &Recorder) -> sluice_engine::Result<WakeOutcome> {
+    let report =
+        triggers::trigger(&manual(&ctx.pipeline.name), std::slice::from_ref(ctx), rec).await?;
+    Ok(report.woken[&ctx.pipeline.name].clone())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trigger_claims_the_lease_a_second_one_requests_and_the_run_looks_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    gen_files(&root.join("input"), 2, 50);
+    let p = pipeline(
+        &root,
+        &pipeline_toml("trig", "parquet", "", "max_files_per_batch = 1"),
+    );
+    let ctx = local_context(&p);
+    handlers::register(&ctx).await.unwrap();
+    let registry = LocalStore::new(root.join("out/checkpoint"));
+    assert_eq!(
+        triggers::registered_names(&registry).await.unwrap(),
+        ["trig"]
+    );
+    let rec = Recorder::default();
+
+    // Idle: claim epoch 1 and start "trig-1".
+    let first = trigger(&ctx, &rec).await.unwrap();
+    assert!(
+        matches!(&first, WakeOutcome::Started { epoch: 1, recover: false, execution } if execution == "local:trig-1"),
+        "{first:?}"
+    );
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(
+        (c.status, c.epoch, c.owner.as_deref(), c.requested),
+        (RunStatus::Running, 1, Some("sfn:trig-1"), false)
+    );
+    // A second event while that run's execution runs: only request.
+    let second = trigger(&ctx, &rec).await.unwrap();
+    assert_eq!(second, WakeOutcome::Requested { epoch: 1 });
+    assert!(ctx.checkpoint.control().await.unwrap().unwrap().0.requested);
+    let input = {
+        let started = rec.started.lock().unwrap();
+        assert_eq!(started.len(), 1, "{started:?}");
+        started[0].1.clone()
+    };
+    assert_eq!(input, execution_input("trig", 1));
+    // Had the first trigger died between its claim and its start, the
+    // execution would be missing: the next event starts it, same name and
+    // input.
+    let lost = Recorder::default();
+    assert_eq!(
+        trigger(&ctx, &lost).await.unwrap(),
+        WakeOutcome::Requested { epoch: 1 }
+    );
+    assert_eq!(
+        *lost.started.lock().unwrap(),
+        vec![("trig-1".to_string(), input.clone())]
+    );
+
+    // The execution runs; after its first batch two more files land and a
+    // trigger fires: it must only request (the run holds the lease), and the
+    // run must take those files before it releases.
+    let mut woke_mid_run = None;
+    let ctx2 = ctx.clone();
+    let late_dir = root.join("input");
+    let rec2 = &rec;
+    let summary = runner::execute(&ctx, input, |_| {
+        if woke_mid_run.is_none() {
+            gen_files(&late_dir, 2, 50);
+            woke_mid_run = Some(tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(trigger(&ctx2, rec2))
+            }));
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        matches!(woke_mid_run, Some(Ok(WakeOutcome::Requested { epoch: 1 }))),
+        "{woke_mid_run:?}"
+    );
+    assert!(matches!(summary.end, RunEnd::Done), "{:?}", summary.end);
+    assert_eq!(
+        summary.batches.iter().map(|b| b.files).sum::<u64>(),
+        4,
+        "the run took the late files too"
+    );
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "trig").await,
+        one_shot_rows(&root.join("input")).await
+    );
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(
+        (c.status, c.epoch, c.requested, c.totals.files),
+        (RunStatus::Idle, 1, false, 4)
+    );
+
+    rec.ended.lock().unwrap().push("trig-1".into());
+    // Idle again: the next event starts epoch 2, which finds nothing.
+    let third = trigger(&ctx, &rec).await.unwrap();
+    assert!(
+        matches!(third, WakeOutcome::Started { epoch: 2, .. }),
+        "{third:?}"
+    );
+    let summary = runner::execute(&ctx, execution_input("trig", 2), |_| {})
+        .await
+        .unwrap();
+    assert!(summary.batches.is_empty());
+    assert_eq!(
+        ctx.checkpoint.control().await.unwrap().unwrap().0.status,
+        RunStatus::Idle
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_start_gives_the_claim_back_and_the_retried_event_starts_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_files(&dir.path().join("input"), 1, 20);
+    let p = pipeline(dir.path(), &pipeline_toml("retry", "parquet", "", ""));
+    let ctx = local_context(&p);
+    handlers::register(&ctx).await.unwrap();
+    let rec = Recorder::default();
+    rec.fail.store(true, Ordering::SeqCst);
+    let e = trigger(&ctx, &rec).await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Retryable, "{e}");
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(c.status, RunStatus::Idle, "the claim was given back");
+    rec.fail.store(false, Ordering::SeqCst);
+    let again = trigger(&ctx, &rec).await.unwrap();
+    assert!(matches!(again, WakeOutcome::Started { .. }), "{again:?}");
+}
+
+fn faulty(root: &Path, writes: Arc<AtomicU64>, fail_at: u64, clock_skew_ms: i64) -> Context {
+    let p = pipeline(
+        root,
+        &pipeline_toml("trc", "parquet", "", "max_files_per_batch = 2"),
+    );
+    let wrap = |path: PathBuf| -> Arc<dyn Store> {
+        Arc::new(FaultStore {
+            inner: Arc::new(LocalStore::new(path)),
+            writes: writes.clone(),
+            fail_at,
+        })
+    };
+    let mut ctx = Context::new(
+        p,
+        Arc::new(LocalStore::new(root.join("input"))),
+        wrap(root.join("out/sink")),
+        wrap(root.join("out/checkpoint/trc")),
+    );
+    test_mode(&mut ctx);
+    ctx.clock = Arc::new(move || chrono::Utc::now().timestamp_millis() + clock_skew_ms);
+    ctx
+}
+
+/// Trigger, then execute what the trigger started (as Step Functions would).
+async fn triggered_run(ctx: &Context) -> sluice_engine::Result<Option<runner::RunSummary>> {
+    let rec = Recorder::default();
+    match trigger(ctx, &rec).await? {
+        WakeOutcome::Started { epoch, .. } => {
+            runner::execute(ctx, execution_input(&ctx.pipeline.name, epoch), |_| {})
+                .await
+                .map(Some)
+        }
+        WakeOutcome::Requested { .. } => Ok(None),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_any_write_of_a_triggered_run_then_triggering_after_the_ttl_gives_the_clean_output()
+{
+    let clean = tempfile::tempdir().unwrap();
+    gen_files(&clean.path().join("input"), 4, 40);
+    let setup = faulty(clean.path(), Arc::new(AtomicU64::new(0)), 0, 0);
+    handlers::register(&setup).await.unwrap();
+    let writes = Arc::new(AtomicU64::new(0));
+    let summary = triggered_run(&faulty(clean.path(), writes.clone(), 0, 0))
+        .await
+        .unwrap()
+        .expect("started");
+    assert_eq!(summary.batches.len(), 2, "the scenario needs two batches");
+    let total = writes.load(Ordering::SeqCst);
+    let expected = committed_rows(&clean.path().join("out/sink"), "trc").await;
+    assert_eq!(expected, one_shot_rows(&clean.path().join("input")).await);
+    assert!(total >= 12, "only {total} writes (trigger claim included)");
+    eprintln!("triggered crash test: failing each of {total} writes in turn");
+    let ttl_ms = 900_000 + 1_000;
+
+    for k in 1..=total {
+        let dir = tempfile::tempdir().unwrap();
+        gen_files(&dir.path().join("input"), 4, 40);
+        handlers::register(&faulty(dir.path(), Arc::new(AtomicU64::new(0)), 0, 0))
+            .await
+            .unwrap();
+        let failed = triggered_run(&faulty(dir.path(), Arc::new(AtomicU64::new(0)), k, 0)).await;
+        assert!(
+            failed.is_err(),
+            "write {k} was injected to fail: {failed:?}"
+        );
+
+        // The next event comes after the dead run's lease expired.
+        let later = faulty(dir.path(), Arc::new(AtomicU64::new(0)), 0, ttl_ms);
+        let again = triggered_run(&later)
+            .await
+            .unwrap_or_else(|e| panic!("retrigger after failing write {k}: {e}"))
+            .unwrap_or_else(|| panic!("after write {k}: the expired lease was not taken over"));
+        assert!(
+            matches!(again.end, RunEnd::Done),
+            "after write {k}: {:?}",
+            again.end
+        );
+        assert_eq!(
+            committed_rows(&dir.path().join("out/sink"), "trc").await,
+            expected,
+            "output after failing write {k}"
+        );
+        assert_eq!(
+            orphan_files(&dir.path().join("out/sink"), "trc").await,
+            Vec::<String>::new(),
+            "uncommitted files left after failing write {k}"
+        );
+        let (c, _) = later.checkpoint.control().await.unwrap().unwrap();
+        assert_eq!(
+            (c.status, c.last_committed, c.totals.files),
+            (RunStatus::Idle, Some(1), 4),
+            "after failing write {k}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_kept_by_an_ended_execution_is_taken_over_without_waiting_for_the_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_files(&dir.path().join("input"), 2, 20);
+    let p = pipeline(dir.path(), &pipeline_toml("ended", "parquet", "", ""));
+    let ctx = local_context(&p);
+    handlers::register(&ctx).await.unwrap();
+    let rec = Recorder::default();
+    assert!(matches!(
+        trigger(&ctx, &rec).await.unwrap(),
+        WakeOutcome::Started { epoch: 1, .. }
+    ));
+    // The execution fails before it commits anything and keeps the lease
+    // (the state machine's Catch): its heartbeat is fresh, the TTL 15 min.
+    rec.ended.lock().unwrap().push("ended-1".into());
+    let next = trigger(&ctx, &rec).await.unwrap();
+    assert!(
+        matches!(&next, WakeOutcome::Started { epoch: 2, recover: true, execution } if execution == "local:ended-2"),
+        "{next:?}"
+    );
+    let summary = runner::execute(&ctx, execution_input("ended", 2), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(summary.batches.iter().map(|b| b.files).sum::<u64>(), 2);
+    assert_eq!(
+        committed_rows(&dir.path().join("out/sink"), "ended").await,
+        one_shot_rows(&dir.path().join("input")).await
+    );
+}
