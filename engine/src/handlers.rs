@@ -236,13 +236,73 @@ pub struct RunState {
     pub discovered: bool,
 }
 
+/// Where a Distributed Map reads a batch's task list: an S3 object (on a
+/// local checkpoint, `bucket` is empty and `key` relative to the pipeline's
+/// checkpoint folder; the local runner reads it there).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskList {
+    /// Bucket.
+    pub bucket: String,
+    /// Key.
+    pub key: String,
+}
+
+impl TaskList {
+    /// The object `key` of the checkpoint at `checkpoint`.
+    pub fn of(checkpoint: &crate::storage::Location, key: &str) -> TaskList {
+        match checkpoint {
+            crate::storage::Location::S3 { bucket, prefix } => TaskList {
+                bucket: bucket.clone(),
+                key: if prefix.is_empty() {
+                    key.to_string()
+                } else {
+                    format!("{prefix}/{key}")
+                },
+            },
+            crate::storage::Location::Local(_) => TaskList {
+                bucket: String::new(),
+                key: key.to_string(),
+            },
+        }
+    }
+
+    /// The key relative to the checkpoint at `checkpoint` that (`bucket`,
+    /// `key`) names, if it is inside it.
+    pub fn relative(
+        checkpoint: &crate::storage::Location,
+        bucket: &str,
+        key: &str,
+    ) -> Option<String> {
+        match checkpoint {
+            crate::storage::Location::S3 { bucket: b, prefix } if b == bucket => {
+                if prefix.is_empty() {
+                    Some(key.to_string())
+                } else {
+                    key.strip_prefix(prefix.as_str())?
+                        .strip_prefix('/')
+                        .map(str::to_string)
+                }
+            }
+            crate::storage::Location::Local(_) if bucket.is_empty() => Some(key.to_string()),
+            _ => None,
+        }
+    }
+}
+
 /// A batch to run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchRef {
     /// Batch number.
     pub batch: u64,
-    /// Task numbers.
+    /// Task numbers (empty when `distributed`: read them from `task_list`).
     pub tasks: Vec<u32>,
+    /// How many tasks the batch has.
+    pub task_count: u64,
+    /// More tasks than `limits.max_inline_tasks`: the state machine fans out
+    /// with a Distributed Map over `task_list`.
+    pub distributed: bool,
+    /// Where the task list is, when `distributed`.
+    pub task_list: Option<TaskList>,
     /// Input files.
     pub files: u64,
     /// Input bytes.
@@ -306,7 +366,7 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
                 control = owned_control(ctx, run.epoch).await?.0;
             }
             if let Some(off) = ctx.checkpoint.offsets(next).await? {
-                return Ok(batch_outcome(run, &off));
+                return batch_outcome(ctx, run, &off).await;
             }
             if run.discovered && release_idle(ctx, &run).await? {
                 return Ok(PlanOutcome::Done { run });
@@ -350,18 +410,40 @@ async fn release_idle(ctx: &Context, run: &RunState) -> Result<bool> {
     Err(ctx.conflict("control.json keeps changing under this run; it stops".into()))
 }
 
-fn batch_outcome(run: RunState, off: &Offsets) -> PlanOutcome {
+/// The plan step's answer for a planned batch. A batch with more tasks than
+/// `limits.max_inline_tasks` goes to the Distributed Map: its task list is
+/// written to the checkpoint (idempotent: the same list on every resume) and
+/// the payload carries only where it is.
+async fn batch_outcome(ctx: &Context, run: RunState, off: &Offsets) -> Result<PlanOutcome> {
     let resumed = off.epoch != run.epoch;
-    PlanOutcome::Batch {
+    let tasks: Vec<u32> = off.tasks.iter().map(|t| t.task).collect();
+    let distributed = tasks.len() as u64 > ctx.pipeline.limits.max_inline_tasks;
+    let mut task_list = None;
+    if distributed {
+        let key = crate::paths::checkpoint::task_list(off.batch);
+        ctx.checkpoint
+            .store()
+            .put(
+                &key,
+                serde_json::to_vec(&tasks).expect("serialisable").into(),
+                crate::storage::PutMode::Overwrite,
+            )
+            .await?;
+        task_list = Some(TaskList::of(&ctx.pipeline.checkpoint, &key));
+    }
+    Ok(PlanOutcome::Batch {
         run,
         batch: BatchRef {
             batch: off.batch,
-            tasks: off.tasks.iter().map(|t| t.task).collect(),
+            task_count: tasks.len() as u64,
+            tasks: if distributed { Vec::new() } else { tasks },
+            distributed,
+            task_list,
             files: off.inputs.len() as u64,
             bytes: off.bytes(),
             resumed,
         },
-    }
+    })
 }
 
 /// When and with how many requests a plan step started.
@@ -494,7 +576,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         }
         if let Some(off) = ctx.checkpoint.offsets(n).await? {
             tracing::info!(pipeline = %p.name, batch = n, "resuming a batch planned by an earlier run");
-            return Ok(batch_outcome(run, &off));
+            return batch_outcome(ctx, run, &off).await;
         }
     }
     let (control, _) = owned_control(ctx, epoch).await?;
@@ -713,7 +795,7 @@ async fn discover_and_plan(
         ctx.checkpoint.create_offsets(off).await?;
     }
     tracing::info!(pipeline = %p.name, files = fresh.len(), batches = plans.len(), "planned new input");
-    Ok(batch_outcome(run, &plans[0]))
+    batch_outcome(ctx, run, &plans[0]).await
 }
 
 /// Read control and check this run still holds `epoch`.
@@ -1053,6 +1135,11 @@ pub enum CommitAction {
     Commit,
     /// Drop the plans from this batch on after its input was refused.
     Abandon,
+    /// After a Distributed Map failed (it reports only that a child failed):
+    /// if a task of this run refused its input, abandon as above and fail
+    /// with that refusal (`Sluice.InvalidInput`); otherwise fail
+    /// (`Sluice.Fatal`) keeping the lease, so the next run resumes the batch.
+    Settle,
 }
 
 /// Input of the committer function.
@@ -1136,13 +1223,105 @@ pub fn handle_plan(ctx: &Context, req: PlanRequest) -> HandlerFuture<'_, PlanOut
 pub fn handle_task(ctx: &Context, req: TaskRequest) -> HandlerFuture<'_, TaskAck> {
     Box::pin(async move {
         ctx.check_pipeline(&req.pipeline)?;
-        let r = operate(ctx, &req.run, req.batch, req.task).await?;
+        let r = match operate(ctx, &req.run, req.batch, req.task).await {
+            Ok(r) => r,
+            Err(e) => {
+                if e.class() == ErrorClass::InvalidInput {
+                    record_refusal(ctx, &req, &e).await;
+                }
+                return Err(e);
+            }
+        };
         Ok(TaskAck {
             task: r.task,
             rows_out: r.rows_out,
             files: r.outputs.len() as u64,
         })
     })
+}
+
+/// What a task whose input was refused leaves for the settle step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    /// The task.
+    pub task: u32,
+    /// The error, as the task reported it.
+    pub message: String,
+}
+
+/// Leave the refusal where `settle` finds it. Best effort: without it a
+/// Distributed Map's failure keeps the lease instead of abandoning the batch
+/// (the inline Map sees the error name itself).
+async fn record_refusal(ctx: &Context, req: &TaskRequest, e: &Error) {
+    let r = Refusal {
+        task: req.task,
+        message: e.to_string(),
+    };
+    let key = crate::paths::checkpoint::refusal(req.batch, req.task, req.run.epoch);
+    let put = ctx
+        .checkpoint
+        .store()
+        .put(
+            &key,
+            serde_json::to_vec(&r).expect("serialisable").into(),
+            crate::storage::PutMode::Overwrite,
+        )
+        .await;
+    if let Err(w) = put {
+        tracing::warn!(key, error = %w, "could not record the task's refusal");
+    }
+}
+
+/// After a Distributed Map over `batch` failed: the error to end the run
+/// with. A refusal left by a task of this run abandons the batch (as the
+/// inline Map's Catch does) and is reported as `Sluice.InvalidInput`;
+/// anything else is `Sluice.Fatal` and keeps the lease for the next run.
+async fn settle(ctx: &Context, run: &RunState, batch: u64) -> Error {
+    let found = async {
+        let suffix = format!("-e{}.json", run.epoch);
+        let listed = ctx
+            .checkpoint
+            .store()
+            .list(&crate::paths::checkpoint::work_prefix(batch), None)
+            .await?;
+        for m in listed {
+            let name = m.key.rsplit('/').next().unwrap_or_default();
+            if name.starts_with("refused-")
+                && name.ends_with(&suffix)
+                && let Some(obj) = ctx.checkpoint.store().get(&m.key).await?
+            {
+                let r: Refusal = serde_json::from_slice(&obj.bytes)
+                    .map_err(|e| ctx.broken(m.key.clone(), e.to_string()))?;
+                return Ok(Some(r));
+            }
+        }
+        Ok::<_, Error>(None)
+    };
+    match found.await {
+        Err(e) => e,
+        Ok(Some(r)) => match abandon(ctx, run, batch).await {
+            Err(e) => e,
+            Ok(()) => Error::Execution {
+                pipeline: ctx.pipeline.name.clone(),
+                batch,
+                task: r.task,
+                message: format!(
+                    "{} (the batch's plan was dropped; fix the input and run again)",
+                    r.message
+                ),
+                class: ErrorClass::InvalidInput,
+            },
+        },
+        Ok(None) => Error::Execution {
+            pipeline: ctx.pipeline.name.clone(),
+            batch,
+            task: 0,
+            message: "a task of the Distributed Map failed (see its map run's failed child \
+                      executions); the lease is kept and the next run resumes this batch"
+                .into(),
+            class: ErrorClass::Fatal,
+        },
+    }
 }
 
 /// The committer function's entry point.
@@ -1160,6 +1339,7 @@ pub fn handle_commit(ctx: &Context, req: CommitRequest) -> HandlerFuture<'_, Com
                     ..CommitSummary::default()
                 })
             }
+            CommitAction::Settle => Err(settle(ctx, &req.run, req.batch).await),
         }
     })
 }

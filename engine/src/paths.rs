@@ -25,6 +25,19 @@ pub mod checkpoint {
         format!("{}task-{task:05}-e{epoch}.json", work_prefix(n))
     }
 
+    /// The task list of batch `n`, read by the state machine's Distributed
+    /// Map (a JSON array of task numbers).
+    pub fn task_list(n: u64) -> String {
+        format!("{}tasks.json", work_prefix(n))
+    }
+
+    /// The refusal a task of batch `n` under lease `epoch` left when its
+    /// input was refused: the Distributed Map reports only that a child
+    /// failed, so the settle step reads why here.
+    pub fn refusal(n: u64, task: u32, epoch: u64) -> String {
+        format!("{}refused-{task:05}-e{epoch}.json", work_prefix(n))
+    }
+
     /// The plan of batch `n`, written create-only before any output.
     pub fn offsets(n: u64) -> String {
         format!("{OFFSETS_PREFIX}{n:010}.json")

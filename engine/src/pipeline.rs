@@ -112,6 +112,7 @@ struct LimitsFile {
     max_bytes_per_batch: Option<ByteSize>,
     max_bytes_per_task: Option<ByteSize>,
     lease_ttl_seconds: Option<u64>,
+    max_inline_tasks: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -204,6 +205,15 @@ pub struct Limits {
     pub max_bytes_per_task: u64,
     /// A run whose heartbeat is older than this has lost its lease.
     pub lease_ttl_seconds: u64,
+    /// A batch with more tasks than this fans out through a Distributed Map
+    /// that reads the task list from the checkpoint (S3), so neither the
+    /// payload nor the execution history grows with the task count.
+    #[serde(default = "default_max_inline_tasks")]
+    pub max_inline_tasks: u64,
+}
+
+fn default_max_inline_tasks() -> u64 {
+    40
 }
 
 impl Default for Limits {
@@ -213,6 +223,7 @@ impl Default for Limits {
             max_bytes_per_batch: 1 << 30,
             max_bytes_per_task: 256 << 20,
             lease_ttl_seconds: 900,
+            max_inline_tasks: default_max_inline_tasks(),
         }
     }
 }
@@ -399,12 +410,14 @@ impl Pipeline {
                 d.max_bytes_per_task,
             )?,
             lease_ttl_seconds: l.lease_ttl_seconds.unwrap_or(d.lease_ttl_seconds),
+            max_inline_tasks: l.max_inline_tasks.unwrap_or(d.max_inline_tasks),
         };
         for (field, v) in [
             ("max_files_per_batch", limits.max_files_per_batch),
             ("max_bytes_per_batch", limits.max_bytes_per_batch),
             ("max_bytes_per_task", limits.max_bytes_per_task),
             ("lease_ttl_seconds", limits.lease_ttl_seconds),
+            ("max_inline_tasks", limits.max_inline_tasks),
         ] {
             if v == 0 {
                 return Err(spec_err(format!(

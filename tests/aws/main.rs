@@ -364,6 +364,42 @@ async fn wait_execution(
     .unwrap()
 }
 
+/// `sluice refresh PIPELINE --wait` against the emulated stack: its output.
+fn refresh(stack: &Stack, pipeline: &Path) -> String {
+    // The `sluice` binary of this build (built for the e2e tests of the cli
+    // package, in the same target folder as this test).
+    let exe = std::env::current_exe().unwrap();
+    let sluice = exe.parent().unwrap().parent().unwrap().join("sluice");
+    assert!(
+        sluice.exists(),
+        "{} is missing: run the whole suite (cargo test --workspace)",
+        sluice.display()
+    );
+    let endpoint = format!("http://127.0.0.1:{}", stack.moto);
+    let out = Command::new(sluice)
+        .args(["refresh", pipeline.to_str().unwrap(), "--wait"])
+        .args(["--state-machine-arn", &state_machine_arn()])
+        .env("AWS_ENDPOINT_URL", &endpoint)
+        .env("SLUICE_S3_ENDPOINT", &endpoint)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "sluice refresh: {text}{}",
+        stack.logs()
+    );
+    text
+}
+
 /// The rows committed on S3, and those a local run commits for `files`.
 async fn committed(
     cfg: &S3Config,
@@ -479,6 +515,7 @@ uri = "s3://{bucket}/checkpoints/"
 max_files_per_batch = 2
 "#
     );
+    std::fs::write(dir.path().join("taxi.toml"), &toml).unwrap();
     let p = Pipeline::parse(&toml, "taxi.toml", dir.path()).unwrap();
     let ctx = Context::open(p, Some(&cfg)).unwrap();
     handlers::register(&ctx).await.unwrap();
@@ -514,6 +551,13 @@ max_files_per_batch = 2
         (Some(1), 4),
         "nothing new"
     );
+    // The same through `sluice refresh --wait`.
+    let out = refresh(&stack, &dir.path().join("taxi.toml"));
+    assert!(
+        out.contains("taxi: started arn:aws:states:us-east-1:123456789012:execution:sluice:taxi-3")
+            && out.contains("execution SUCCEEDED (0 batches committed)"),
+        "{out}"
+    );
 
     // 3. A retryable failure of one operator task is retried by the state
     //    machine's Retry and the run succeeds.
@@ -546,15 +590,122 @@ max_files_per_batch = 2
         ctx.checkpoint.offsets(3).await.unwrap().is_some(),
         "batch 3 stays planned"
     );
-    let manual = json!({"pipeline": "taxi"}).to_string();
-    let report = invoke_trigger(&stack, &manual);
-    let e5 = started_epoch(&report, "taxi");
-    assert_eq!(report["woken"]["taxi"]["recover"], true, "{report}");
-    let end = wait_execution(&sfn, &stack, "taxi", e5).await;
-    assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    // A manual refresh takes over the ended execution's lease: a new epoch,
+    // which resumes batch 3.
+    let out = refresh(&stack, &dir.path().join("taxi.toml"));
+    assert!(
+        out.contains(&format!("execution:sluice:taxi-{}", e4 + 1))
+            && out.contains("batch 3: 2 files")
+            && out.contains("execution SUCCEEDED (1 batches committed)"),
+        "{out}"
+    );
     let (rows, local) = committed(&cfg, bucket, &files[..8], &input).await;
     assert_eq!(rows, local, "after recovering from a fatal failure");
     let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
     assert_eq!(c.totals.files, 8);
+
+    // 5. A batch with more tasks than max_inline_tasks runs through the
+    //    Distributed Map, its task list read from S3 by the ItemReader.
+    distributed_map(&stack, &cfg, &sfn, bucket).await;
     eprintln!("aws e2e: proxy saw {}", stats(&stack));
+}
+
+/// A second pipeline, one task per file and at most one inline task: every
+/// batch goes through the Distributed Map. A clean run; then a corrupt file,
+/// refused by its task: the Map fails, Settle finds the refusal and drops the
+/// batch's plan (Sluice.InvalidInput), committed output unchanged; the fixed
+/// file is then committed with no duplicates.
+async fn distributed_map(stack: &Stack, cfg: &S3Config, sfn: &StepFunctions, bucket: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input");
+    let files = gen_files(&input, 4, 200);
+    let source = S3Store::new(cfg, bucket, "many");
+    let put = |rel: String, bytes: Vec<u8>| {
+        let source = &source;
+        async move {
+            source
+                .put(&rel, Bytes::from(bytes), PutMode::Overwrite)
+                .await
+                .unwrap();
+            format!("many/{rel}")
+        }
+    };
+    let rel = |f: &PathBuf| {
+        f.strip_prefix(&input)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    let mut keys = Vec::new();
+    for f in &files[..3] {
+        keys.push(put(rel(f), std::fs::read(f).unwrap()).await);
+    }
+    let toml = format!(
+        r#"name = "many"
+[source]
+uri = "s3://{bucket}/many/"
+format = "parquet"
+table = "trips"
+[query]
+sql = '''{SQL}'''
+[sink]
+uri = "s3://{bucket}/many-out/"
+[checkpoint]
+uri = "s3://{bucket}/checkpoints/"
+[limits]
+max_files_per_batch = 10
+max_bytes_per_task = 1
+max_inline_tasks = 1
+"#
+    );
+    let p = Pipeline::parse(&toml, "many.toml", dir.path()).unwrap();
+    let ctx = Context::open(p, Some(cfg)).unwrap();
+    handlers::register(&ctx).await.unwrap();
+
+    let report = invoke_trigger(stack, &s3_event(bucket, &keys));
+    let e = started_epoch(&report, "many");
+    let end = wait_execution(sfn, stack, "many", e).await;
+    assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    let commit = ctx.checkpoint.commit(0).await.unwrap().unwrap();
+    assert_eq!(commit.files, 3);
+    let out_rows = || async {
+        let out = tempfile::tempdir().unwrap();
+        download(cfg, bucket, "many-out", out.path()).await;
+        committed_rows(out.path(), "many").await
+    };
+    let rows = out_rows().await;
+    assert_eq!(
+        rows,
+        local_rows(&files[..3], &input, "many").await,
+        "Distributed Map output differs from the local run's"
+    );
+
+    // A corrupt file: its task refuses it.
+    let bad = rel(&files[3]);
+    let key = put(bad.clone(), b"not parquet".to_vec()).await;
+    let e = started_epoch(&invoke_trigger(stack, &s3_event(bucket, &[key])), "many");
+    let end = wait_execution(sfn, stack, "many", e).await;
+    assert_eq!(end.status, "FAILED", "{end:?}");
+    assert_eq!(end.error.as_deref(), Some("Sluice.InvalidInput"), "{end:?}");
+    assert!(
+        end.cause.as_deref().unwrap_or_default().contains(&bad),
+        "the cause names the file: {end:?}"
+    );
+    assert!(
+        ctx.checkpoint.offsets(1).await.unwrap().is_none(),
+        "plan dropped"
+    );
+    assert_eq!(out_rows().await, rows, "committed output unchanged");
+
+    // Fixed (same key): the next event commits it, once.
+    let key = put(bad, std::fs::read(&files[3]).unwrap()).await;
+    let e = started_epoch(&invoke_trigger(stack, &s3_event(bucket, &[key])), "many");
+    let end = wait_execution(sfn, stack, "many", e).await;
+    assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    assert_eq!(
+        out_rows().await,
+        local_rows(&files, &input, "many").await,
+        "after the fix"
+    );
 }

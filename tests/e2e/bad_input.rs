@@ -41,11 +41,24 @@ async fn committed_state(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn corrupt_and_truncated_parquet_fail_cleanly_and_recover() {
+    corrupt_and_truncated("max_files_per_batch = 2").await;
+}
+
+/// The same through the Distributed Map: one task per file, more tasks
+/// than `max_inline_tasks`. Its failure names no error, so the settle step
+/// finds the task's refusal and abandons the batch the same way.
+#[tokio::test(flavor = "multi_thread")]
+async fn corrupt_parquet_under_a_distributed_map_fails_cleanly_and_recovers() {
+    corrupt_and_truncated("max_files_per_batch = 2\nmax_bytes_per_task = 1\nmax_inline_tasks = 1")
+        .await;
+}
+
+async fn corrupt_and_truncated(limits: &str) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let input = root.join("input");
     gen_files(&input, 2, 100);
-    let toml = pipeline_toml("bad", "parquet", "", "max_files_per_batch = 2");
+    let toml = pipeline_toml("bad", "parquet", "", limits);
     let p = pipeline(root, &toml);
     run(&local_context(&p)).await.unwrap();
     let before = committed_state(root, &toml).await;

@@ -406,11 +406,14 @@ async fn a_failed_start_gives_the_claim_back_and_the_retried_event_starts_the_ru
     assert!(matches!(again, WakeOutcome::Started { .. }), "{again:?}");
 }
 
+/// Two batches of two files, one task per file, and more tasks than
+/// `max_inline_tasks`: every batch goes through the Distributed Map (its task
+/// list is one more write to fail).
+const TRIGGERED_LIMITS: &str =
+    "max_files_per_batch = 2\nmax_bytes_per_task = 1\nmax_inline_tasks = 1";
+
 fn faulty(root: &Path, writes: Arc<AtomicU64>, fail_at: u64, clock_skew_ms: i64) -> Context {
-    let p = pipeline(
-        root,
-        &pipeline_toml("trc", "parquet", "", "max_files_per_batch = 2"),
-    );
+    let p = pipeline(root, &pipeline_toml("trc", "parquet", "", TRIGGERED_LIMITS));
     let wrap = |path: PathBuf| -> Arc<dyn Store> {
         Arc::new(FaultStore {
             inner: Arc::new(LocalStore::new(path)),
@@ -455,6 +458,13 @@ async fn failing_any_write_of_a_triggered_run_then_triggering_after_the_ttl_give
         .unwrap()
         .expect("started");
     assert_eq!(summary.batches.len(), 2, "the scenario needs two batches");
+    let commit = setup.checkpoint.commit(0).await.unwrap().unwrap();
+    let tasks: std::collections::BTreeSet<&str> = commit
+        .outputs
+        .iter()
+        .map(|o| o.key.rsplit('/').next().unwrap().split('-').nth(1).unwrap())
+        .collect();
+    assert_eq!(tasks.len(), 2, "two tasks per batch: {:?}", commit.outputs);
     let total = writes.load(Ordering::SeqCst);
     let expected = committed_rows(&clean.path().join("out/sink"), "trc").await;
     assert_eq!(expected, one_shot_rows(&clean.path().join("input")).await);
@@ -530,6 +540,41 @@ async fn a_lease_kept_by_an_ended_execution_is_taken_over_without_waiting_for_th
     assert_eq!(summary.batches.iter().map(|b| b.files).sum::<u64>(), 2);
     assert_eq!(
         committed_rows(&dir.path().join("out/sink"), "ended").await,
+        one_shot_rows(&dir.path().join("input")).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_with_more_tasks_than_the_inline_limit_goes_to_the_distributed_map() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_files(&dir.path().join("input"), 3, 30);
+    let limits = "max_bytes_per_task = 1\nmax_inline_tasks = 2";
+    let p = pipeline(dir.path(), &pipeline_toml("dmap", "parquet", "", limits));
+    let ctx = local_context(&p);
+    let plan = handlers::plan(&ctx, None).await.unwrap();
+    let handlers::PlanOutcome::Batch { batch, .. } = plan else {
+        panic!("{plan:?}")
+    };
+    assert!(batch.distributed && batch.tasks.is_empty(), "{batch:?}");
+    assert_eq!(batch.task_count, 3);
+    let list = batch.task_list.clone().expect("a task list");
+    assert_eq!(list.bucket, "", "a local checkpoint");
+    let obj = ctx
+        .checkpoint
+        .store()
+        .get(&list.key)
+        .await
+        .unwrap()
+        .unwrap();
+    let tasks: Vec<u32> = serde_json::from_slice(&obj.bytes).unwrap();
+    assert_eq!(tasks, [0, 1, 2]);
+    // The payload stays small whatever the task count.
+    assert!(serde_json::to_string(&batch).unwrap().len() < 400);
+    // The local runner reads the list through the definition's ItemReader.
+    let summary = run(&ctx).await.unwrap();
+    assert_eq!(summary.batches.iter().map(|b| b.files).sum::<u64>(), 3);
+    assert_eq!(
+        committed_rows(&dir.path().join("out/sink"), "dmap").await,
         one_shot_rows(&dir.path().join("input")).await
     );
 }

@@ -2,7 +2,10 @@
 //! `statemachines/microbatch.asl.json` uses, so the local runner executes the
 //! very definition that is deployed.
 //!
-//! Supported: `Task`, `Choice`, `Map` (inline), `Pass`, `Succeed`, `Fail`,
+//! Supported: `Task`, `Choice`, `Map` (inline, and distributed with a JSON
+//! `ItemReader` whose resource the Task invoker binds; a failed child fails
+//! the Map with `States.ExceedToleratedFailureThreshold`, as on AWS), `Pass`,
+//! `Succeed`, `Fail`,
 //! `Wait`; `InputPath`, `Parameters` / `ItemSelector`, `ResultSelector`,
 //! `ResultPath`, `OutputPath`; `Retry` (interval, backoff rate, max attempts,
 //! max delay) and `Catch`; `TimeoutSeconds` on tasks; `MaxConcurrency` on
@@ -86,6 +89,7 @@ fn allowed(kind: &str) -> Option<&'static [&'static str]> {
         "Choice" => &["Choices", "Default"],
         "Map" => &[
             "ItemsPath",
+            "ItemReader",
             "ItemSelector",
             "Parameters",
             "ItemProcessor",
@@ -165,12 +169,45 @@ impl StateMachine {
                 } else {
                     &s["Iterator"]
                 };
-                if let Some(mode) = processor["ProcessorConfig"]["Mode"].as_str()
-                    && mode != "INLINE"
+                let config = &processor["ProcessorConfig"];
+                let distributed = match config["Mode"].as_str() {
+                    None | Some("INLINE") => false,
+                    Some("DISTRIBUTED") => true,
+                    Some(mode) => {
+                        return Err(err(format!(
+                            "state {scope}{name}: Map mode {mode} is not supported by the local runner"
+                        )));
+                    }
+                };
+                if let Some(t) = config.get("ExecutionType")
+                    && !matches!(t.as_str(), Some("STANDARD" | "EXPRESS"))
                 {
                     return Err(err(format!(
-                        "state {scope}{name}: Map mode {mode} is not supported by the local runner"
+                        "state {scope}{name}: ExecutionType {t} is not STANDARD or EXPRESS"
                     )));
+                }
+                if let Some(reader) = s.get("ItemReader") {
+                    if !distributed {
+                        return Err(err(format!(
+                            "state {scope}{name}: ItemReader needs ProcessorConfig Mode DISTRIBUTED"
+                        )));
+                    }
+                    for field in reader.as_object().into_iter().flat_map(|o| o.keys()) {
+                        if !["Resource", "ReaderConfig", "Parameters"].contains(&field.as_str()) {
+                            return Err(err(format!(
+                                "state {scope}{name}: ItemReader field {field} is not supported by \
+                                 the local runner"
+                            )));
+                        }
+                    }
+                    if reader["Resource"] != "arn:aws:states:::s3:getObject"
+                        || reader["ReaderConfig"] != json!({"InputType": "JSON"})
+                    {
+                        return Err(err(format!(
+                            "state {scope}{name}: the local runner reads only a JSON array \
+                             (ItemReader arn:aws:states:::s3:getObject, InputType JSON)"
+                        )));
+                    }
                 }
                 Self::from_value(processor, &format!("{scope}{name}/"))?;
             }
@@ -412,19 +449,35 @@ impl StateMachine {
         tasks: &dyn TaskInvoker,
         sleep: &Sleeper,
     ) -> Result<Value, Failure> {
-        let items = match s["ItemsPath"].as_str() {
-            Some(p) => get(p, input, context)?,
-            None => input.clone(),
+        let items = match (s.get("ItemReader"), s["ItemsPath"].as_str()) {
+            // A Distributed Map reads its items through the Task invoker,
+            // which binds the reader's resource like any other.
+            (Some(reader), _) => {
+                let params = match reader.get("Parameters") {
+                    Some(p) => resolve(p, input, context)?,
+                    None => json!({}),
+                };
+                let resource = reader["Resource"].as_str().unwrap_or_default();
+                tasks.invoke(resource, params).await.map_err(|f| {
+                    Failure::new(
+                        "States.ItemReaderFailed",
+                        format!("state {name}: {}: {}", f.error, f.cause),
+                    )
+                })?
+            }
+            (None, Some(p)) => get(p, input, context)?,
+            (None, None) => input.clone(),
         };
         let items = items
             .as_array()
-            .ok_or_else(|| Failure::runtime(format!("state {name}: ItemsPath is not an array")))?
+            .ok_or_else(|| Failure::runtime(format!("state {name}: the items are not an array")))?
             .clone();
         let processor = if s["ItemProcessor"].is_object() {
             &s["ItemProcessor"]
         } else {
             &s["Iterator"]
         };
+        let distributed = processor["ProcessorConfig"]["Mode"] == "DISTRIBUTED";
         let inner = Self::from_value(processor, "").map_err(|e| Failure::runtime(e.0))?;
         let selector = s.get("ItemSelector").or_else(|| s.get("Parameters"));
         let limit = match s["MaxConcurrency"].as_u64() {
@@ -446,10 +499,21 @@ impl StateMachine {
         use futures::StreamExt;
         let results: Vec<Result<Value, Failure>> =
             futures::stream::iter(runs).buffered(limit).collect().await;
-        results
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()
-            .map(Value::Array)
+        let failed = results.iter().filter(|r| r.is_err()).count();
+        let out = results.into_iter().collect::<Result<Vec<_>, _>>();
+        match out {
+            // A Distributed Map's children are executions of their own: with
+            // no tolerated failures, any failed child fails the Map with this
+            // name, not the child's error.
+            Err(f) if distributed => Err(Failure::new(
+                "States.ExceedToleratedFailureThreshold",
+                format!(
+                    "state {name}: {failed} of its child executions failed (first: {}: {})",
+                    f.error, f.cause
+                ),
+            )),
+            other => other.map(Value::Array),
+        }
     }
 }
 
@@ -744,6 +808,19 @@ mod tests {
                         }
                     }
                     "fatal" => Err(Failure::new("Sluice.Fatal", "broken")),
+                    "arn:aws:states:::s3:getObject" => match input["Key"].as_str() {
+                        Some("items.json") => Ok(json!([1, 2, 3])),
+                        Some("odd.json") => Ok(json!([1, -1, 3])),
+                        _ => Err(Failure::new("S3.NoSuchKey", "no such key")),
+                    },
+                    "square_positive" => {
+                        let n = input["n"].as_i64().unwrap();
+                        if n < 0 {
+                            Err(Failure::new("Sluice.InvalidInput", "negative"))
+                        } else {
+                            Ok(json!(n * n))
+                        }
+                    }
                     "slow" => {
                         tokio::time::sleep(Duration::from_secs(5)).await;
                         Ok(json!(null))
@@ -1001,6 +1078,56 @@ mod tests {
         );
     }
 
+    fn distributed(key: &str) -> Value {
+        one(json!({
+            "Type": "Map",
+            "ItemReader": {
+                "Resource": "arn:aws:states:::s3:getObject",
+                "ReaderConfig": {"InputType": "JSON"},
+                "Parameters": {"Bucket.$": "$.bucket", "Key": key}
+            },
+            "ItemSelector": {"n.$": "$$.Map.Item.Value"},
+            "ItemProcessor": {
+                "ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"},
+                "StartAt": "Sq",
+                "States": {"Sq": {"Type": "Task", "Resource": "square_positive", "End": true}}
+            },
+            "MaxConcurrency": 1000,
+            "ResultPath": "$.squares",
+            "End": true
+        }))
+    }
+
+    #[tokio::test]
+    async fn distributed_map_reads_items_and_reports_failed_children_as_the_threshold_error() {
+        let tasks = Tasks::default();
+        let (out, _) = exec(distributed("items.json"), json!({"bucket": "b"}), &tasks).await;
+        assert_eq!(out.unwrap()["squares"], json!([1, 4, 9]));
+        assert!(tasks.calls.lock().unwrap().iter().any(|(r, i)| {
+            r == "arn:aws:states:::s3:getObject"
+                && *i == json!({"Bucket": "b", "Key": "items.json"})
+        }));
+        // A failed child: the Map fails with States.ExceedToleratedFailureThreshold
+        // (as on AWS), the child's error only in the cause.
+        let (out, _) = exec(
+            distributed("odd.json"),
+            json!({"bucket": "b"}),
+            &Tasks::default(),
+        )
+        .await;
+        let f = out.unwrap_err();
+        assert_eq!(f.error, "States.ExceedToleratedFailureThreshold");
+        assert!(f.cause.contains("Sluice.InvalidInput"), "{}", f.cause);
+        // The reader failing: States.ItemReaderFailed.
+        let (out, _) = exec(
+            distributed("gone.json"),
+            json!({"bucket": "b"}),
+            &Tasks::default(),
+        )
+        .await;
+        assert_eq!(out.unwrap_err().error, "States.ItemReaderFailed");
+    }
+
     #[test]
     fn unsupported_definitions_are_refused_with_the_state_named() {
         let e = StateMachine::parse(
@@ -1015,10 +1142,18 @@ mod tests {
         .unwrap_err();
         assert!(e.0.contains("Credentials"), "{e}");
         let e = StateMachine::parse(
-            &one(json!({"Type": "Map", "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED"}, "StartAt": "A", "States": {"A": {"Type": "Succeed"}}}, "End": true}))
+            &one(json!({"Type": "Map", "ItemProcessor": {"ProcessorConfig": {"Mode": "SIDEWAYS"}, "StartAt": "A", "States": {"A": {"Type": "Succeed"}}}, "End": true}))
                 .to_string(),
         )
         .unwrap_err();
+        assert!(e.0.contains("SIDEWAYS"), "{e}");
+        let mut csv = distributed("x.csv");
+        csv["States"]["S"]["ItemReader"]["ReaderConfig"] = json!({"InputType": "CSV"});
+        let e = StateMachine::parse(&csv.to_string()).unwrap_err();
+        assert!(e.0.contains("state S") && e.0.contains("JSON"), "{e}");
+        let mut inline = distributed("x.json");
+        inline["States"]["S"]["ItemProcessor"]["ProcessorConfig"] = json!({"Mode": "INLINE"});
+        let e = StateMachine::parse(&inline.to_string()).unwrap_err();
         assert!(e.0.contains("DISTRIBUTED"), "{e}");
         let e = StateMachine::parse(&one(json!({"Type": "Pass", "Next": "Nowhere"})).to_string())
             .unwrap_err();

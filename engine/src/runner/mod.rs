@@ -26,6 +26,8 @@ pub const PLANNER: &str = "${PlannerFunctionArn}";
 pub const OPERATOR: &str = "${OperatorFunctionArn}";
 /// The committer function's resource.
 pub const COMMITTER: &str = "${CommitterFunctionArn}";
+/// The Distributed Map's ItemReader resource (the task list in S3).
+pub const ITEM_READER: &str = "arn:aws:states:::s3:getObject";
 
 /// One committed batch, as reported to the user.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,6 +125,41 @@ impl LocalInvoker<'_> {
                     self.on_commit(&summary);
                 }
                 serde_json::to_value(summary)
+            }
+            ITEM_READER => {
+                // A Distributed Map's ItemReader: the task list the planner
+                // wrote to the checkpoint.
+                let bucket = input["Bucket"].as_str().unwrap_or_default();
+                let key = input["Key"].as_str().unwrap_or_default();
+                let rel = handlers::TaskList::relative(&self.ctx.pipeline.checkpoint, bucket, key)
+                    .ok_or_else(|| Error::Execution {
+                        pipeline: self.ctx.pipeline.name.clone(),
+                        batch: 0,
+                        task: 0,
+                        message: format!(
+                            "ItemReader: s3://{bucket}/{key} is outside the checkpoint {}",
+                            self.ctx.pipeline.checkpoint.display()
+                        ),
+                        class: ErrorClass::Fatal,
+                    })?;
+                let obj = self
+                    .ctx
+                    .checkpoint
+                    .store()
+                    .get(&rel)
+                    .await?
+                    .ok_or_else(|| Error::Checkpoint {
+                        pipeline: self.ctx.pipeline.name.clone(),
+                        key: rel.clone(),
+                        message: "missing (the task list of a planned batch)".into(),
+                    })?;
+                return serde_json::from_slice::<Value>(&obj.bytes).map_err(|e| {
+                    Error::Checkpoint {
+                        pipeline: self.ctx.pipeline.name.clone(),
+                        key: rel.clone(),
+                        message: format!("not JSON: {e}"),
+                    }
+                });
             }
             other => {
                 return Err(Error::Execution {
@@ -321,7 +358,9 @@ mod tests {
                     "ErrorEquals names {e}, which no handler returns"
                 );
             }
-            if let Some(r) = n["Resource"].as_str() {
+            if let Some(r) = n["Resource"].as_str()
+                && n.get("ReaderConfig").is_none()
+            {
                 resources.push(r);
             }
         }
