@@ -234,6 +234,9 @@ pub struct RunState {
     pub epoch: u64,
     /// Whether this run has discovered new input yet (AvailableNow: once).
     pub discovered: bool,
+    /// Batches handed out by this execution (`limits.max_batches_per_execution`).
+    #[serde(default)]
+    pub batches: u64,
 }
 
 /// Where a Distributed Map reads a batch's task list: an S3 object (on a
@@ -340,6 +343,13 @@ pub enum PlanOutcome {
         /// The run.
         run: RunState,
     },
+    /// This execution used its batch budget: it released the lease with
+    /// `requested` set and hands the rest to a new execution (the state
+    /// machine's Continue step wakes the pipeline through the trigger).
+    Continue {
+        /// The run.
+        run: RunState,
+    },
 }
 
 /// Plan step. Without a run: check for new input cheaply (one control read
@@ -376,6 +386,22 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
     }
 }
 
+/// End this execution at its batch budget: give the lease back with
+/// `requested` set, so whoever wakes the pipeline next (the state machine's
+/// Continue step, or any event) starts the execution that resumes the
+/// batches already planned.
+async fn continue_run(ctx: &Context, run: RunState) -> Result<PlanOutcome> {
+    let now = ctx.now();
+    update_control(ctx, run.epoch, &|c| {
+        c.status = RunStatus::Idle;
+        c.requested = true;
+        c.heartbeat_ms = Some(now);
+    })
+    .await?;
+    tracing::info!(pipeline = %ctx.pipeline.name, epoch = run.epoch, batches = run.batches, "batch budget of this execution used; handing over");
+    Ok(PlanOutcome::Continue { run })
+}
+
 /// Give the lease back (`Idle`) unless a trigger set `requested` since the
 /// last discovery: then clear the flag and return `false`, and the run
 /// discovers again. So every file that existed when a trigger returned is
@@ -410,12 +436,18 @@ async fn release_idle(ctx: &Context, run: &RunState) -> Result<bool> {
     Err(ctx.conflict("control.json keeps changing under this run; it stops".into()))
 }
 
-/// The plan step's answer for a planned batch. A batch with more tasks than
+/// The plan step's answer for a planned batch: the batch, or, once this
+/// execution has handed out `limits.max_batches_per_execution` batches, the
+/// hand-over to the next execution. A batch with more tasks than
 /// `limits.max_inline_tasks` goes to the Distributed Map: its task list is
 /// written to the checkpoint (idempotent: the same list on every resume) and
 /// the payload carries only where it is.
-async fn batch_outcome(ctx: &Context, run: RunState, off: &Offsets) -> Result<PlanOutcome> {
+async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Result<PlanOutcome> {
+    if run.batches >= ctx.pipeline.limits.max_batches_per_execution {
+        return continue_run(ctx, run).await;
+    }
     let resumed = off.epoch != run.epoch;
+    run.batches += 1;
     let tasks: Vec<u32> = off.tasks.iter().map(|t| t.task).collect();
     let distributed = tasks.len() as u64 > ctx.pipeline.limits.max_inline_tasks;
     let mut task_list = None;
@@ -552,6 +584,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         pipeline: p.name.clone(),
         epoch,
         discovered: false,
+        batches: 0,
     };
     tracing::info!(pipeline = %p.name, epoch, recover, "lease taken");
 
@@ -566,9 +599,10 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
             .await?;
     }
 
-    if recover {
+    {
         // A dead run may have committed a batch without recording it in
-        // control, and may have left batches planned but uncommitted.
+        // control, and a dead run or one that used its batch budget may
+        // have left batches planned but uncommitted (two reads).
         let mut n = next.next_batch();
         while let Some(commit) = ctx.checkpoint.commit(n).await? {
             finish_commit(ctx, &run, &commit).await?;

@@ -113,6 +113,7 @@ struct LimitsFile {
     max_bytes_per_task: Option<ByteSize>,
     lease_ttl_seconds: Option<u64>,
     max_inline_tasks: Option<u64>,
+    max_batches_per_execution: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -210,10 +211,19 @@ pub struct Limits {
     /// payload nor the execution history grows with the task count.
     #[serde(default = "default_max_inline_tasks")]
     pub max_inline_tasks: u64,
+    /// An execution hands the rest of its run to a new execution after this
+    /// many batches, so it stays inside Step Functions' 25,000-event history
+    /// (an inline batch of 40 tasks is about 300 events).
+    #[serde(default = "default_max_batches_per_execution")]
+    pub max_batches_per_execution: u64,
 }
 
 fn default_max_inline_tasks() -> u64 {
     40
+}
+
+fn default_max_batches_per_execution() -> u64 {
+    50
 }
 
 impl Default for Limits {
@@ -224,6 +234,7 @@ impl Default for Limits {
             max_bytes_per_task: 256 << 20,
             lease_ttl_seconds: 900,
             max_inline_tasks: default_max_inline_tasks(),
+            max_batches_per_execution: default_max_batches_per_execution(),
         }
     }
 }
@@ -411,6 +422,9 @@ impl Pipeline {
             )?,
             lease_ttl_seconds: l.lease_ttl_seconds.unwrap_or(d.lease_ttl_seconds),
             max_inline_tasks: l.max_inline_tasks.unwrap_or(d.max_inline_tasks),
+            max_batches_per_execution: l
+                .max_batches_per_execution
+                .unwrap_or(d.max_batches_per_execution),
         };
         for (field, v) in [
             ("max_files_per_batch", limits.max_files_per_batch),
@@ -418,6 +432,10 @@ impl Pipeline {
             ("max_bytes_per_task", limits.max_bytes_per_task),
             ("lease_ttl_seconds", limits.lease_ttl_seconds),
             ("max_inline_tasks", limits.max_inline_tasks),
+            (
+                "max_batches_per_execution",
+                limits.max_batches_per_execution,
+            ),
         ] {
             if v == 0 {
                 return Err(spec_err(format!(

@@ -417,6 +417,7 @@ pub fn execution_input(pipeline: &str, epoch: u64) -> Value {
             pipeline: pipeline.to_string(),
             epoch,
             discovered: false,
+            batches: 0,
         },
     })
 }

@@ -271,6 +271,7 @@ fn definition() -> String {
         .replace("${PlannerFunctionArn}", &function_arn("sluice-planner"))
         .replace("${OperatorFunctionArn}", &function_arn("sluice-operator"))
         .replace("${CommitterFunctionArn}", &function_arn("sluice-committer"))
+        .replace("${TriggerFunctionArn}", &function_arn("sluice-trigger"))
 }
 
 /// An S3 bucket notification for `keys`, URL-encoded as S3 sends them.
@@ -611,7 +612,9 @@ max_files_per_batch = 2
 }
 
 /// A second pipeline, one task per file and at most one inline task: every
-/// batch goes through the Distributed Map. A clean run; then a corrupt file,
+/// batch goes through the Distributed Map; one batch per execution, so a run
+/// of two batches continues in a second execution. A clean run; then a
+/// corrupt file,
 /// refused by its task: the Map fails, Settle finds the refusal and drops the
 /// batch's plan (Sluice.InvalidInput), committed output unchanged; the fixed
 /// file is then committed with no duplicates.
@@ -654,21 +657,30 @@ uri = "s3://{bucket}/many-out/"
 [checkpoint]
 uri = "s3://{bucket}/checkpoints/"
 [limits]
-max_files_per_batch = 10
+max_files_per_batch = 2
 max_bytes_per_task = 1
 max_inline_tasks = 1
+max_batches_per_execution = 1
 "#
     );
     let p = Pipeline::parse(&toml, "many.toml", dir.path()).unwrap();
     let ctx = Context::open(p, Some(cfg)).unwrap();
     handlers::register(&ctx).await.unwrap();
 
+    // Two batches, one per execution: the first execution's Continue step
+    // wakes the pipeline through the trigger, which starts the next.
     let report = invoke_trigger(stack, &s3_event(bucket, &keys));
     let e = started_epoch(&report, "many");
-    let end = wait_execution(sfn, stack, "many", e).await;
-    assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
-    let commit = ctx.checkpoint.commit(0).await.unwrap().unwrap();
-    assert_eq!(commit.files, 3);
+    for epoch in [e, e + 1] {
+        let end = wait_execution(sfn, stack, "many", epoch).await;
+        assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    }
+    let (first, second) = (
+        ctx.checkpoint.commit(0).await.unwrap().unwrap(),
+        ctx.checkpoint.commit(1).await.unwrap().unwrap(),
+    );
+    assert_eq!((first.files, first.epoch), (2, e));
+    assert_eq!((second.files, second.epoch), (1, e + 1));
     let out_rows = || async {
         let out = tempfile::tempdir().unwrap();
         download(cfg, bucket, "many-out", out.path()).await;
@@ -693,7 +705,7 @@ max_inline_tasks = 1
         "the cause names the file: {end:?}"
     );
     assert!(
-        ctx.checkpoint.offsets(1).await.unwrap().is_none(),
+        ctx.checkpoint.offsets(2).await.unwrap().is_none(),
         "plan dropped"
     );
     assert_eq!(out_rows().await, rows, "committed output unchanged");

@@ -408,9 +408,11 @@ async fn a_failed_start_gives_the_claim_back_and_the_retried_event_starts_the_ru
 
 /// Two batches of two files, one task per file, and more tasks than
 /// `max_inline_tasks`: every batch goes through the Distributed Map (its task
-/// list is one more write to fail).
-const TRIGGERED_LIMITS: &str =
-    "max_files_per_batch = 2\nmax_bytes_per_task = 1\nmax_inline_tasks = 1";
+/// list is one more write to fail); one batch per execution, so the run is
+/// handed to a second execution (the continuation's release and claim are
+/// writes to fail too).
+const TRIGGERED_LIMITS: &str = "max_files_per_batch = 2\nmax_bytes_per_task = 1\n\
+                                max_inline_tasks = 1\nmax_batches_per_execution = 1";
 
 fn faulty(root: &Path, writes: Arc<AtomicU64>, fail_at: u64, clock_skew_ms: i64) -> Context {
     let p = pipeline(root, &pipeline_toml("trc", "parquet", "", TRIGGERED_LIMITS));
@@ -576,5 +578,37 @@ async fn a_batch_with_more_tasks_than_the_inline_limit_goes_to_the_distributed_m
     assert_eq!(
         committed_rows(&dir.path().join("out/sink"), "dmap").await,
         one_shot_rows(&dir.path().join("input")).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_execution_that_used_its_batch_budget_hands_the_run_to_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_files(&dir.path().join("input"), 5, 30);
+    let limits = "max_files_per_batch = 2\nmax_batches_per_execution = 1";
+    let p = pipeline(dir.path(), &pipeline_toml("budget", "parquet", "", limits));
+    let ctx = local_context(&p);
+    let summary = run(&ctx).await.unwrap();
+    assert!(matches!(summary.end, RunEnd::Done), "{:?}", summary.end);
+    assert_eq!(summary.batches.len(), 3);
+    // One execution (one epoch) per batch; the batches were planned once.
+    let mut epochs = Vec::new();
+    for n in 0..3 {
+        epochs.push(ctx.checkpoint.commit(n).await.unwrap().unwrap().epoch);
+    }
+    assert_eq!(epochs, [1, 2, 3]);
+    assert_eq!(
+        ctx.checkpoint.offsets(1).await.unwrap().unwrap().epoch,
+        1,
+        "planned by the first"
+    );
+    assert_eq!(
+        committed_rows(&dir.path().join("out/sink"), "budget").await,
+        one_shot_rows(&dir.path().join("input")).await
+    );
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(
+        (c.status, c.requested, c.totals.files),
+        (RunStatus::Idle, false, 5)
     );
 }

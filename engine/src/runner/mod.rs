@@ -26,6 +26,9 @@ pub const PLANNER: &str = "${PlannerFunctionArn}";
 pub const OPERATOR: &str = "${OperatorFunctionArn}";
 /// The committer function's resource.
 pub const COMMITTER: &str = "${CommitterFunctionArn}";
+/// The trigger function: the Continue step wakes the pipeline again when an
+/// execution used its batch budget.
+pub const TRIGGER: &str = "${TriggerFunctionArn}";
 /// The Distributed Map's ItemReader resource (the task list in S3).
 pub const ITEM_READER: &str = "arn:aws:states:::s3:getObject";
 
@@ -89,6 +92,8 @@ struct Observed {
     /// class and fields rather than as a string.
     last_error: Option<Error>,
     heartbeat: Option<tokio::task::JoinHandle<()>>,
+    /// The execution used its batch budget and handed the run over.
+    continued: bool,
 }
 
 /// Binds the definition's Task resources to the in-process handlers.
@@ -125,6 +130,12 @@ impl LocalInvoker<'_> {
                     self.on_commit(&summary);
                 }
                 serde_json::to_value(summary)
+            }
+            TRIGGER => {
+                // In-process, the next execution starts when this one ends
+                // (`execute` loops); on AWS the trigger function starts it.
+                self.observed.lock().expect("not poisoned").continued = true;
+                return Ok(json!({}));
             }
             ITEM_READER => {
                 // A Distributed Map's ItemReader: the task list the planner
@@ -187,6 +198,7 @@ impl LocalInvoker<'_> {
                 )))
             }
             PlanOutcome::Done { .. } => o.end = Some(RunEnd::Done),
+            PlanOutcome::Continue { .. } => o.continued = true,
             PlanOutcome::Batch { run, batch } => {
                 o.resumed = batch.resumed;
                 if o.heartbeat.is_none() {
@@ -265,6 +277,33 @@ pub async fn execute(
     })?;
     let started = Instant::now();
     let counts_at_start = ctx.counts();
+    let mut batches = Vec::new();
+    let mut input = input;
+    loop {
+        let observed = execute_once(ctx, &machine, input, &mut on_batch).await?;
+        batches.extend(observed.batches);
+        if !observed.continued {
+            return Ok(RunSummary {
+                end: observed.end.unwrap_or(RunEnd::Done),
+                batches,
+                millis: started.elapsed().as_millis() as u64,
+                requests: ctx.counts().since(&counts_at_start),
+            });
+        }
+        // The execution used its batch budget and released the lease; the
+        // next one claims it and resumes the planned batches, as the
+        // trigger's execution would on AWS.
+        input = json!({ "pipeline": ctx.pipeline.name, "run": null });
+    }
+}
+
+/// One execution of the definition.
+async fn execute_once(
+    ctx: &Context,
+    machine: &StateMachine,
+    input: Value,
+    on_batch: &mut (dyn FnMut(&BatchReport) + Send),
+) -> Result<Observed> {
     let invoker = LocalInvoker {
         ctx,
         observed: Mutex::new(Observed {
@@ -274,8 +313,9 @@ pub async fn execute(
             resumed: false,
             last_error: None,
             heartbeat: None,
+            continued: false,
         }),
-        on_batch: Mutex::new(&mut on_batch),
+        on_batch: Mutex::new(on_batch),
     };
     let result = machine.execute(input, &invoker, &ctx.sleep).await;
     let observed = invoker.observed.into_inner().expect("not poisoned");
@@ -283,12 +323,7 @@ pub async fn execute(
         h.abort();
     }
     match result {
-        Ok(_) => Ok(RunSummary {
-            end: observed.end.unwrap_or(RunEnd::Done),
-            batches: observed.batches,
-            millis: started.elapsed().as_millis() as u64,
-            requests: ctx.counts().since(&counts_at_start),
-        }),
+        Ok(_) => Ok(observed),
         Err(failure) => Err(match observed.last_error {
             Some(e) if e.class().name() == failure.error => e,
             _ => Error::Execution {
@@ -367,11 +402,11 @@ mod tests {
         assert!(names >= 8, "only {names} error names found");
         for r in &resources {
             assert!(
-                [PLANNER, OPERATOR, COMMITTER].contains(r),
+                [PLANNER, OPERATOR, COMMITTER, TRIGGER].contains(r),
                 "unknown resource {r}"
             );
         }
-        for r in [PLANNER, OPERATOR, COMMITTER] {
+        for r in [PLANNER, OPERATOR, COMMITTER, TRIGGER] {
             assert!(resources.contains(&r), "{r} is never used");
         }
     }
