@@ -376,27 +376,15 @@ pub fn decide_wake(
     ttl_ms: i64,
     holder_ended: bool,
 ) -> Wake {
-    match control {
-        None => Wake::Start {
-            epoch: 1,
-            recover: false,
-        },
-        Some(c) if c.status == RunStatus::Idle => Wake::Start {
-            epoch: c.epoch + 1,
-            recover: false,
-        },
-        Some(c) => {
-            let age = now_ms - c.heartbeat_ms.unwrap_or(i64::MIN / 2);
-            if holder_ended || age > ttl_ms {
-                Wake::Start {
-                    epoch: c.epoch + 1,
-                    recover: true,
-                }
-            } else {
-                Wake::Request {
-                    epoch: c.epoch,
-                    already: c.requested,
-                }
+    // The same rule as a run's own claim: the holder's execution having
+    // ended is what a dead local process is to `sluice run`.
+    match crate::checkpoint::decide_claim(control, now_ms, ttl_ms, holder_ended) {
+        crate::checkpoint::Claim::Take { epoch, recover } => Wake::Start { epoch, recover },
+        crate::checkpoint::Claim::Busy { .. } => {
+            let c = control.expect("a busy lease has a record");
+            Wake::Request {
+                epoch: c.epoch,
+                already: c.requested,
             }
         }
     }

@@ -244,16 +244,21 @@ fn start_stack(bucket: &str) -> Stack {
             format!("s3://{bucket}/checkpoints/"),
         )
         .env("SLUICE_STATE_MACHINE_ARN", state_machine_arn())
-        .env("AWS_ENDPOINT_URL", &endpoint)
-        .env("SLUICE_S3_ENDPOINT", &endpoint)
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
         .env("RUST_LOG", "info");
+        emulated_aws(&mut cmd, &endpoint);
         stack.spawn(f, &mut cmd);
     }
     stack
+}
+
+/// Point a child process's AWS SDK at the emulated stack.
+fn emulated_aws(cmd: &mut Command, endpoint: &str) {
+    cmd.env("AWS_ENDPOINT_URL", endpoint)
+        .env("SLUICE_S3_ENDPOINT", endpoint)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true");
 }
 
 fn function_arn(name: &str) -> String {
@@ -377,17 +382,11 @@ fn refresh(stack: &Stack, pipeline: &Path) -> String {
         sluice.display()
     );
     let endpoint = format!("http://127.0.0.1:{}", stack.moto);
-    let out = Command::new(sluice)
-        .args(["refresh", pipeline.to_str().unwrap(), "--wait"])
-        .args(["--state-machine-arn", &state_machine_arn()])
-        .env("AWS_ENDPOINT_URL", &endpoint)
-        .env("SLUICE_S3_ENDPOINT", &endpoint)
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .output()
-        .unwrap();
+    let mut cmd = Command::new(sluice);
+    cmd.args(["refresh", pipeline.to_str().unwrap(), "--wait"])
+        .args(["--state-machine-arn", &state_machine_arn()]);
+    emulated_aws(&mut cmd, &endpoint);
+    let out = cmd.output().unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
