@@ -35,7 +35,7 @@ pub struct PipelineRecord {
 }
 
 /// Whether a run holds the lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunStatus {
     /// No run holds the lease; no batch is planned and uncommitted.
@@ -47,7 +47,7 @@ pub enum RunStatus {
 /// What the last discovery listing of processed inputs looked like: a
 /// listing from `start_after` whose input keys hash to `fingerprint` holds
 /// nothing new.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ListingState {
     /// Where the listing starts (ordered mode's evicted cursor).
     pub start_after: Option<String>,
@@ -79,7 +79,7 @@ impl ListingState {
 }
 
 /// Running totals over all committed batches, for `sluice show` in O(1).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Totals {
     /// Batches committed.
     pub batches: u64,
@@ -94,7 +94,7 @@ pub struct Totals {
 }
 
 /// `control.json`: the run lease and the pointer to the last commit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Control {
     /// Checkpoint format version.
     pub format_version: u32,
@@ -199,6 +199,54 @@ pub fn decide_claim(
             }
         }
     }
+}
+
+/// The control record after `owner` claims the lease with `epoch` (a run's
+/// own claim, or a trigger's on behalf of the execution it starts): running,
+/// fresh heartbeat, and `requested` cleared, since the claimant's discovery
+/// comes after it.
+pub fn claimed(
+    before: Option<&Control>,
+    epoch: u64,
+    owner: &str,
+    now_ms: i64,
+    spec_hash: &str,
+) -> Control {
+    let mut next = before
+        .cloned()
+        .unwrap_or_else(|| Control::new(spec_hash.to_string()));
+    next.status = RunStatus::Running;
+    next.epoch = epoch;
+    next.owner = Some(owner.to_string());
+    next.heartbeat_ms = Some(now_ms);
+    next.requested = false;
+    next
+}
+
+/// What a run with nothing left to do swaps into control: the lease given
+/// back (`Idle`), or, when a trigger set `requested` since the run's last
+/// discovery, only the flag cleared; then the run discovers once more
+/// (`true`). So every file that existed when a trigger returned is seen by
+/// a discovery that started after it.
+pub fn end_of_run(control: &Control, now_ms: i64, spec_hash: &str) -> (Control, bool) {
+    let mut next = control.clone();
+    if control.requested {
+        next.requested = false;
+        (next, true)
+    } else {
+        next.status = RunStatus::Idle;
+        next.heartbeat_ms = Some(now_ms);
+        next.spec_hash = spec_hash.to_string();
+        (next, false)
+    }
+}
+
+/// The control record after a trigger asks the running lease holder to look
+/// again.
+pub fn requested(control: &Control) -> Control {
+    let mut next = control.clone();
+    next.requested = true;
+    next
 }
 
 /// Whether the holder of `epoch` still owns the lease described by `control`.

@@ -410,15 +410,8 @@ async fn release_idle(ctx: &Context, run: &RunState) -> Result<bool> {
     let now = ctx.now();
     let spec_hash = ctx.pipeline.spec_hash();
     for _ in 0..16 {
-        let (mut c, etag) = owned_control(ctx, run.epoch).await?;
-        let again = c.requested;
-        if again {
-            c.requested = false;
-        } else {
-            c.status = RunStatus::Idle;
-            c.heartbeat_ms = Some(now);
-            c.spec_hash = spec_hash.clone();
-        }
+        let (c, etag) = owned_control(ctx, run.epoch).await?;
+        let (c, again) = checkpoint::end_of_run(&c, now, &spec_hash);
         if ctx
             .checkpoint
             .swap_control(&c, Some(&etag))
@@ -561,14 +554,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         }
         index = Some(i);
     }
-    let mut next = control
-        .cloned()
-        .unwrap_or_else(|| Control::new(String::new()));
-    next.status = RunStatus::Running;
-    next.epoch = epoch;
-    next.owner = Some(ctx.owner.clone());
-    next.heartbeat_ms = Some(now);
-    next.requested = false;
+    let next = checkpoint::claimed(control, epoch, &ctx.owner, now, "");
     if ctx
         .checkpoint
         .swap_control(&next, read.as_ref().map(|(_, e)| e.as_str()))

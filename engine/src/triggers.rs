@@ -497,15 +497,9 @@ pub async fn wake(
         ) {
             Wake::Start { epoch, recover } => {
                 let before = control.cloned();
-                let mut next = before
-                    .clone()
-                    .unwrap_or_else(|| Control::new(spec_hash.to_string()));
                 let name = execution_name(pipeline, epoch);
-                next.status = RunStatus::Running;
-                next.epoch = epoch;
-                next.owner = Some(format!("{EXECUTION_OWNER}{name}"));
-                next.heartbeat_ms = Some(now_ms);
-                next.requested = false;
+                let owner = format!("{EXECUTION_OWNER}{name}");
+                let next = crate::checkpoint::claimed(control, epoch, &owner, now_ms, spec_hash);
                 let Some(claimed) = checkpoint.swap_control(&next, etag).await? else {
                     continue; // another trigger or run changed it: decide again
                 };
@@ -539,8 +533,7 @@ pub async fn wake(
             Wake::Request { epoch, already } => {
                 let c = control.expect("a running lease has a record");
                 if !already {
-                    let mut next = c.clone();
-                    next.requested = true;
+                    let next = crate::checkpoint::requested(c);
                     if checkpoint.swap_control(&next, etag).await?.is_none() {
                         continue;
                     }

@@ -10,6 +10,7 @@ mod cli;
 mod crash;
 mod equivalence;
 mod idle;
+mod lease_model;
 mod s3;
 mod storage_contract;
 mod triggers;
