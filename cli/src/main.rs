@@ -50,6 +50,38 @@ enum Command {
         #[arg(long)]
         wait: bool,
     },
+    /// Pause a pipeline: triggers record requests but start no run (a run in progress finishes).
+    Pause {
+        /// The pipeline file.
+        pipeline: PathBuf,
+    },
+    /// Resume a paused pipeline; with --state-machine-arn, start the run requested while paused.
+    Resume {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// The Sluice state machine.
+        #[arg(long, env = "SLUICE_STATE_MACHINE_ARN")]
+        state_machine_arn: Option<String>,
+    },
+    /// Stop the running execution and release its lease; the next run resumes its batch.
+    Cancel {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// The Sluice state machine.
+        #[arg(long, env = "SLUICE_STATE_MACHINE_ARN")]
+        state_machine_arn: String,
+    },
+    /// List committed batches, newest first: files, rows, duration and what started the run.
+    History {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// How many batches at most.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// Print as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the last committed batch, totals and what is waiting.
     Show {
         /// The pipeline file.
@@ -137,6 +169,54 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             state_machine_arn,
             wait,
         } => refresh(&pipeline, &state_machine_arn, wait).await,
+        Command::Pause { pipeline } => {
+            let ctx = open(&pipeline).await?;
+            let c = handlers::set_paused(&ctx, true).await?;
+            println!(
+                "{}: paused; triggers record requests and start nothing{}",
+                ctx.pipeline.name,
+                if c.status == sluice_engine::checkpoint::RunStatus::Running {
+                    " (the run in progress finishes)"
+                } else {
+                    ""
+                }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Resume {
+            pipeline,
+            state_machine_arn,
+        } => {
+            let ctx = open(&pipeline).await?;
+            let c = handlers::set_paused(&ctx, false).await?;
+            let name = &ctx.pipeline.name;
+            match (c.requested, state_machine_arn) {
+                (false, _) => {
+                    println!("{name}: resumed; nothing was requested while paused");
+                    Ok(ExitCode::SUCCESS)
+                }
+                (true, Some(arn)) => {
+                    println!("{name}: resumed; starting the run requested while paused");
+                    wake_on_aws(&ctx, &arn, "sluice resume", false).await
+                }
+                (true, None) => {
+                    println!(
+                        "{name}: resumed; a run was requested while paused: start it with \
+                         `sluice run` (local) or pass --state-machine-arn"
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+            }
+        }
+        Command::Cancel {
+            pipeline,
+            state_machine_arn,
+        } => cancel(&pipeline, &state_machine_arn).await,
+        Command::History {
+            pipeline,
+            limit,
+            json,
+        } => history(&pipeline, limit, json).await,
         Command::Register { pipeline } => {
             let ctx = open(&pipeline).await?;
             let record = handlers::register(&ctx).await?;
@@ -201,27 +281,51 @@ async fn open(path: &Path) -> anyhow::Result<Context> {
     Ok(Context::open(pipeline, s3.as_ref())?)
 }
 
-async fn refresh(path: &Path, state_machine_arn: &str, wait: bool) -> anyhow::Result<ExitCode> {
-    use sluice_engine::triggers::{self, Event, StepFunctions, WakeOutcome};
+/// The context of a registered pipeline (refresh, resume, cancel act on
+/// what the functions see).
+async fn open_registered(path: &Path) -> anyhow::Result<Context> {
     let ctx = open(path).await?;
-    let name = ctx.pipeline.name.clone();
     if ctx.checkpoint.pipeline_record().await?.is_none() {
         anyhow::bail!(
-            "pipeline \"{name}\" is not registered in {}; run `sluice register {}` first",
+            "pipeline \"{}\" is not registered in {}; run `sluice register {}` first",
+            ctx.pipeline.name,
             ctx.pipeline.checkpoint.display(),
             path.display()
         );
     }
+    Ok(ctx)
+}
+
+async fn refresh(path: &Path, state_machine_arn: &str, wait: bool) -> anyhow::Result<ExitCode> {
+    let ctx = open_registered(path).await?;
+    wake_on_aws(&ctx, state_machine_arn, "sluice refresh", wait).await
+}
+
+/// Wake a registered pipeline through the lease protocol, as the trigger
+/// function does, and optionally follow the execution.
+async fn wake_on_aws(
+    ctx: &Context,
+    state_machine_arn: &str,
+    requested_by: &str,
+    wait: bool,
+) -> anyhow::Result<ExitCode> {
+    use sluice_engine::triggers::{self, Event, StepFunctions, WakeOutcome};
+    let name = ctx.pipeline.name.clone();
     let sfn = StepFunctions::from_env(state_machine_arn).await;
     let report = triggers::trigger(
         &Event::Manual {
             pipeline: name.clone(),
+            requested_by: Some(requested_by.into()),
         },
-        std::slice::from_ref(&ctx),
+        std::slice::from_ref(ctx),
         &sfn,
     )
     .await?;
     let epoch = match &report.woken[&name] {
+        WakeOutcome::Held => {
+            println!("{name}: paused; the request is recorded and a run starts on `sluice resume`");
+            return Ok(ExitCode::SUCCESS);
+        }
         WakeOutcome::Started {
             epoch, execution, ..
         } => {
@@ -285,6 +389,73 @@ async fn refresh(path: &Path, state_machine_arn: &str, wait: bool) -> anyhow::Re
     } else {
         ExitCode::FAILURE
     })
+}
+
+async fn cancel(path: &Path, state_machine_arn: &str) -> anyhow::Result<ExitCode> {
+    use sluice_engine::checkpoint::RunStatus;
+    use sluice_engine::triggers::{EXECUTION_OWNER, Executions, StepFunctions};
+    let ctx = open_registered(path).await?;
+    let name = &ctx.pipeline.name;
+    let Some((c, _)) = ctx.checkpoint.control().await? else {
+        println!("{name}: never ran; nothing to cancel");
+        return Ok(ExitCode::SUCCESS);
+    };
+    if c.status != RunStatus::Running {
+        println!("{name}: no run in progress; nothing to cancel");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let owner = c.owner.clone().unwrap_or_default();
+    let Some(execution) = owner.strip_prefix(EXECUTION_OWNER) else {
+        anyhow::bail!(
+            "{name}: the lease is held by {owner}, not by a Step Functions execution; stop that \
+             process (a local run) and the next run takes over"
+        );
+    };
+    let sfn = StepFunctions::from_env(state_machine_arn).await;
+    sfn.stop(execution, "sluice cancel").await?;
+    handlers::release_cancelled(&ctx, c.epoch).await?;
+    println!(
+        "{name}: stopped {} and released its lease (epoch {}); the next run resumes any \
+         planned batch, and the stopped run can commit nothing",
+        sfn.execution_arn(execution),
+        c.epoch
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCode> {
+    let ctx = open(path).await?;
+    let commits = handlers::history(&ctx, limit).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&commits)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if commits.is_empty() {
+        println!("{}: no committed batches", ctx.pipeline.name);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:>6}  {:<20}  {:>5}  {:>6}  {:>10}  {:>10}  {:>9}  trigger",
+        "batch", "committed", "epoch", "files", "rows in", "rows out", "ms"
+    );
+    for c in &commits {
+        let when = chrono::DateTime::from_timestamp_millis(c.committed_ms)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .unwrap_or_else(|| "-".into());
+        let d = &c.durations;
+        println!(
+            "{:>6}  {:<20}  {:>5}  {:>6}  {:>10}  {:>10}  {:>9}  {}",
+            c.batch,
+            when,
+            c.epoch,
+            c.files,
+            c.rows_in,
+            c.rows_out,
+            d.plan_ms + d.operate_ms + d.commit_ms,
+            c.trigger.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn mib(bytes: u64) -> String {

@@ -106,8 +106,12 @@ pub struct Control {
     pub owner: Option<String>,
     /// Last sign of life of the owner (ms since the Unix epoch).
     pub heartbeat_ms: Option<i64>,
-    /// A trigger asked for another discovery while a run held the lease.
+    /// A trigger asked for another discovery while a run held the lease
+    /// (or while the pipeline was paused).
     pub requested: bool,
+    /// Paused (`sluice pause`): triggers record requests but start nothing.
+    #[serde(default)]
+    pub paused: bool,
     /// Last committed batch.
     pub last_committed: Option<u64>,
     /// When it was committed (ms since the Unix epoch).
@@ -130,6 +134,7 @@ impl Control {
             owner: None,
             heartbeat_ms: None,
             requested: false,
+            paused: false,
             last_committed: None,
             last_commit_ms: None,
             spec_hash,
@@ -357,6 +362,10 @@ pub struct Commit {
     pub requests: RequestCounts,
     /// The input keys, so the index can be rebuilt from commits alone.
     pub input_keys: Vec<String>,
+    /// What started the run that committed this batch (`s3`, `sns`,
+    /// `schedule`, `manual: sluice refresh`, `sluice run`, ...).
+    #[serde(default)]
+    pub trigger: Option<String>,
 }
 
 /// `<sink>/_sluice/manifest/N.json`: what a reader needs to see exactly the

@@ -128,7 +128,17 @@ impl Contexts {
                     self.root.display()
                 ),
             })?;
-        let ctx = Context::open(record.pipeline.clone(), self.s3.as_ref())?;
+        let mut ctx = Context::open(record.pipeline.clone(), self.s3.as_ref())?;
+        // In Lambda no process outlives its invocation in a way another
+        // sandbox could see: a lease held by a function is freed by its TTL
+        // (or, for executions, by the trigger seeing the execution ended).
+        ctx.owner = format!(
+            "lambda:{}",
+            std::env::var("AWS_LAMBDA_LOG_STREAM_NAME")
+                .or_else(|_| std::env::var("AWS_LAMBDA_FUNCTION_NAME"))
+                .unwrap_or_else(|_| "function".into())
+        );
+        ctx.owner_gone = std::sync::Arc::new(|_| false);
         ctx.pin_schema(schema_of(&record.schema));
         cache.insert(pipeline.to_string(), ctx.clone());
         Ok(ctx)

@@ -237,6 +237,9 @@ pub struct RunState {
     /// Batches handed out by this execution (`limits.max_batches_per_execution`).
     #[serde(default)]
     pub batches: u64,
+    /// What started the run, recorded in its commits (`sluice history`).
+    #[serde(default)]
+    pub trigger: Option<String>,
 }
 
 /// Where a Distributed Map reads a batch's task list: an S3 object (on a
@@ -485,6 +488,15 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     let gone = control
         .and_then(|c| c.owner.as_deref())
         .is_some_and(|o| (ctx.owner_gone)(o));
+    if let Some(c) = control
+        && c.paused
+    {
+        return Ok(PlanOutcome::Idle {
+            reason: "paused: `sluice resume` lets runs start again (triggers meanwhile are \
+                     recorded)"
+                .into(),
+        });
+    }
     let claim = checkpoint::decide_claim(control, now, ctx.ttl_ms(), gone);
     if let Claim::Busy {
         owner,
@@ -571,6 +583,11 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         epoch,
         discovered: false,
         batches: 0,
+        trigger: Some(if ctx.owner.starts_with("local:") {
+            "sluice run".into()
+        } else {
+            "execution input".into()
+        }),
     };
     tracing::info!(pipeline = %p.name, epoch, recover, "lease taken");
 
@@ -944,6 +961,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         },
         requests: RequestCounts::default(),
         input_keys: off.inputs.iter().map(|i| i.key.clone()).collect(),
+        trigger: run.trigger.clone(),
     };
     record.durations.commit_ms = started.elapsed().as_millis() as u64;
     // Planner, tasks and this committer, including the commit write itself.
@@ -1074,6 +1092,62 @@ pub async fn abandon(ctx: &Context, run: &RunState, batch: u64) -> Result<()> {
         ctx.checkpoint.delete_offsets(n).await?;
     }
     release(ctx, run, RunStatus::Idle).await
+}
+
+/// The committed batches still retained, newest first, at most `limit`.
+pub async fn history(ctx: &Context, limit: usize) -> Result<Vec<Commit>> {
+    let Some((control, _)) = ctx.checkpoint.control().await? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    let mut n = control.last_committed;
+    while let Some(b) = n {
+        if out.len() >= limit {
+            break;
+        }
+        match ctx.checkpoint.commit(b).await? {
+            Some(c) => out.push(c),
+            None => break, // pruned past retain_batches
+        }
+        n = b.checked_sub(1);
+    }
+    Ok(out)
+}
+
+/// Pause or resume the pipeline (compare-and-swap on `control.json`). A
+/// paused pipeline's triggers record `requested` and start nothing; a run
+/// already going finishes. Returns the record written.
+pub async fn set_paused(ctx: &Context, paused: bool) -> Result<Control> {
+    for _ in 0..16 {
+        let read = ctx.checkpoint.control().await?;
+        let mut next = read
+            .as_ref()
+            .map(|(c, _)| c.clone())
+            .unwrap_or_else(|| Control::new(ctx.pipeline.spec_hash()));
+        next.paused = paused;
+        if ctx
+            .checkpoint
+            .swap_control(&next, read.as_ref().map(|(_, e)| e.as_str()))
+            .await?
+            .is_some()
+        {
+            return Ok(next);
+        }
+    }
+    Err(ctx.conflict("control.json keeps changing; try again".into()))
+}
+
+/// Give up the lease of the run with `epoch` on its behalf (`sluice
+/// cancel`, after its execution was stopped): the lease becomes idle with
+/// the epoch kept, so the stopped run can write nothing more and the next
+/// run resumes the planned batch.
+pub async fn release_cancelled(ctx: &Context, epoch: u64) -> Result<Control> {
+    let now = ctx.now();
+    update_control(ctx, epoch, &|c| {
+        c.status = RunStatus::Idle;
+        c.heartbeat_ms = Some(now);
+    })
+    .await
 }
 
 /// What `sluice show` prints: the checkpoint's state and what is waiting.

@@ -54,6 +54,8 @@ pub enum Event {
     Manual {
         /// The pipeline.
         pipeline: String,
+        /// Who asked.
+        requested_by: Option<String>,
     },
 }
 
@@ -69,6 +71,17 @@ impl Event {
             } => "eventbridge-s3",
             Event::Schedule { .. } => "schedule",
             Event::Manual { .. } => "manual",
+        }
+    }
+
+    /// What the run records as its trigger (`sluice history`).
+    pub fn label(&self) -> String {
+        match self {
+            Event::Manual {
+                requested_by: Some(by),
+                ..
+            } => format!("manual: {by}"),
+            other => other.source().to_string(),
         }
     }
 }
@@ -237,6 +250,7 @@ fn parse_value(value: Value) -> Result<Event> {
         let m: ManualRefresh = typed(value, "a manual refresh {\"pipeline\": NAME}")?;
         return Ok(Event::Manual {
             pipeline: m.pipeline,
+            requested_by: m.requested_by,
         });
     }
     Err(refused(
@@ -333,7 +347,7 @@ pub fn route(event: &Event, registered: &[Pipeline]) -> Result<Routing> {
                 r.pipelines.insert(p.name.clone(), 0);
             }
         }
-        Event::Manual { pipeline } => {
+        Event::Manual { pipeline, .. } => {
             if !registered.iter().any(|p| p.name == *pipeline) {
                 return Err(refused(format!(
                     "no pipeline \"{pipeline}\" is registered; run `sluice register` with its \
@@ -364,6 +378,11 @@ pub enum Wake {
         /// The flag is already set: nothing to write.
         already: bool,
     },
+    /// Paused and idle: record the request, start nothing.
+    Hold {
+        /// The flag is already set: nothing to write.
+        already: bool,
+    },
 }
 
 /// The trigger's decision, a pure function of the control record and of
@@ -377,8 +396,12 @@ pub fn decide_wake(
     holder_ended: bool,
 ) -> Wake {
     // The same rule as a run's own claim: the holder's execution having
-    // ended is what a dead local process is to `sluice run`.
+    // ended is what a dead local process is to `sluice run`. A paused
+    // pipeline starts nothing new (a run already going carries on).
     match crate::checkpoint::decide_claim(control, now_ms, ttl_ms, holder_ended) {
+        crate::checkpoint::Claim::Take { .. } if control.is_some_and(|c| c.paused) => Wake::Hold {
+            already: control.is_some_and(|c| c.requested),
+        },
         crate::checkpoint::Claim::Take { epoch, recover } => Wake::Start { epoch, recover },
         crate::checkpoint::Claim::Busy { .. } => {
             let c = control.expect("a busy lease has a record");
@@ -397,8 +420,8 @@ pub fn execution_name(pipeline: &str, epoch: u64) -> String {
 
 /// The execution input of a run whose lease a trigger claimed: the state
 /// machine's first Plan resumes it (`run.discovered = false`). Deterministic,
-/// so a retried start with the same name is idempotent.
-pub fn execution_input(pipeline: &str, epoch: u64) -> Value {
+/// so a retried start of the same event with the same name is idempotent.
+pub fn execution_input(pipeline: &str, epoch: u64, trigger: &str) -> Value {
     serde_json::json!({
         "pipeline": pipeline,
         "run": RunState {
@@ -406,6 +429,7 @@ pub fn execution_input(pipeline: &str, epoch: u64) -> Value {
             epoch,
             discovered: false,
             batches: 0,
+            trigger: Some(trigger.to_string()),
         },
     })
 }
@@ -440,6 +464,10 @@ pub trait Executions: Send + Sync {
 
     /// Whether the execution named `name` runs, ended or never started.
     async fn state(&self, name: &str) -> Result<ExecutionState>;
+
+    /// Stop the execution named `name` (`sluice cancel`); one that already
+    /// ended or never started is not an error.
+    async fn stop(&self, name: &str, cause: &str) -> Result<()>;
 }
 
 /// What waking one pipeline did.
@@ -460,10 +488,13 @@ pub enum WakeOutcome {
         /// The running epoch.
         epoch: u64,
     },
+    /// The pipeline is paused: the request was recorded, nothing started.
+    Held,
 }
 
 /// Apply the lease protocol to one pipeline: claim and start, or request.
-/// `spec_hash` is the registered spec's hash (a first claim writes it).
+/// `spec_hash` is the registered spec's hash (a first claim writes it);
+/// `trigger` is what the run records as its cause.
 pub async fn wake(
     checkpoint: &Checkpoint,
     pipeline: &str,
@@ -471,6 +502,7 @@ pub async fn wake(
     now_ms: i64,
     ttl_ms: i64,
     executions: &dyn Executions,
+    trigger: &str,
 ) -> Result<WakeOutcome> {
     for _ in 0..16 {
         let read = checkpoint.control().await?;
@@ -504,7 +536,7 @@ pub async fn wake(
                     continue; // another trigger or run changed it: decide again
                 };
                 match executions
-                    .start(&name, &execution_input(pipeline, epoch))
+                    .start(&name, &execution_input(pipeline, epoch, trigger))
                     .await
                 {
                     Ok(s) => {
@@ -530,6 +562,19 @@ pub async fn wake(
                     }
                 }
             }
+            Wake::Hold { already } => {
+                let c = control.expect("a paused pipeline has a record");
+                if !already
+                    && checkpoint
+                        .swap_control(&crate::checkpoint::requested(c), etag)
+                        .await?
+                        .is_none()
+                {
+                    continue;
+                }
+                tracing::info!(pipeline, "paused; request recorded");
+                return Ok(WakeOutcome::Held);
+            }
             Wake::Request { epoch, already } => {
                 let c = control.expect("a running lease has a record");
                 if !already {
@@ -546,7 +591,7 @@ pub async fn wake(
                     executions
                         .start(
                             &execution_name(pipeline, epoch),
-                            &execution_input(pipeline, epoch),
+                            &execution_input(pipeline, epoch, trigger),
                         )
                         .await?;
                 }
@@ -658,6 +703,28 @@ where
 
 #[async_trait::async_trait]
 impl Executions for StepFunctions {
+    async fn stop(&self, name: &str, cause: &str) -> Result<()> {
+        use aws_sdk_sfn::operation::stop_execution::StopExecutionError as E;
+        let arn = self.execution_arn(name);
+        match self
+            .client
+            .stop_execution()
+            .execution_arn(&arn)
+            .cause(cause)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => match e.as_service_error() {
+                Some(E::ExecutionDoesNotExist(_)) => Ok(()),
+                Some(E::InvalidArn(_) | E::ValidationException(_)) => {
+                    Err(sfn_error("StopExecution", &arn, &e, ErrorClass::Fatal))
+                }
+                _ => Err(sfn_error("StopExecution", &arn, &e, ErrorClass::Retryable)),
+            },
+        }
+    }
+
     async fn state(&self, name: &str) -> Result<ExecutionState> {
         use aws_sdk_sfn::operation::describe_execution::DescribeExecutionError as E;
         use aws_sdk_sfn::types::ExecutionStatus as S;
@@ -793,6 +860,7 @@ pub async fn trigger(
             ctx.now(),
             ctx.ttl_ms(),
             executions,
+            &event.label(),
         )
         .await
         {

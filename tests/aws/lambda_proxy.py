@@ -8,7 +8,9 @@ set to this proxy's port. The proxy
     or Catch sees the error name,
   - can inject function errors for the tests (POST /_proxy/faults with
     {"function": NAME, "error": "Sluice.Retryable", "count": 1}): the next
-    `count` invocations of NAME fail with that error without reaching it,
+    `count` invocations of NAME fail with that error without reaching it;
+    or hold them ({"function": NAME, "delay_s": 3, "count": 1}) for that
+    long before passing them on (a slow task, to cancel a run under),
   - counts invocations per function (GET /_proxy/stats),
   - forwards every other request to moto unchanged.
 
@@ -18,6 +20,7 @@ Usage: lambda_proxy.py PORT MOTO_PORT LAMBDA_PORT  (listens on 127.0.0.1).
 import json
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 PORT, MOTO, LAMBDA = (int(a) for a in sys.argv[1:4])
 INVOKE = "/2015-03-31/functions/"
 lock = threading.Lock()
-faults = {}  # name -> [error, remaining]
+faults = {}  # name -> {"error" or "delay_s", "count"}
 stats = {}  # name -> {"invocations": n, "injected": n, "errors": n}
 
 
@@ -76,7 +79,11 @@ class Proxy(BaseHTTPRequestHandler):
         if path == "/_proxy/faults" and self.command == "POST":
             f = json.loads(body)
             with lock:
-                faults[f["function"]] = [f["error"], int(f.get("count", 1))]
+                faults[f["function"]] = {
+                    "error": f.get("error"),
+                    "delay_s": float(f.get("delay_s", 0)),
+                    "count": int(f.get("count", 1)),
+                }
             return self.reply(200, b"{}")
         if path == "/_proxy/stats":
             with lock:
@@ -84,15 +91,18 @@ class Proxy(BaseHTTPRequestHandler):
         if path.startswith(INVOKE) and path.endswith("/invocations"):
             name = function_name(path[len(INVOKE) : -len("/invocations")])
             with lock:
-                s = stats.setdefault(name, {"invocations": 0, "injected": 0, "errors": 0})
+                s = stats.setdefault(name, {"invocations": 0, "injected": 0, "delayed": 0, "errors": 0})
                 s["invocations"] += 1
                 fault = faults.get(name)
-                inject = fault is not None and fault[1] > 0
-                if inject:
-                    fault[1] -= 1
-                    s["injected"] += 1
+                active = fault is not None and fault["count"] > 0
+                if active:
+                    fault["count"] -= 1
+                    s["injected" if fault["error"] else "delayed"] += 1
+            inject = active and fault["error"]
+            if active and not inject:
+                time.sleep(fault["delay_s"])
             if inject:
-                err = {"errorType": fault[0], "errorMessage": f"injected by the test proxy into {name}"}
+                err = {"errorType": fault["error"], "errorMessage": f"injected by the test proxy into {name}"}
                 return self.reply(
                     200,
                     json.dumps(err).encode(),

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
+use sluice_engine::checkpoint::RunStatus;
 use sluice_engine::handlers::{self, Context};
 use sluice_engine::pipeline::Pipeline;
 use sluice_engine::storage::{PutMode, S3Config, S3Store, Store};
@@ -334,12 +335,14 @@ fn invoke_trigger(stack: &Stack, event: &str) -> Value {
 }
 
 fn inject(stack: &Stack, function: &str, error: &str) {
-    let (status, body) = http(
-        stack.proxy,
-        "POST",
-        "/_proxy/faults",
-        &json!({"function": function, "error": error, "count": 1}).to_string(),
+    fault(
+        stack,
+        json!({"function": function, "error": error, "count": 1}),
     );
+}
+
+fn fault(stack: &Stack, spec: Value) {
+    let (status, body) = http(stack.proxy, "POST", "/_proxy/faults", &spec.to_string());
     assert_eq!(status, 200, "{body}");
 }
 
@@ -372,6 +375,12 @@ async fn wait_execution(
 
 /// `sluice refresh PIPELINE --wait` against the emulated stack: its output.
 fn refresh(stack: &Stack, pipeline: &Path) -> String {
+    sluice(stack, "refresh", pipeline, &["--wait"])
+}
+
+/// `sluice COMMAND PIPELINE ARGS --state-machine-arn ARN` (where the command
+/// takes it) against the emulated stack; must succeed; its output.
+fn sluice(stack: &Stack, command: &str, pipeline: &Path, args: &[&str]) -> String {
     // The `sluice` binary of this build (built for the e2e tests of the cli
     // package, in the same target folder as this test).
     let exe = std::env::current_exe().unwrap();
@@ -383,8 +392,10 @@ fn refresh(stack: &Stack, pipeline: &Path) -> String {
     );
     let endpoint = format!("http://127.0.0.1:{}", stack.moto);
     let mut cmd = Command::new(sluice);
-    cmd.args(["refresh", pipeline.to_str().unwrap(), "--wait"])
-        .args(["--state-machine-arn", &state_machine_arn()]);
+    cmd.args([command, pipeline.to_str().unwrap()]).args(args);
+    if ["refresh", "cancel", "resume"].contains(&command) {
+        cmd.args(["--state-machine-arn", &state_machine_arn()]);
+    }
     emulated_aws(&mut cmd, &endpoint);
     let out = cmd.output().unwrap();
     let text = format!(
@@ -394,7 +405,7 @@ fn refresh(stack: &Stack, pipeline: &Path) -> String {
     );
     assert!(
         out.status.success(),
-        "sluice refresh: {text}{}",
+        "sluice {command}: {text}{}",
         stack.logs()
     );
     text
@@ -471,7 +482,7 @@ async fn step_functions_runs_the_real_functions_exactly_once() {
     // and non-ASCII characters.
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("input");
-    let files = gen_files(&input, 8, 400);
+    let files = gen_files(&input, 10, 400);
     let source = S3Store::new(&cfg, bucket, "landing");
     let upload = |from: Vec<PathBuf>| {
         let source = &source;
@@ -574,7 +585,7 @@ max_files_per_batch = 2
     //    recoverable (planned, not committed, lease kept); the next event
     //    takes over the ended execution's lease and completes the batch with
     //    no duplicate output.
-    let keys = upload(files[6..].to_vec()).await;
+    let keys = upload(files[6..8].to_vec()).await;
     inject(&stack, "sluice-operator", "Sluice.Fatal");
     let e4 = started_epoch(&invoke_trigger(&stack, &s3_event(bucket, &keys)), "taxi");
     let end = wait_execution(&sfn, &stack, "taxi", e4).await;
@@ -604,7 +615,59 @@ max_files_per_batch = 2
     let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
     assert_eq!(c.totals.files, 8);
 
-    // 5. A batch with more tasks than max_inline_tasks runs through the
+    // 5. `sluice cancel` stops a running execution (its operator task held
+    //    in the proxy) and releases the lease; the stopped run commits
+    //    nothing; `sluice refresh` resumes the batch, output exact.
+    let keys = upload(files[8..].to_vec()).await;
+    fault(
+        &stack,
+        json!({"function": "sluice-operator", "delay_s": 3, "count": 1}),
+    );
+    let e6 = started_epoch(&invoke_trigger(&stack, &s3_event(bucket, &keys)), "taxi");
+    let held = Instant::now();
+    while stats(&stack)["sluice-operator"]["delayed"] != 1 {
+        assert!(
+            held.elapsed() < Duration::from_secs(60),
+            "the task never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = sluice(&stack, "cancel", &dir.path().join("taxi.toml"), &[]);
+    assert!(
+        out.contains(&format!("execution:sluice:taxi-{e6}")),
+        "{out}"
+    );
+    let end = wait_execution(&sfn, &stack, "taxi", e6).await;
+    // AWS reports ABORTED. moto 5.2.5 marks the execution ABORTED, but its
+    // interpreter thread goes on when the held task returns and ends it
+    // FAILED with States.Runtime (AttributeError) instead; either way it
+    // must not succeed, and below it must have committed nothing.
+    assert!(
+        end.status == "ABORTED"
+            || (end.status == "FAILED" && end.error.as_deref() == Some("States.Runtime")),
+        "{end:?}"
+    );
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!((c.status, c.last_committed), (RunStatus::Idle, Some(3)));
+    // Let the held task finish late (its output is of a fenced epoch).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let out = refresh(&stack, &dir.path().join("taxi.toml"));
+    assert!(out.contains("batch 4: 2 files"), "{out}");
+    let (rows, local) = committed(&cfg, bucket, &files, &input).await;
+    assert_eq!(rows, local, "after a cancelled run");
+    let out_dir = tempfile::tempdir().unwrap();
+    download(&cfg, bucket, "curated", out_dir.path()).await;
+    assert_eq!(
+        orphan_files(out_dir.path(), "taxi").await,
+        Vec::<String>::new(),
+        "the cancelled run's late files are removed"
+    );
+    let out = sluice(&stack, "history", &dir.path().join("taxi.toml"), &[]);
+    for label in ["s3", "manual: sluice refresh"] {
+        assert!(out.contains(label), "history names {label}: {out}");
+    }
+
+    // 6. A batch with more tasks than max_inline_tasks runs through the
     //    Distributed Map, its task list read from S3 by the ItemReader.
     distributed_map(&stack, &cfg, &sfn, bucket).await;
     eprintln!("aws e2e: proxy saw {}", stats(&stack));

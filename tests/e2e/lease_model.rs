@@ -119,6 +119,7 @@ impl State {
                             }
                         }
                         Wake::Request { already: true, .. } => s.triggers[i] = Trig::Returned,
+                        Wake::Hold { .. } => unreachable!("the model never pauses"),
                         Wake::Request { .. } => {
                             let next = requested(seen.as_ref().expect("running"));
                             s.triggers[i] = if s.swap(*version, next) {

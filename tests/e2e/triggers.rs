@@ -187,6 +187,7 @@ fn bad_payloads_are_refused_with_a_clear_error() {
     let e = triggers::route(
         &Event::Manual {
             pipeline: "nope".into(),
+            requested_by: None,
         },
         std::slice::from_ref(&taxi),
     )
@@ -235,6 +236,11 @@ struct Recorder {
 
 #[async_trait::async_trait]
 impl Executions for Recorder {
+    async fn stop(&self, name: &str, _cause: &str) -> sluice_engine::Result<()> {
+        self.ended.lock().unwrap().push(name.to_string());
+        Ok(())
+    }
+
     async fn state(&self, name: &str) -> sluice_engine::Result<ExecutionState> {
         Ok(if self.ended.lock().unwrap().iter().any(|n| n == name) {
             ExecutionState::Ended
@@ -273,6 +279,7 @@ impl Executions for Recorder {
 fn manual(name: &str) -> Event {
     Event::Manual {
         pipeline: name.into(),
+        requested_by: None,
     }
 }
 
@@ -320,7 +327,7 @@ async fn a_trigger_claims_the_lease_a_second_one_requests_and_the_run_looks_agai
         assert_eq!(started.len(), 1, "{started:?}");
         started[0].1.clone()
     };
-    assert_eq!(input, execution_input("trig", 1));
+    assert_eq!(input, execution_input("trig", 1, "manual"));
     // Had the first trigger died between its claim and its start, the
     // execution would be missing: the next event starts it, same name and
     // input.
@@ -378,7 +385,7 @@ async fn a_trigger_claims_the_lease_a_second_one_requests_and_the_run_looks_agai
         matches!(third, WakeOutcome::Started { epoch: 2, .. }),
         "{third:?}"
     );
-    let summary = runner::execute(&ctx, execution_input("trig", 2), |_| {})
+    let summary = runner::execute(&ctx, execution_input("trig", 2, "manual"), |_| {})
         .await
         .unwrap();
     assert!(summary.batches.is_empty());
@@ -438,12 +445,14 @@ fn faulty(root: &Path, writes: Arc<AtomicU64>, fail_at: u64, clock_skew_ms: i64)
 async fn triggered_run(ctx: &Context) -> sluice_engine::Result<Option<runner::RunSummary>> {
     let rec = Recorder::default();
     match trigger(ctx, &rec).await? {
-        WakeOutcome::Started { epoch, .. } => {
-            runner::execute(ctx, execution_input(&ctx.pipeline.name, epoch), |_| {})
-                .await
-                .map(Some)
-        }
-        WakeOutcome::Requested { .. } => Ok(None),
+        WakeOutcome::Started { epoch, .. } => runner::execute(
+            ctx,
+            execution_input(&ctx.pipeline.name, epoch, "manual"),
+            |_| {},
+        )
+        .await
+        .map(Some),
+        WakeOutcome::Requested { .. } | WakeOutcome::Held => Ok(None),
     }
 }
 
@@ -536,7 +545,7 @@ async fn a_lease_kept_by_an_ended_execution_is_taken_over_without_waiting_for_th
         matches!(&next, WakeOutcome::Started { epoch: 2, recover: true, execution } if execution == "local:ended-2"),
         "{next:?}"
     );
-    let summary = runner::execute(&ctx, execution_input("ended", 2), |_| {})
+    let summary = runner::execute(&ctx, execution_input("ended", 2, "manual"), |_| {})
         .await
         .unwrap();
     assert_eq!(summary.batches.iter().map(|b| b.files).sum::<u64>(), 2);
@@ -610,5 +619,145 @@ async fn an_execution_that_used_its_batch_budget_hands_the_run_to_the_next() {
     assert_eq!(
         (c.status, c.requested, c.totals.files),
         (RunStatus::Idle, false, 5)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_pipeline_records_requests_and_starts_on_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_files(&dir.path().join("input"), 2, 20);
+    let p = pipeline(dir.path(), &pipeline_toml("paused", "parquet", "", ""));
+    let ctx = local_context(&p);
+    handlers::register(&ctx).await.unwrap();
+    handlers::set_paused(&ctx, true).await.unwrap();
+    let rec = Recorder::default();
+    assert_eq!(trigger(&ctx, &rec).await.unwrap(), WakeOutcome::Held);
+    assert_eq!(trigger(&ctx, &rec).await.unwrap(), WakeOutcome::Held);
+    assert!(rec.started.lock().unwrap().is_empty(), "nothing started");
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert!(c.paused && c.requested && c.status == RunStatus::Idle);
+    // A local run respects the pause too, and writes nothing.
+    let idle = run(&ctx).await.unwrap();
+    assert!(
+        matches!(&idle.end, RunEnd::Idle(r) if r.contains("paused")),
+        "{:?}",
+        idle.end
+    );
+    assert_eq!(idle.requests.writes(), 0);
+    // Resume: the recorded request starts a run.
+    let c = handlers::set_paused(&ctx, false).await.unwrap();
+    assert!(!c.paused && c.requested);
+    let started = trigger(&ctx, &rec).await.unwrap();
+    assert!(
+        matches!(started, WakeOutcome::Started { epoch: 1, .. }),
+        "{started:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn history_names_what_started_each_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input");
+    gen_files(&input, 2, 20);
+    let p = pipeline(
+        dir.path(),
+        &pipeline_toml("hist", "parquet", "", "max_files_per_batch = 1"),
+    );
+    let ctx = local_context(&p);
+    handlers::register(&ctx).await.unwrap();
+    run(&ctx).await.unwrap();
+    gen_files(&input, 1, 20);
+    let rec = Recorder::default();
+    let event = Event::Manual {
+        pipeline: "hist".into(),
+        requested_by: Some("sluice refresh".into()),
+    };
+    let report = triggers::trigger(&event, std::slice::from_ref(&ctx), &rec)
+        .await
+        .unwrap();
+    let WakeOutcome::Started { epoch, .. } = report.woken["hist"] else {
+        panic!("{report:?}")
+    };
+    let input_of_run = rec.started.lock().unwrap()[0].1.clone();
+    assert_eq!(input_of_run["run"]["trigger"], "manual: sluice refresh");
+    runner::execute(&ctx, input_of_run, |_| {}).await.unwrap();
+    let h = handlers::history(&ctx, 10).await.unwrap();
+    let got: Vec<(u64, u64, Option<&str>)> = h
+        .iter()
+        .map(|c| (c.batch, c.epoch, c.trigger.as_deref()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (2, epoch, Some("manual: sluice refresh")),
+            (1, 1, Some("sluice run")),
+            (0, 1, Some("sluice run")),
+        ]
+    );
+    assert_eq!(handlers::history(&ctx, 1).await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_run_is_fenced_and_the_next_run_resumes_its_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_files(&dir.path().join("input"), 2, 40);
+    let p = pipeline(
+        dir.path(),
+        &pipeline_toml("cancel", "parquet", "", "max_files_per_batch = 1"),
+    );
+    let ctx = local_context(&p);
+    handlers::register(&ctx).await.unwrap();
+    let rec = Recorder::default();
+    let WakeOutcome::Started { epoch, .. } = trigger(&ctx, &rec).await.unwrap() else {
+        panic!("not started")
+    };
+    // The execution plans and runs the task of batch 0, then is cancelled
+    // before it commits: stop it and release its lease (what `sluice
+    // cancel` does).
+    let run_state = handlers::RunState {
+        pipeline: "cancel".into(),
+        epoch,
+        discovered: false,
+        batches: 0,
+        trigger: Some("manual".into()),
+    };
+    let handlers::PlanOutcome::Batch {
+        run: planned,
+        batch,
+    } = handlers::plan(&ctx, Some(run_state)).await.unwrap()
+    else {
+        panic!("no batch")
+    };
+    handlers::operate(&ctx, &planned, batch.batch, batch.tasks[0])
+        .await
+        .unwrap();
+    rec.stop(&triggers::execution_name("cancel", epoch), "test")
+        .await
+        .unwrap();
+    handlers::release_cancelled(&ctx, epoch).await.unwrap();
+    // A late step of the stopped execution can commit nothing.
+    let late = handlers::commit(&ctx, &planned, batch.batch).await;
+    assert_eq!(
+        late.unwrap_err().class(),
+        ErrorClass::Conflict,
+        "the cancelled run must be fenced"
+    );
+    // The next event starts a run that resumes batch 0 and commits all, once.
+    let next = trigger(&ctx, &rec).await.unwrap();
+    let WakeOutcome::Started { epoch: e2, .. } = next else {
+        panic!("{next:?}")
+    };
+    assert_eq!(e2, epoch + 1);
+    let summary = runner::execute(&ctx, execution_input("cancel", e2, "manual"), |_| {})
+        .await
+        .unwrap();
+    assert!(summary.batches[0].resumed, "batch 0 resumed");
+    assert_eq!(
+        committed_rows(&dir.path().join("out/sink"), "cancel").await,
+        one_shot_rows(&dir.path().join("input")).await
+    );
+    assert_eq!(
+        orphan_files(&dir.path().join("out/sink"), "cancel").await,
+        Vec::<String>::new()
     );
 }
