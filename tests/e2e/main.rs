@@ -13,4 +13,5 @@ mod idle;
 mod lease_model;
 mod s3;
 mod storage_contract;
+mod trigger_storm;
 mod triggers;
