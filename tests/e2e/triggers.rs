@@ -761,3 +761,66 @@ async fn a_cancelled_run_is_fenced_and_the_next_run_resumes_its_batch() {
         Vec::<String>::new()
     );
 }
+
+/// Every sample in events/ through the trigger, with a fresh checkpoint for
+/// each: the decision it leads to for the `taxi` pipeline.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_sample_event_leads_to_its_decision() {
+    let cases = [
+        ("s3-object-created.json", Some(1)),
+        ("sns-s3-object-created.json", Some(1)),
+        ("sns-s3-test-event.json", None),
+        ("eventbridge-s3-object-created.json", Some(1)),
+        ("eventbridge-schedule.json", Some(1)),
+        ("manual-refresh.json", Some(1)),
+    ];
+    for (file, want_epoch) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let taxi = taxi_on_s3(dir.path());
+        let ctx = Context::new(
+            taxi,
+            Arc::new(sluice_engine::storage::MemoryStore::new()),
+            Arc::new(sluice_engine::storage::MemoryStore::new()),
+            Arc::new(LocalStore::new(dir.path().join("cp"))),
+        );
+        let rec = Recorder::default();
+        let event = triggers::parse_event(&sample(file)).unwrap();
+        let report = triggers::trigger(&event, std::slice::from_ref(&ctx), &rec)
+            .await
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        match want_epoch {
+            Some(epoch) => {
+                assert_eq!(
+                    report.woken.get("taxi"),
+                    Some(&WakeOutcome::Started {
+                        epoch,
+                        execution: "local:taxi-1".into(),
+                        recover: false
+                    }),
+                    "{file}: {report:?}"
+                );
+                let started = rec.started.lock().unwrap().clone();
+                assert_eq!(started.len(), 1, "{file}");
+                assert_eq!(started[0].1["run"]["trigger"], event.label(), "{file}");
+                // The same event again, while that run holds the lease: a
+                // request, no second execution.
+                let again = triggers::trigger(&event, std::slice::from_ref(&ctx), &rec)
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    again.woken["taxi"],
+                    WakeOutcome::Requested { epoch: 1 },
+                    "{file}"
+                );
+                assert_eq!(rec.started.lock().unwrap().len(), 1, "{file}");
+            }
+            None => {
+                assert!(report.woken.is_empty(), "{file}: {report:?}");
+                assert!(
+                    ctx.checkpoint.control().await.unwrap().is_none(),
+                    "{file}: wrote"
+                );
+            }
+        }
+    }
+}
