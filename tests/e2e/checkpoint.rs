@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use sluice_engine::handlers::Context;
 use sluice_engine::storage::{LocalStore, PutMode, PutOutcome, Store};
 
 use crate::support::*;
@@ -161,5 +162,59 @@ async fn local_conditional_writes_are_atomic_across_processes() {
         race(dir.path(), Some(&etag)),
         1,
         "racing compare-and-swap writers in 8 processes"
+    );
+}
+
+/// A batch longer than a third of the lease TTL: the runner's heartbeat
+/// refreshes the lease while it works (otherwise a trigger would take it
+/// over), and the run still ends idle.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_batch_keeps_its_lease_alive_with_heartbeats() {
+    use sluice_engine::checkpoint::RunStatus;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 2, 50);
+    // TTL 3 s: a heartbeat every second; every sink write takes 1.2 s.
+    let p = pipeline(
+        root,
+        &pipeline_toml("beat", "parquet", "", "lease_ttl_seconds = 3"),
+    );
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut ctx = Context::new(
+        p,
+        Arc::new(LocalStore::new(root.join("input"))),
+        Arc::new(SlowStore {
+            inner: Arc::new(LocalStore::new(root.join("out/sink"))),
+            delay: std::time::Duration::from_millis(1200),
+        }),
+        Arc::new(ControlLog {
+            inner: Arc::new(LocalStore::new(root.join("out/checkpoint/beat"))),
+            log: log.clone(),
+        }),
+    );
+    test_mode(&mut ctx);
+    let summary = run(&ctx).await.unwrap();
+    assert_eq!(summary.batches.len(), 1);
+    let log = log.lock().unwrap().clone();
+    // Heartbeats: writes that change nothing but the heartbeat of the
+    // running epoch.
+    let beats = log
+        .windows(2)
+        .filter(|w| {
+            let (a, b) = (&w[0], &w[1]);
+            let mut same = b.clone();
+            same.heartbeat_ms = a.heartbeat_ms;
+            b.status == RunStatus::Running && same == *a && b.heartbeat_ms > a.heartbeat_ms
+        })
+        .count();
+    assert!(
+        beats >= 1,
+        "no heartbeat during a {} ms run: {log:?}",
+        summary.millis
+    );
+    assert_eq!(log.last().unwrap().status, RunStatus::Idle);
+    eprintln!(
+        "heartbeat: {beats} heartbeats in a {} ms run",
+        summary.millis
     );
 }

@@ -245,3 +245,86 @@ pub async fn fresh_bucket(cfg: &sluice_engine::storage::S3Config, what: &str) ->
         .unwrap_or_else(|e| panic!("create bucket {name} on {}: {e:?}", s3_endpoint()));
     name
 }
+
+/// A store that records every successful write of `control.json`, in order.
+/// Compare-and-swap makes those writes a chain: each one's `If-Match` names
+/// the previous one's version, so completion order is version order.
+#[derive(Debug)]
+pub struct ControlLog {
+    pub inner: Arc<dyn Store>,
+    pub log: Arc<std::sync::Mutex<Vec<sluice_engine::checkpoint::Control>>>,
+}
+
+#[async_trait::async_trait]
+impl Store for ControlLog {
+    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
+        let record = (key == "control.json").then(|| bytes.clone());
+        let out = self.inner.put(key, bytes, mode).await?;
+        if let (Some(b), PutOutcome::Written { .. }) = (record, &out) {
+            self.log
+                .lock()
+                .unwrap()
+                .push(serde_json::from_slice(&b).unwrap());
+        }
+        Ok(out)
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+    ) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.inner.list(prefix, start_after).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key).await
+    }
+    fn counts(&self) -> RequestCounts {
+        self.inner.counts()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
+        self.inner.scan_access()
+    }
+}
+
+/// A store whose writes take `delay` each (a slow sink, for long batches).
+#[derive(Debug)]
+pub struct SlowStore {
+    pub inner: Arc<dyn Store>,
+    pub delay: std::time::Duration,
+}
+
+#[async_trait::async_trait]
+impl Store for SlowStore {
+    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.put(key, bytes, mode).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+    ) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.inner.list(prefix, start_after).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key).await
+    }
+    fn counts(&self) -> RequestCounts {
+        self.inner.counts()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
+        self.inner.scan_access()
+    }
+}

@@ -11,65 +11,16 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use serde_json::Value;
-use sluice_engine::checkpoint::{Control, RunStatus};
-use sluice_engine::error::StoreError;
+use sluice_engine::checkpoint::RunStatus;
 use sluice_engine::handlers::{self, Context};
 use sluice_engine::pipeline::Pipeline;
 use sluice_engine::runner;
-use sluice_engine::storage::{
-    Object, ObjectMeta, PutMode, PutOutcome, RequestCounts, S3Config, S3Store, ScanAccess, Store,
-};
+use sluice_engine::storage::{PutMode, S3Config, S3Store, Store};
 use sluice_engine::triggers::{
     self, Event, ExecutionState, Executions, ObjectRef, Started, Via, WakeOutcome,
 };
 
 use crate::support::*;
-
-/// A store that records every successful write of `control.json`, in order.
-/// Compare-and-swap makes those writes a chain: each one's `If-Match` names
-/// the previous one's version, so completion order is version order.
-#[derive(Debug)]
-struct ControlLog {
-    inner: Arc<dyn Store>,
-    log: Arc<Mutex<Vec<Control>>>,
-}
-
-#[async_trait::async_trait]
-impl Store for ControlLog {
-    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
-        let record = (key == "control.json").then(|| bytes.clone());
-        let out = self.inner.put(key, bytes, mode).await?;
-        if let (Some(b), PutOutcome::Written { .. }) = (record, &out) {
-            self.log
-                .lock()
-                .unwrap()
-                .push(serde_json::from_slice(&b).unwrap());
-        }
-        Ok(out)
-    }
-    async fn list(
-        &self,
-        prefix: &str,
-        start_after: Option<&str>,
-    ) -> Result<Vec<ObjectMeta>, StoreError> {
-        self.inner.list(prefix, start_after).await
-    }
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key).await
-    }
-    fn counts(&self) -> RequestCounts {
-        self.inner.counts()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
-        self.inner.scan_access()
-    }
-}
 
 /// Executions run in-process, each on its own task, as Step Functions would
 /// run them.
