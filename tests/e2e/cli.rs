@@ -152,3 +152,46 @@ fn malformed_pipelines_and_bad_sql_are_refused_before_anything_runs() {
     let e = refused(&good.replace(SQL, "SELEC 1"));
     assert!(e.contains("query does not plan"), "{e}");
 }
+
+#[test]
+fn pause_resume_and_history_on_the_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../samples/taxi");
+    copy_dir(&sample, dir.path());
+    let file = dir.path().join("pipeline.toml");
+    let file = file.to_str().unwrap();
+
+    let none = stdout(&sluice(&["history", file]));
+    assert!(none.contains("no committed batches"), "{none}");
+    let paused = stdout(&sluice(&["pause", file]));
+    assert!(paused.contains("paused"), "{paused}");
+    let held = stdout(&sluice(&["run", file]));
+    assert!(
+        held.contains("paused") && !held.contains("batch "),
+        "{held}"
+    );
+    let resumed = stdout(&sluice(&["resume", file]));
+    assert!(resumed.contains("resumed"), "{resumed}");
+    let ran = stdout(&sluice(&["run", file]));
+    let batches = ran.lines().filter(|l| l.starts_with("batch")).count();
+    assert!(batches >= 2, "{ran}");
+
+    let history = stdout(&sluice(&["history", file]));
+    let rows: Vec<&str> = history
+        .lines()
+        .skip(1)
+        .filter(|l| l.contains("sluice run"))
+        .collect();
+    assert_eq!(rows.len(), batches, "{history}");
+    // Newest first.
+    assert!(
+        rows[0].trim_start().starts_with(&(batches - 1).to_string()),
+        "{history}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&stdout(&sluice(&[
+        "history", file, "--json", "--limit", "1",
+    ])))
+    .unwrap();
+    assert_eq!(json.as_array().unwrap().len(), 1);
+    assert_eq!(json[0]["trigger"], "sluice run");
+}
