@@ -27,6 +27,7 @@ if "--" in args:
     i = args.index("--")
     args, prefix = args[:i], args[i + 1 :]
 binary = args[0]
+name = os.path.basename(os.path.dirname(binary)) if os.path.basename(binary) == "bootstrap" else os.path.basename(binary)
 starts = int(args[1]) if len(args) > 1 else 10
 
 
@@ -35,12 +36,17 @@ class Runtime(BaseHTTPRequestHandler):
     served = False
     events = None
     answer_path = ""
+    start = 0  # each start polls under its own path: a late poll of a killed
+    # process never takes the next start's invocation
 
     def log_message(self, *a):
         pass
 
     def do_GET(self):
         if self.path.endswith("/invocation/next"):
+            if not self.path.startswith(f"/s{Runtime.start}/"):
+                time.sleep(30)  # a killed process's late poll
+                return
             Runtime.events.append(("next", time.perf_counter()))
             if Runtime.served:  # park the second poll until the process is killed
                 time.sleep(30)
@@ -58,6 +64,8 @@ class Runtime(BaseHTTPRequestHandler):
     def do_POST(self):
         n = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(n)
+        if not self.path.startswith(f"/s{Runtime.start}/"):
+            return
         Runtime.events.append(("answer", time.perf_counter()))
         Runtime.answer_path = self.path
         self.send_response(202)
@@ -79,15 +87,18 @@ inits, firsts = [], []
 with tempfile.TemporaryDirectory() as checkpoint:
     env = dict(
         os.environ,
-        AWS_LAMBDA_RUNTIME_API=f"127.0.0.1:{port}",
+        AWS_LAMBDA_RUNTIME_API=f"127.0.0.1:{port}",  # replaced per start below
         AWS_LAMBDA_FUNCTION_NAME="sluice-planner",
         AWS_LAMBDA_FUNCTION_MEMORY_SIZE="1769",
         AWS_LAMBDA_FUNCTION_VERSION="$LATEST",
         SLUICE_CHECKPOINT_URI=checkpoint,
+        SLUICE_STATE_MACHINE_ARN="arn:aws:states:us-east-1:123456789012:stateMachine:sluice",
+        AWS_REGION="us-east-1",
         RUST_LOG="warn",
     )
-    for _ in range(starts):
-        Runtime.served, Runtime.events = False, []
+    for i in range(starts):
+        Runtime.served, Runtime.events, Runtime.start = False, [], i
+        env["AWS_LAMBDA_RUNTIME_API"] = f"http://127.0.0.1:{port}/s{i}"
         t0 = time.perf_counter()
         p = subprocess.Popen(prefix + [binary], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = t0 + 30
@@ -103,6 +114,6 @@ with tempfile.TemporaryDirectory() as checkpoint:
         firsts.append((ans - t0) * 1000)
 
 kind = "an error" if Runtime.answer_path.endswith("/error") else "a response"
-print(f"{os.path.basename(binary)}: {starts} starts (the handler answered with {kind})")
+print(f"{name}: {starts} starts (the handler answered with {kind})")
 print(f"  spawn -> first invocation/next (init): median {statistics.median(inits):.1f} ms, max {max(inits):.1f} ms")
 print(f"  spawn -> first answer (init + handler): median {statistics.median(firsts):.1f} ms, max {max(firsts):.1f} ms")
