@@ -158,6 +158,33 @@ pub fn gen_files(dir: &Path, files: u64, rows: usize) -> Vec<PathBuf> {
         .unwrap()
 }
 
+/// The methods a test store wrapper passes straight to `self.inner`: reads,
+/// listing and the store's description; each wrapper writes its own `put`
+/// and `delete`.
+macro_rules! delegate_to_inner {
+    () => {
+        async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
+            self.inner.get(key).await
+        }
+        async fn list(
+            &self,
+            prefix: &str,
+            start_after: Option<&str>,
+        ) -> Result<Vec<ObjectMeta>, StoreError> {
+            self.inner.list(prefix, start_after).await
+        }
+        fn counts(&self) -> RequestCounts {
+            self.inner.counts()
+        }
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+        fn scan_access(&self) -> Result<ScanAccess, StoreError> {
+            self.inner.scan_access()
+        }
+    };
+}
+
 /// Wraps a store and stops writes from a chosen one on: the tests' crash
 /// injector. Every put and delete counts as a write; write number `fail_at`
 /// (1-based, counted across every store wrapped with the same counter) and
@@ -186,33 +213,15 @@ impl FaultStore {
 
 #[async_trait::async_trait]
 impl Store for FaultStore {
-    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
-        self.inner.get(key).await
-    }
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
         self.check("put", key)?;
         self.inner.put(key, bytes, mode).await
-    }
-    async fn list(
-        &self,
-        prefix: &str,
-        start_after: Option<&str>,
-    ) -> Result<Vec<ObjectMeta>, StoreError> {
-        self.inner.list(prefix, start_after).await
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.check("delete", key)?;
         self.inner.delete(key).await
     }
-    fn counts(&self) -> RequestCounts {
-        self.inner.counts()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
-        self.inner.scan_access()
-    }
+    delegate_to_inner!();
 }
 
 /// The Python with DuckDB that tests/run.sh installs.
@@ -257,9 +266,6 @@ pub struct ControlLog {
 
 #[async_trait::async_trait]
 impl Store for ControlLog {
-    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
-        self.inner.get(key).await
-    }
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
         let record = (key == "control.json").then(|| bytes.clone());
         let out = self.inner.put(key, bytes, mode).await?;
@@ -271,25 +277,10 @@ impl Store for ControlLog {
         }
         Ok(out)
     }
-    async fn list(
-        &self,
-        prefix: &str,
-        start_after: Option<&str>,
-    ) -> Result<Vec<ObjectMeta>, StoreError> {
-        self.inner.list(prefix, start_after).await
-    }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.inner.delete(key).await
     }
-    fn counts(&self) -> RequestCounts {
-        self.inner.counts()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
-        self.inner.scan_access()
-    }
+    delegate_to_inner!();
 }
 
 /// A store whose writes take `delay` each (a slow sink, for long batches).
@@ -301,30 +292,12 @@ pub struct SlowStore {
 
 #[async_trait::async_trait]
 impl Store for SlowStore {
-    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
-        self.inner.get(key).await
-    }
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
         tokio::time::sleep(self.delay).await;
         self.inner.put(key, bytes, mode).await
     }
-    async fn list(
-        &self,
-        prefix: &str,
-        start_after: Option<&str>,
-    ) -> Result<Vec<ObjectMeta>, StoreError> {
-        self.inner.list(prefix, start_after).await
-    }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.inner.delete(key).await
     }
-    fn counts(&self) -> RequestCounts {
-        self.inner.counts()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
-        self.inner.scan_access()
-    }
+    delegate_to_inner!();
 }
