@@ -158,33 +158,6 @@ pub fn gen_files(dir: &Path, files: u64, rows: usize) -> Vec<PathBuf> {
         .unwrap()
 }
 
-/// The methods a test store wrapper passes straight to `self.inner`: reads,
-/// listing and the store's description; each wrapper writes its own `put`
-/// and `delete`.
-macro_rules! delegate_to_inner {
-    () => {
-        async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
-            self.inner.get(key).await
-        }
-        async fn list(
-            &self,
-            prefix: &str,
-            start_after: Option<&str>,
-        ) -> Result<Vec<ObjectMeta>, StoreError> {
-            self.inner.list(prefix, start_after).await
-        }
-        fn counts(&self) -> RequestCounts {
-            self.inner.counts()
-        }
-        fn describe(&self) -> String {
-            self.inner.describe()
-        }
-        fn scan_access(&self) -> Result<ScanAccess, StoreError> {
-            self.inner.scan_access()
-        }
-    };
-}
-
 /// Wraps a store and stops writes from a chosen one on: the tests' crash
 /// injector. Every put and delete counts as a write; write number `fail_at`
 /// (1-based, counted across every store wrapped with the same counter) and
@@ -213,15 +186,33 @@ impl FaultStore {
 
 #[async_trait::async_trait]
 impl Store for FaultStore {
+    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
+        self.inner.get(key).await
+    }
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
         self.check("put", key)?;
         self.inner.put(key, bytes, mode).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+    ) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.inner.list(prefix, start_after).await
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.check("delete", key)?;
         self.inner.delete(key).await
     }
-    delegate_to_inner!();
+    fn counts(&self) -> RequestCounts {
+        self.inner.counts()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
+        self.inner.scan_access()
+    }
 }
 
 /// The Python with DuckDB that tests/run.sh installs.
@@ -266,6 +257,9 @@ pub struct ControlLog {
 
 #[async_trait::async_trait]
 impl Store for ControlLog {
+    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
+        self.inner.get(key).await
+    }
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
         let record = (key == "control.json").then(|| bytes.clone());
         let out = self.inner.put(key, bytes, mode).await?;
@@ -277,10 +271,25 @@ impl Store for ControlLog {
         }
         Ok(out)
     }
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+    ) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.inner.list(prefix, start_after).await
+    }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.inner.delete(key).await
     }
-    delegate_to_inner!();
+    fn counts(&self) -> RequestCounts {
+        self.inner.counts()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
+        self.inner.scan_access()
+    }
 }
 
 /// A store whose writes take `delay` each (a slow sink, for long batches).
@@ -292,12 +301,30 @@ pub struct SlowStore {
 
 #[async_trait::async_trait]
 impl Store for SlowStore {
+    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
+        self.inner.get(key).await
+    }
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
         tokio::time::sleep(self.delay).await;
         self.inner.put(key, bytes, mode).await
     }
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+    ) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.inner.list(prefix, start_after).await
+    }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.inner.delete(key).await
     }
-    delegate_to_inner!();
+    fn counts(&self) -> RequestCounts {
+        self.inner.counts()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
+        self.inner.scan_access()
+    }
 }
