@@ -2,6 +2,7 @@
 //! it, generate sample data, benchmark.
 
 mod bench;
+mod bench_planning;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -33,6 +34,9 @@ enum Command {
         /// Print the summary as JSON.
         #[arg(long)]
         json: bool,
+        /// Notify mode: list the source now to find files whose notification was lost (otherwise every `source.reconcile_every` runs).
+        #[arg(long)]
+        reconcile: bool,
     },
     /// Register a pipeline: pin its schema, check its SQL, write pipeline.json (what the Lambda functions read).
     Register {
@@ -113,6 +117,8 @@ enum Command {
     },
     /// Measure a run against raw DataFusion on the same files, an idle run, and a small incremental run.
     Bench(bench::BenchArgs),
+    /// Benchmark: storage requests and time to plan a few new files as the history of processed files grows, per discovery mode (in-memory stores).
+    BenchPlanning(bench_planning::PlanningArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -162,7 +168,11 @@ fn main() -> ExitCode {
 
 async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Run { pipeline, json } => run(&pipeline, json).await,
+        Command::Run {
+            pipeline,
+            json,
+            reconcile,
+        } => run(&pipeline, json, reconcile).await,
         Command::Show { pipeline, json } => show(&pipeline, json).await,
         Command::Refresh {
             pipeline,
@@ -259,6 +269,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
+        Command::BenchPlanning(args) => bench_planning::run(args).await.map(|()| ExitCode::SUCCESS),
     }
 }
 
@@ -462,8 +473,9 @@ fn mib(bytes: u64) -> String {
     format!("{:.2} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-async fn run(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
-    let ctx = open(path).await?;
+async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCode> {
+    let mut ctx = open(path).await?;
+    ctx.reconcile = reconcile;
     let name = ctx.pipeline.name.clone();
     let summary = runner::run(&ctx, |b| {
         if !json {

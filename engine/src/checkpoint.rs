@@ -122,6 +122,15 @@ pub struct Control {
     pub listing: ListingState,
     /// Totals over committed batches.
     pub totals: Totals,
+    /// Batches may be planned and not committed (a run handed over at its
+    /// batch budget, was cancelled, or died): the next run looks for them
+    /// before discovering. Cleared when a run ends with nothing planned.
+    #[serde(default)]
+    pub resume: bool,
+    /// Notify mode: the epoch of the run that last listed the source to
+    /// find files whose notification was lost.
+    #[serde(default)]
+    pub reconciled_epoch: Option<u64>,
 }
 
 impl Control {
@@ -140,6 +149,8 @@ impl Control {
             spec_hash,
             listing: ListingState::of(None, std::iter::empty()),
             totals: Totals::default(),
+            resume: false,
+            reconciled_epoch: None,
         }
     }
 
@@ -220,6 +231,9 @@ pub fn claimed(
     let mut next = before
         .cloned()
         .unwrap_or_else(|| Control::new(spec_hash.to_string()));
+    // A holder that died may have left batches planned or committed and
+    // not recorded: whoever runs under the new epoch looks for them.
+    next.resume |= next.status == RunStatus::Running;
     next.status = RunStatus::Running;
     next.epoch = epoch;
     next.owner = Some(owner.to_string());
@@ -235,6 +249,8 @@ pub fn claimed(
 /// a discovery that started after it.
 pub fn end_of_run(control: &Control, now_ms: i64, spec_hash: &str) -> (Control, bool) {
     let mut next = control.clone();
+    // A run ends only with nothing planned left.
+    next.resume = false;
     if control.requested {
         next.requested = false;
         (next, true)
@@ -274,6 +290,10 @@ pub struct Offsets {
     pub inputs: Vec<InputFile>,
     /// How the inputs split into operator tasks.
     pub tasks: Vec<TaskPlan>,
+    /// Notify mode: the inbox entries this batch consumes (its inputs', and
+    /// duplicates of keys already committed); deleted once it commits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub consumed: Vec<String>,
     /// Time the planner spent up to this plan, ms.
     #[serde(default)]
     pub plan_ms: u64,
@@ -366,6 +386,9 @@ pub struct Commit {
     /// `schedule`, `manual: sluice refresh`, `sluice run`, ...).
     #[serde(default)]
     pub trigger: Option<String>,
+    /// Notify mode: the inbox entries to delete once committed (from the plan).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub consumed: Vec<String>,
 }
 
 /// `<sink>/_sluice/manifest/N.json`: what a reader needs to see exactly the
@@ -439,6 +462,23 @@ impl Index {
             self.keys.iter().map(String::as_str),
         )
     }
+}
+
+/// `index/keys/<key>` (notify mode): a run took this input key. A run
+/// writes it create-only before planning the key; the commit of the batch
+/// holding the key rewrites it with `committed` set, before it deletes the
+/// key's inbox entries. So a claim with `committed` unset seen by a run that
+/// discovers (every planned batch is committed by then) was left by a plan
+/// that never committed, and that run takes it over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyClaim {
+    /// Epoch of the run that wrote it.
+    pub epoch: u64,
+    /// The key is in a committed batch.
+    pub committed: bool,
+    /// That batch.
+    #[serde(default)]
+    pub batch: Option<u64>,
 }
 
 /// Which batches' offsets and commits may be deleted once `last_committed`

@@ -13,10 +13,10 @@ use datafusion::execution::context::SessionContext;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{
-    self, Checkpoint, Claim, Commit, Control, Durations, Index, Manifest, Offsets, PipelineRecord,
-    RunStatus,
+    self, Checkpoint, Claim, Commit, Control, Durations, Index, InputFile, KeyClaim, Manifest,
+    Offsets, PipelineRecord, RunStatus,
 };
-use crate::discovery;
+use crate::discovery::{self, InboxEntry};
 use crate::error::{Error, ErrorClass, Result};
 use crate::operators::{SqlOperator, TaskResult};
 use crate::pipeline::{ColumnSpec, DiscoveryMode, Pipeline};
@@ -52,6 +52,9 @@ pub struct Context {
     /// The checkpoint root shared by all pipelines (`<checkpoint uri>`),
     /// where `register` lists the pipeline for the trigger.
     pub registry: Option<Arc<dyn Store>>,
+    /// Notify mode: reconcile (list the source) in the next run whether or
+    /// not `reconcile_every` runs have passed (`sluice run --reconcile`).
+    pub reconcile: bool,
     schema: Arc<tokio::sync::OnceCell<SchemaRef>>,
 }
 
@@ -83,6 +86,7 @@ impl Context {
             owner_gone: Arc::new(local_owner_gone),
             sleep: crate::runner::real_sleep(),
             registry: None,
+            reconcile: false,
             schema: Arc::default(),
         }
     }
@@ -368,23 +372,23 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
         None => start(ctx, &clock).await,
         Some(run) => {
             let (mut control, _) = owned_control(ctx, run.epoch).await?;
-            let mut next = control.next_batch();
-            if !run.discovered {
-                // A run whose lease a trigger claimed (`triggers::wake`): it
-                // finishes what a dead run committed but did not record.
-                while let Some(commit) = ctx.checkpoint.commit(next).await? {
-                    finish_commit(ctx, &run, &commit).await?;
-                    next += 1;
+            if run.discovered {
+                // The next batch this run planned, else the end of the run.
+                if let Some(off) = ctx.checkpoint.offsets(control.next_batch()).await? {
+                    return batch_outcome(ctx, run, &off).await;
+                }
+                if release_idle(ctx, &run).await? {
+                    return Ok(PlanOutcome::Done { run });
+                }
+            } else if control.resume {
+                // A run whose lease a trigger claimed (`triggers::wake`)
+                // after a dead run, a hand-over or a cancel.
+                if let Some(off) = resume_planned(ctx, &run, control.next_batch()).await? {
+                    return batch_outcome(ctx, run, &off).await;
                 }
                 control = owned_control(ctx, run.epoch).await?.0;
             }
-            if let Some(off) = ctx.checkpoint.offsets(next).await? {
-                return batch_outcome(ctx, run, &off).await;
-            }
-            if run.discovered && release_idle(ctx, &run).await? {
-                return Ok(PlanOutcome::Done { run });
-            }
-            discover_and_plan(ctx, run, &control, None, &clock).await
+            discover_and_plan(ctx, run, &control, Seen::Nothing, &clock).await
         }
     }
 }
@@ -398,6 +402,7 @@ async fn continue_run(ctx: &Context, run: RunState) -> Result<PlanOutcome> {
     update_control(ctx, run.epoch, &|c| {
         c.status = RunStatus::Idle;
         c.requested = true;
+        c.resume = true;
         c.heartbeat_ms = Some(now);
     })
     .await?;
@@ -510,11 +515,32 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     }
 
     // The idle check: an idle pipeline with the registered spec and a
-    // listing equal to the processed one has nothing to do.
+    // listing equal to the processed one (notify: an empty inbox, and no
+    // reconciliation due) has nothing to do.
+    let settled =
+        control.is_some_and(|c| c.status == RunStatus::Idle && c.spec_hash == p.spec_hash());
     let mut listed = None;
-    if let Some(c) = control
-        && c.status == RunStatus::Idle
-        && c.spec_hash == p.spec_hash()
+    let mut inbox = None;
+    if p.source.discovery == DiscoveryMode::Notify {
+        let entries = discovery::read_inbox(ctx.checkpoint.store().as_ref()).await?;
+        let epoch = control.map_or(1, |c| c.epoch + 1);
+        let due =
+            ctx.reconcile || discovery::reconcile_due(control, epoch, p.source.reconcile_every);
+        if settled && entries.is_empty() && !due {
+            return Ok(PlanOutcome::Idle {
+                reason: "no new data".into(),
+            });
+        }
+        // The schema is inferred from a notified file, or any file when
+        // this run lists the source anyway.
+        listed = Some(if due {
+            discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?
+        } else {
+            discovery::inbox_files(&entries)
+        });
+        inbox = Some(entries);
+    } else if let Some(c) = control
+        && settled
     {
         let l = discovery::list_inputs(
             ctx.source.as_ref(),
@@ -553,11 +579,13 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     let Claim::Take { epoch, recover } = claim else {
         unreachable!("busy returned above")
     };
+    // Batches may wait planned, or committed and not recorded.
+    let recover = recover || control.is_some_and(|c| c.resume);
     // Without a dead run to recover, look for new input before writing
     // anything: processed files deleted from the source, or a changed spec,
-    // change the listing without making work.
+    // change the listing without making work. (Notify mode looked above.)
     let mut index = None;
-    if !recover {
+    if !recover && inbox.is_none() {
         let i = ctx.checkpoint.index().await?;
         if discovery::new_inputs(&listed, &i, p.source.discovery).is_empty() {
             return Ok(PlanOutcome::Idle {
@@ -602,23 +630,198 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
             .await?;
     }
 
-    {
-        // A dead run may have committed a batch without recording it in
-        // control, and a dead run or one that used its batch budget may
-        // have left batches planned but uncommitted (two reads).
-        let mut n = next.next_batch();
-        while let Some(commit) = ctx.checkpoint.commit(n).await? {
-            finish_commit(ctx, &run, &commit).await?;
-            n += 1;
-        }
-        if let Some(off) = ctx.checkpoint.offsets(n).await? {
-            tracing::info!(pipeline = %p.name, batch = n, "resuming a batch planned by an earlier run");
+    let control = if recover {
+        if let Some(off) = resume_planned(ctx, &run, next.next_batch()).await? {
             return batch_outcome(ctx, run, &off).await;
         }
+        owned_control(ctx, epoch).await?.0
+    } else {
+        next
+    };
+    let seen = match (index, inbox) {
+        (Some(i), _) => Seen::Listing(i, listed),
+        (None, Some(entries)) => Seen::Inbox(entries),
+        (None, None) => Seen::Nothing,
+    };
+    discover_and_plan(ctx, run, &control, seen, clock).await
+}
+
+/// After a dead run, a hand-over or a cancel (`control.resume`): finish the
+/// batches from `next` on that were committed but not recorded in control,
+/// and return the first batch planned and not committed, if any (two reads
+/// when there is nothing).
+async fn resume_planned(ctx: &Context, run: &RunState, next: u64) -> Result<Option<Offsets>> {
+    let mut n = next;
+    while let Some(commit) = ctx.checkpoint.commit(n).await? {
+        finish_commit(ctx, run, &commit).await?;
+        n += 1;
     }
-    let (control, _) = owned_control(ctx, epoch).await?;
-    let known = index.map(|i| (i, listed));
-    discover_and_plan(ctx, run, &control, known, clock).await
+    let off = ctx.checkpoint.offsets(n).await?;
+    if off.is_some() {
+        tracing::info!(pipeline = %ctx.pipeline.name, batch = n, "resuming a batch planned by an earlier run");
+    }
+    Ok(off)
+}
+
+/// What a run already read before it discovers.
+enum Seen {
+    /// Nothing: discovery reads what it needs.
+    Nothing,
+    /// `list`/`ordered`: the index and the source listing after its cursor.
+    Listing(Index, Vec<ObjectMeta>),
+    /// `notify`: the inbox.
+    Inbox(Vec<InboxEntry>),
+}
+
+/// New input, in processing order, and (notify) the inbox entries of each
+/// of its keys.
+struct Fresh {
+    inputs: Vec<InputFile>,
+    entries: std::collections::HashMap<String, Vec<String>>,
+}
+
+/// Find the input no batch has taken. `list`/`ordered`: diff a listing
+/// against the index. `notify`: the inbox, after a reconciliation listing
+/// when one is due (`reconcile` allows it in this discovery), each key
+/// claimed for this run.
+async fn find_new(
+    ctx: &Context,
+    run: &RunState,
+    control: &Control,
+    seen: Seen,
+    reconcile: bool,
+) -> Result<Fresh> {
+    let p = &ctx.pipeline;
+    if p.source.discovery != DiscoveryMode::Notify {
+        let (index, listed) = match seen {
+            Seen::Listing(i, l) => (i, l),
+            _ => {
+                let index = ctx.checkpoint.index().await?;
+                let listed = discovery::list_inputs(
+                    ctx.source.as_ref(),
+                    &p.source,
+                    index.start_after.as_deref(),
+                )
+                .await?;
+                (index, listed)
+            }
+        };
+        return Ok(Fresh {
+            inputs: discovery::new_inputs(&listed, &index, p.source.discovery),
+            entries: Default::default(),
+        });
+    }
+    let store = ctx.checkpoint.store().as_ref();
+    let mut entries = match seen {
+        Seen::Inbox(e) => e,
+        _ => discovery::read_inbox(store).await?,
+    };
+    if reconcile
+        && (ctx.reconcile
+            || discovery::reconcile_due(Some(control), run.epoch, p.source.reconcile_every))
+    {
+        entries.extend(reconcile_inbox(ctx, run, &entries).await?);
+    }
+    let files = discovery::inbox_files(&entries);
+    let mut by_key: std::collections::HashMap<String, Vec<String>> = Default::default();
+    for e in entries {
+        by_key.entry(e.key).or_default().push(e.entry);
+    }
+    let epoch = run.epoch;
+    let claimed = discovery::concurrently(files.iter().map(|f| f.key.clone()).collect(), |k| {
+        let ctx = ctx.clone();
+        async move { claim_key(&ctx, &k, epoch).await }
+    })
+    .await?;
+    let mut inputs = Vec::new();
+    let mut duplicates = Vec::new();
+    for (f, fresh) in files.into_iter().zip(claimed) {
+        if fresh {
+            inputs.push(InputFile {
+                key: f.key,
+                size: f.size,
+                etag: None,
+            });
+        } else {
+            duplicates.extend(by_key.remove(&f.key).unwrap_or_default());
+        }
+    }
+    if !duplicates.is_empty() {
+        tracing::info!(pipeline = %p.name, entries = duplicates.len(), "notifications of keys already committed; consumed without processing");
+        discovery::delete_all(ctx.checkpoint.store(), duplicates).await?;
+    }
+    Ok(Fresh {
+        inputs,
+        entries: by_key,
+    })
+}
+
+/// Notify mode's reconciliation: list the source and the claims, record the
+/// source files that have neither a claim nor an inbox entry as inbox
+/// entries (so a crash after this loses nothing), note the epoch in control,
+/// and return the new entries.
+async fn reconcile_inbox(
+    ctx: &Context,
+    run: &RunState,
+    inbox: &[InboxEntry],
+) -> Result<Vec<InboxEntry>> {
+    let p = &ctx.pipeline;
+    let store = ctx.checkpoint.store().as_ref();
+    let source = discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?;
+    let claims = store
+        .list(crate::paths::checkpoint::CLAIMS_PREFIX, None)
+        .await?;
+    let lost = discovery::unnotified(&source, &claims, inbox);
+    let objects: Vec<(String, u64)> = lost.iter().map(|m| (m.key.clone(), m.size)).collect();
+    discovery::record_notified(ctx.checkpoint.store(), objects).await?;
+    let epoch = run.epoch;
+    update_control(ctx, epoch, &|c| c.reconciled_epoch = Some(epoch)).await?;
+    tracing::info!(pipeline = %p.name, source_files = source.len(), claims = claims.len(), unnotified = lost.len(), "reconciled the inbox with a source listing");
+    Ok(lost
+        .into_iter()
+        .map(|m| InboxEntry {
+            entry: crate::paths::checkpoint::inbox_entry(&m.key, m.size),
+            key: m.key,
+            size: m.size,
+            arrived: m.last_modified,
+        })
+        .collect())
+}
+
+/// Claim source key `key` for the run with `epoch`: `true` if this run takes
+/// it, `false` if a committed batch holds it already (a duplicate
+/// notification). A claim left uncommitted is taken over with
+/// compare-and-swap, so a commit that marks it meanwhile wins.
+async fn claim_key(ctx: &Context, key: &str, epoch: u64) -> Result<bool> {
+    use crate::storage::{PutMode, PutOutcome};
+    let store = ctx.checkpoint.store();
+    let path = crate::paths::checkpoint::claim(key);
+    let mine = serde_json::to_vec(&KeyClaim {
+        epoch,
+        committed: false,
+        batch: None,
+    })
+    .expect("a claim serializes");
+    let mut mode = PutMode::Create;
+    for _ in 0..16 {
+        if let PutOutcome::Written(_) = store.put(&path, mine.clone().into(), mode).await? {
+            return Ok(true);
+        }
+        mode = match store.get(&path).await? {
+            None => PutMode::Create,
+            Some(obj) => {
+                let claim: KeyClaim = serde_json::from_slice(&obj.bytes)
+                    .map_err(|e| ctx.broken(path.clone(), e.to_string()))?;
+                if claim.committed {
+                    return Ok(false);
+                }
+                PutMode::Update(obj.etag)
+            }
+        };
+    }
+    Err(ctx.conflict(format!(
+        "the claim {path} keeps changing under this run; it stops"
+    )))
 }
 
 /// Register the pipeline: resolve its source schema (declared, pinned, or
@@ -687,13 +890,11 @@ async fn resolve_schema(
         });
     }
     if let Some(r) = record
-        && r.pipeline.source.discovery == DiscoveryMode::Ordered
-        && p.source.discovery == DiscoveryMode::List
+        && let Some(message) = discovery_change(r.pipeline.source.discovery, p.source.discovery)
     {
         return Err(Error::Incompatible {
             pipeline: p.name.clone(),
-            message: "discovery changed from ordered to list: the processed-file index only                       holds the ordered lookback window, so list mode would process older files                       again; keep discovery = \"ordered\", or delete the checkpoint folder to                       start over"
-                .into(),
+            message,
         });
     }
     if let Some(declared) = p.source.declared_schema() {
@@ -744,6 +945,29 @@ async fn resolve_schema(
     Ok(Some(schema_of(&columns_of(&schema))))
 }
 
+/// Why a change of discovery mode would process files again, if it would.
+/// `list` keeps every processed key and `ordered` a window of them, in
+/// `index/processed.json`; `notify` keeps one claim per key under
+/// `index/keys/`. Only `list` -> `ordered` keeps what the new mode needs.
+fn discovery_change(old: DiscoveryMode, new: DiscoveryMode) -> Option<String> {
+    use DiscoveryMode::{List, Notify, Ordered};
+    let why = match (old, new) {
+        (a, b) if a == b => return None,
+        (List, Ordered) => return None,
+        (Ordered, List) => "the processed-file index only holds the ordered lookback window",
+        (Notify, _) => "notify mode records processed files as claims, not in the index",
+        (_, Notify) => "the processed-file index holds no notify claims",
+        _ => unreachable!("all pairs covered"),
+    };
+    Some(format!(
+        "discovery changed from {} to {}: {why}, so the new mode would process older files \
+         again; keep discovery = \"{}\", or delete the checkpoint folder to start over",
+        old.name(),
+        new.name(),
+        old.name()
+    ))
+}
+
 fn schema_change(old: &Schema, new: &Schema) -> Option<String> {
     for f in old.fields() {
         match new.field_with_name(f.name()) {
@@ -773,29 +997,22 @@ async fn discover_and_plan(
     ctx: &Context,
     mut run: RunState,
     control: &Control,
-    known: Option<(Index, Vec<ObjectMeta>)>,
+    seen: Seen,
     clock: &PlanClock,
 ) -> Result<PlanOutcome> {
     let p = &ctx.pipeline;
-    let mut known = known;
-    let fresh = loop {
-        let (index, listed) = match known.take() {
-            Some(k) => k,
-            None => {
-                let index = ctx.checkpoint.index().await?;
-                let listed = discovery::list_inputs(
-                    ctx.source.as_ref(),
-                    &p.source,
-                    index.start_after.as_deref(),
-                )
-                .await?;
-                (index, listed)
-            }
-        };
+    let mut seen = Some(seen);
+    let mut first_look = true;
+    let Fresh {
+        inputs: fresh,
+        entries,
+    } = loop {
+        let seen = seen.take().unwrap_or(Seen::Nothing);
+        let found = find_new(ctx, &run, control, seen, first_look).await?;
+        first_look = false;
         run.discovered = true;
-        let fresh = discovery::new_inputs(&listed, &index, p.source.discovery);
-        if !fresh.is_empty() {
-            break fresh;
+        if !found.inputs.is_empty() {
+            break found;
         }
         if release_idle(ctx, &run).await? {
             return Ok(PlanOutcome::Done { run });
@@ -809,6 +1026,10 @@ async fn discover_and_plan(
         .enumerate()
     {
         let tasks = planning::split_tasks(&inputs, p.limits.max_bytes_per_task);
+        let consumed = inputs
+            .iter()
+            .flat_map(|f| entries.get(&f.key).cloned().unwrap_or_default())
+            .collect();
         plans.push(Offsets {
             format_version: checkpoint::FORMAT_VERSION,
             batch: first + i as u64,
@@ -816,6 +1037,7 @@ async fn discover_and_plan(
             planned_ms: now,
             inputs,
             tasks,
+            consumed,
             plan_ms: 0,
             plan_requests: RequestCounts::default(),
         });
@@ -962,6 +1184,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         requests: RequestCounts::default(),
         input_keys: off.inputs.iter().map(|i| i.key.clone()).collect(),
         trigger: run.trigger.clone(),
+        consumed: off.consumed.clone(),
     };
     record.durations.commit_ms = started.elapsed().as_millis() as u64;
     // Planner, tasks and this committer, including the commit write itself.
@@ -1004,15 +1227,20 @@ async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result
     {
         work.delete(&m.key).await?;
     }
-    let index = ctx.checkpoint.index().await?;
-    let index = index.apply(
-        record.batch,
-        &record.input_keys,
-        p.source.discovery,
-        p.source.lookback,
-    );
-    ctx.checkpoint.put_index(&index).await?;
-    let listing = index.listing();
+    let listing = if p.source.discovery == DiscoveryMode::Notify {
+        settle_claims(ctx, record).await?;
+        None
+    } else {
+        let index = ctx.checkpoint.index().await?;
+        let index = index.apply(
+            record.batch,
+            &record.input_keys,
+            p.source.discovery,
+            p.source.lookback,
+        );
+        ctx.checkpoint.put_index(&index).await?;
+        Some(index.listing())
+    };
     let now = ctx.now();
     let spec_hash = p.spec_hash();
     let c = update_control(ctx, run.epoch, &|c| {
@@ -1021,7 +1249,9 @@ async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result
         }
         c.last_committed = Some(record.batch);
         c.last_commit_ms = Some(record.committed_ms);
-        c.listing = listing.clone();
+        if let Some(l) = &listing {
+            c.listing = l.clone();
+        }
         c.heartbeat_ms = Some(now);
         c.spec_hash = spec_hash.clone();
         c.totals.batches += 1;
@@ -1036,6 +1266,35 @@ async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result
         ctx.checkpoint.prune_below(floor).await?;
     }
     Ok(())
+}
+
+/// Notify mode, after `commits/N` exists: mark the claims of its keys
+/// committed, then delete the inbox entries it consumed (in that order, so
+/// a duplicate notification arriving at any point is recognised).
+async fn settle_claims(ctx: &Context, record: &Commit) -> Result<()> {
+    let store = ctx.checkpoint.store();
+    let done: bytes::Bytes = serde_json::to_vec(&KeyClaim {
+        epoch: record.epoch,
+        committed: true,
+        batch: Some(record.batch),
+    })
+    .expect("a claim serializes")
+    .into();
+    discovery::concurrently(record.input_keys.clone(), |k| {
+        let (store, done) = (store.clone(), done.clone());
+        async move {
+            store
+                .put(
+                    &crate::paths::checkpoint::claim(&k),
+                    done,
+                    crate::storage::PutMode::Overwrite,
+                )
+                .await?;
+            Ok(())
+        }
+    })
+    .await?;
+    discovery::delete_all(store, record.consumed.clone()).await
 }
 
 /// Refresh this run's heartbeat, proving it still holds `run.epoch`.
@@ -1145,6 +1404,7 @@ pub async fn release_cancelled(ctx: &Context, epoch: u64) -> Result<Control> {
     let now = ctx.now();
     update_control(ctx, epoch, &|c| {
         c.status = RunStatus::Idle;
+        c.resume = true;
         c.heartbeat_ms = Some(now);
     })
     .await
@@ -1170,14 +1430,28 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         Some(n) => ctx.checkpoint.commit(n).await?,
         None => None,
     };
-    let index = ctx.checkpoint.index().await?;
-    let listed = discovery::list_inputs(
-        ctx.source.as_ref(),
-        &ctx.pipeline.source,
-        index.start_after.as_deref(),
-    )
-    .await?;
-    let waiting = discovery::new_inputs(&listed, &index, ctx.pipeline.source.discovery);
+    let waiting: Vec<ObjectMeta> = if ctx.pipeline.source.discovery == DiscoveryMode::Notify {
+        // Notified files; duplicates of committed keys are counted too.
+        discovery::inbox_files(&discovery::read_inbox(ctx.checkpoint.store().as_ref()).await?)
+    } else {
+        let index = ctx.checkpoint.index().await?;
+        let listed = discovery::list_inputs(
+            ctx.source.as_ref(),
+            &ctx.pipeline.source,
+            index.start_after.as_deref(),
+        )
+        .await?;
+        let fresh = discovery::new_inputs(&listed, &index, ctx.pipeline.source.discovery);
+        fresh
+            .into_iter()
+            .map(|f| ObjectMeta {
+                key: f.key,
+                size: f.size,
+                etag: None,
+                last_modified: None,
+            })
+            .collect()
+    };
     Ok(Status {
         control,
         last_commit,

@@ -13,6 +13,47 @@ pub mod checkpoint {
     pub const COMMITS_PREFIX: &str = "commits/";
     /// The processed-input index.
     pub const INDEX: &str = "index/processed.json";
+    /// Notify mode: where triggers record notified objects.
+    pub const INBOX_PREFIX: &str = "inbox/";
+    /// Notify mode: one claim per input key taken by a run.
+    pub const CLAIMS_PREFIX: &str = "index/keys/";
+
+    /// Notify mode: the inbox entry of source key `key` of `size` bytes:
+    /// the key base64url-encoded (so any key is a safe object name), then
+    /// the size, so one listing of the inbox is all a plan reads.
+    pub fn inbox_entry(key: &str, size: u64) -> String {
+        format!("{INBOX_PREFIX}{}.{size}", encode_key(key))
+    }
+
+    /// The source key and size an inbox entry names.
+    pub fn inbox_key_of(entry: &str) -> Option<(String, u64)> {
+        let name = entry.strip_prefix(INBOX_PREFIX)?;
+        let (key, size) = name.rsplit_once('.')?;
+        Some((decode_key(key)?, size.parse().ok()?))
+    }
+
+    /// Notify mode: the claim of source key `key`.
+    pub fn claim(key: &str) -> String {
+        format!("{CLAIMS_PREFIX}{}", encode_key(key))
+    }
+
+    /// The source key a claim is for.
+    pub fn claim_key_of(claim: &str) -> Option<String> {
+        decode_key(claim.strip_prefix(CLAIMS_PREFIX)?)
+    }
+
+    fn encode_key(key: &str) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key)
+    }
+
+    fn decode_key(encoded: &str) -> Option<String> {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(encoded)
+            .ok()?;
+        String::from_utf8(bytes).ok()
+    }
 
     /// Prefix of the task results of batch `n`.
     pub fn work_prefix(n: u64) -> String {
@@ -102,6 +143,26 @@ mod tests {
         );
         assert!(sink::part(3, 1, 2, 7).starts_with(&sink::task_prefix(3, 1)));
         assert!(sink::part(3, 1, 2, 7).ends_with(&sink::epoch_suffix(7)));
+    }
+
+    #[test]
+    fn inbox_entries_and_claims_name_any_key() {
+        for key in [
+            "a.csv",
+            "2026/11/30/x y+z%41.csv",
+            "ünï/cödé #().csv",
+            "a.b.c",
+        ] {
+            let e = checkpoint::inbox_entry(key, 1234);
+            assert!(e.starts_with(checkpoint::INBOX_PREFIX));
+            assert!(!e[checkpoint::INBOX_PREFIX.len()..].contains('/'), "{e}");
+            assert_eq!(checkpoint::inbox_key_of(&e), Some((key.to_string(), 1234)));
+            let c = checkpoint::claim(key);
+            assert_eq!(checkpoint::claim_key_of(&c).as_deref(), Some(key));
+        }
+        assert_eq!(checkpoint::inbox_key_of("inbox/not base64!.1"), None);
+        assert_eq!(checkpoint::inbox_key_of("inbox/YQ.x"), None);
+        assert_eq!(checkpoint::inbox_key_of("inbox/YQ"), None);
     }
 }
 

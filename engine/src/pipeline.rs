@@ -41,6 +41,21 @@ pub enum DiscoveryMode {
     List,
     /// Keys sort by arrival: list after a cursor, remember only a window.
     Ordered,
+    /// Triggers record S3/SNS notifications in an inbox; runs read the inbox
+    /// without listing the source, and list it every `reconcile_every` runs
+    /// to find files whose notification was lost.
+    Notify,
+}
+
+impl DiscoveryMode {
+    /// The name as written in a pipeline file.
+    pub fn name(self) -> &'static str {
+        match self {
+            DiscoveryMode::List => "list",
+            DiscoveryMode::Ordered => "ordered",
+            DiscoveryMode::Notify => "notify",
+        }
+    }
 }
 
 /// A column of a declared source schema.
@@ -62,6 +77,14 @@ fn yes() -> bool {
     true
 }
 
+fn default_reconcile_every() -> u64 {
+    10
+}
+
+fn is_default_reconcile_every(n: &u64) -> bool {
+    *n == default_reconcile_every()
+}
+
 /// A byte size written as a number or a string with a unit (`"256 MiB"`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
@@ -81,6 +104,7 @@ struct SourceFile {
     schema: Option<Vec<ColumnSpec>>,
     discovery: Option<DiscoveryMode>,
     lookback: Option<u64>,
+    reconcile_every: Option<u64>,
     header: Option<bool>,
     delimiter: Option<String>,
 }
@@ -146,6 +170,12 @@ pub struct Source {
     pub discovery: DiscoveryMode,
     /// Ordered mode: how many most recent keys to remember for late arrivals.
     pub lookback: u64,
+    /// Notify mode: list the source to reconcile every this many runs.
+    #[serde(
+        default = "default_reconcile_every",
+        skip_serializing_if = "is_default_reconcile_every"
+    )]
+    pub reconcile_every: u64,
     /// CSV: whether the first line is a header.
     pub header: bool,
     /// CSV: field delimiter.
@@ -359,6 +389,16 @@ impl Pipeline {
                 "source.lookback applies to discovery = \"ordered\" only".to_string(),
             ));
         }
+        if src.reconcile_every.is_some() && discovery != DiscoveryMode::Notify {
+            return Err(spec_err(
+                "source.reconcile_every applies to discovery = \"notify\" only".to_string(),
+            ));
+        }
+        if src.reconcile_every == Some(0) {
+            return Err(spec_err(
+                "source.reconcile_every = 0: use a positive number of runs".to_string(),
+            ));
+        }
         if let Some(cols) = &src.schema {
             if cols.is_empty() {
                 return Err(spec_err(
@@ -458,6 +498,7 @@ impl Pipeline {
                 schema: src.schema.clone(),
                 discovery,
                 lookback: src.lookback.unwrap_or(100),
+                reconcile_every: src.reconcile_every.unwrap_or_else(default_reconcile_every),
                 header: src.header.unwrap_or(true),
                 delimiter,
             },

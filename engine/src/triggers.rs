@@ -104,6 +104,8 @@ pub struct ObjectRef {
     pub bucket: String,
     /// Key, decoded.
     pub key: String,
+    /// Size in bytes, as the notification gives it.
+    pub size: Option<u64>,
 }
 
 /// The manual refresh payload (`sluice refresh`, or an EventBridge rule
@@ -133,6 +135,8 @@ struct NameOnly {
 #[derive(Debug, Clone, Deserialize)]
 struct KeyOnly {
     key: String,
+    #[serde(default)]
+    size: Option<u64>,
 }
 
 fn refused(message: impl Into<String>) -> Error {
@@ -236,6 +240,7 @@ fn parse_value(value: Value) -> Result<Event> {
                     objects: vec![ObjectRef {
                         bucket: d.bucket.name,
                         key: d.object.key,
+                        size: d.object.size,
                     }],
                     skipped: 0,
                 })
@@ -277,6 +282,7 @@ fn s3_objects(ev: S3Event) -> Result<(Vec<ObjectRef>, u64)> {
             (true, Some(bucket), Some(key)) => objects.push(ObjectRef {
                 bucket,
                 key: decode_key(&key)?,
+                size: r.s3.object.size.and_then(|s| u64::try_from(s).ok()),
             }),
             _ => skipped += 1,
         }
@@ -296,24 +302,24 @@ pub fn is_plain_key(key: &str) -> bool {
 
 /// Whether the created object `o` is an input file of `p`.
 pub fn concerns(p: &Pipeline, o: &ObjectRef) -> bool {
+    input_key(p, o).is_some()
+}
+
+/// The key of `o` relative to `p`'s source root, if `o` is an input file
+/// of `p`.
+pub fn input_key<'a>(p: &Pipeline, o: &'a ObjectRef) -> Option<&'a str> {
     let Location::S3 { bucket, prefix } = &p.source.location else {
-        return false;
+        return None;
     };
     if *bucket != o.bucket || !is_plain_key(&o.key) {
-        return false;
+        return None;
     }
     let rel = if prefix.is_empty() {
         o.key.as_str()
     } else {
-        match o.key.strip_prefix(prefix.as_str()) {
-            Some(r) => match r.strip_prefix('/') {
-                Some(r) => r,
-                None => return false,
-            },
-            None => return false,
-        }
+        o.key.strip_prefix(prefix.as_str())?.strip_prefix('/')?
     };
-    p.source.is_input(rel)
+    p.source.is_input(rel).then_some(rel)
 }
 
 /// Which registered pipelines an event wakes, and how many objects it
@@ -799,6 +805,23 @@ impl Executions for StepFunctions {
     }
 }
 
+/// Notify mode: record the objects of `event` that are input files of the
+/// pipeline in its inbox (the size is 0 when the notification gave none).
+async fn record_inbox(ctx: &crate::handlers::Context, event: &Event) -> Result<()> {
+    let p = &ctx.pipeline;
+    let Event::Objects { objects, .. } = event else {
+        return Ok(());
+    };
+    if p.source.discovery != crate::pipeline::DiscoveryMode::Notify {
+        return Ok(());
+    }
+    let files: Vec<(String, u64)> = objects
+        .iter()
+        .filter_map(|o| input_key(p, o).map(|k| (k.to_string(), o.size.unwrap_or(0))))
+        .collect();
+    crate::discovery::record_notified(ctx.checkpoint.store(), files).await
+}
+
 /// The pipelines registered under a checkpoint root (`sluice register`).
 pub async fn registered_names(root: &dyn crate::storage::Store) -> Result<Vec<String>> {
     let listed = root.list(crate::paths::registry::PREFIX, None).await?;
@@ -853,6 +876,13 @@ pub async fn trigger(
             .iter()
             .find(|c| c.pipeline.name == *name)
             .expect("routed to a registered pipeline");
+        // Notify mode: the inbox entries first, so the discovery that the
+        // wake-up below causes sees them.
+        if let Err(e) = record_inbox(ctx, event).await {
+            tracing::warn!(pipeline = %name, error = %e, "recording notifications failed");
+            first_error.get_or_insert(e);
+            continue;
+        }
         match wake(
             &ctx.checkpoint,
             name,

@@ -11,6 +11,7 @@ mod crash;
 mod equivalence;
 mod idle;
 mod lease_model;
+mod notify;
 mod s3;
 mod storage_contract;
 mod trigger_storm;

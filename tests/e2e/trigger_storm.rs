@@ -132,7 +132,11 @@ max_batches_per_execution = 2
             let key = upload.await;
             let event = Event::Objects {
                 via: Via::S3,
-                objects: vec![ObjectRef { bucket, key }],
+                objects: vec![ObjectRef {
+                    bucket,
+                    key,
+                    size: None,
+                }],
                 skipped: 0,
             };
             triggers::trigger(&event, std::slice::from_ref(&ctx), executions.as_ref()).await

@@ -202,6 +202,7 @@ fn keys_outside_the_source_or_with_path_tricks_are_ignored() {
     let obj = |bucket: &str, key: &str| ObjectRef {
         bucket: bucket.into(),
         key: key.into(),
+        size: Some(1),
     };
     let event = Event::Objects {
         via: Via::S3,

@@ -255,20 +255,23 @@ impl Store for LocalStore {
         prefix: &str,
         start_after: Option<&str>,
     ) -> Result<Vec<ObjectMeta>, StoreError> {
-        self.counter.add(RequestKind::List);
         let this = LocalStore {
             root: self.root.clone(),
             counter: RequestCounter::default(),
         };
         let prefix = prefix.to_string();
         let start_after = start_after.map(str::to_string);
-        tokio::task::spawn_blocking(move || this.list_sync(&prefix, start_after.as_deref()))
-            .await
-            .map_err(|e| StoreError::Transient {
-                op: "list",
-                location: self.root.display().to_string(),
-                message: e.to_string(),
-            })?
+        let listed =
+            tokio::task::spawn_blocking(move || this.list_sync(&prefix, start_after.as_deref()))
+                .await
+                .map_err(|e| StoreError::Transient {
+                    op: "list",
+                    location: self.root.display().to_string(),
+                    message: e.to_string(),
+                })?;
+        self.counter
+            .add_listing(listed.as_ref().map_or(0, |l: &Vec<ObjectMeta>| l.len()));
+        listed
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {

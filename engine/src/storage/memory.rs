@@ -1,12 +1,12 @@
-//! An in-memory [`Store`] for unit tests of logic. It wraps object_store's
-//! `InMemory`, whose conditional puts are atomic, so DataFusion can scan the
-//! same objects.
+//! An in-memory [`Store`] for unit tests of logic and benchmarks. It wraps
+//! object_store's `InMemory`, whose conditional puts are atomic, so
+//! DataFusion can scan the same objects; listings come from a sorted map of
+//! its own, so a listing after a key costs what it returns, as on S3.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use datafusion::execution::object_store::ObjectStoreUrl;
-use futures::TryStreamExt;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore as _, ObjectStoreExt as _, PutOptions, PutPayload, UpdateVersion};
@@ -21,6 +21,7 @@ use crate::error::StoreError;
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
     inner: Arc<InMemory>,
+    listing: Arc<std::sync::Mutex<std::collections::BTreeMap<String, ObjectMeta>>>,
     counter: Arc<RequestCounter>,
     id: u64,
 }
@@ -30,6 +31,7 @@ impl Default for MemoryStore {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         MemoryStore {
             inner: Arc::new(InMemory::new()),
+            listing: Arc::default(),
             counter: Arc::default(),
             id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
@@ -84,12 +86,25 @@ impl Store for MemoryStore {
             mode,
             ..Default::default()
         };
+        let size = bytes.len() as u64;
         match self
             .inner
             .put_opts(&object_path(key), PutPayload::from_bytes(bytes), opts)
             .await
         {
-            Ok(r) => Ok(PutOutcome::Written(r.e_tag.unwrap_or_default())),
+            Ok(r) => {
+                let etag = r.e_tag.unwrap_or_default();
+                self.listing.lock().expect("not poisoned").insert(
+                    key.to_string(),
+                    ObjectMeta {
+                        key: key.to_string(),
+                        size,
+                        etag: Some(etag.clone()),
+                        last_modified: Some(chrono::Utc::now()),
+                    },
+                );
+                Ok(PutOutcome::Written(etag))
+            }
             Err(
                 object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. }
@@ -104,32 +119,24 @@ impl Store for MemoryStore {
         prefix: &str,
         start_after: Option<&str>,
     ) -> Result<Vec<ObjectMeta>, StoreError> {
-        self.counter.add(RequestKind::List);
-        // InMemory lists by path segments; filter on the raw key prefix.
-        let dir = prefix.rsplit_once('/').map(|(d, _)| object_path(d));
-        let stream = match start_after {
-            Some(s) => self.inner.list_with_offset(dir.as_ref(), &object_path(s)),
-            None => self.inner.list(dir.as_ref()),
+        use std::ops::Bound;
+        let listing = self.listing.lock().expect("not poisoned");
+        let from = match start_after {
+            Some(s) if s >= prefix => Bound::Excluded(s.to_string()),
+            _ => Bound::Included(prefix.to_string()),
         };
-        let mut out: Vec<ObjectMeta> = stream
-            .map_err(|e| fail("list", prefix, e))
-            .try_filter_map(|m| async move {
-                let key = m.location.to_string();
-                Ok(key.starts_with(prefix).then_some(ObjectMeta {
-                    key,
-                    size: m.size,
-                    etag: m.e_tag,
-                    last_modified: Some(m.last_modified),
-                }))
-            })
-            .try_collect()
-            .await?;
-        out.sort_by(|a, b| a.key.cmp(&b.key));
+        let out: Vec<ObjectMeta> = listing
+            .range((from, Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(_, m)| m.clone())
+            .collect();
+        self.counter.add_listing(out.len());
         Ok(out)
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.counter.add(RequestKind::Delete);
+        self.listing.lock().expect("not poisoned").remove(key);
         match self.inner.delete(&object_path(key)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(fail("delete", key, e)),

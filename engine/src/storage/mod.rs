@@ -105,6 +105,9 @@ pub enum RequestKind {
     Delete,
 }
 
+/// Keys in one page of an S3 listing (ListObjectsV2's maximum).
+pub const LIST_PAGE: usize = 1000;
+
 /// Request counters of one store, by kind.
 #[derive(Debug, Default)]
 pub struct RequestCounter {
@@ -115,6 +118,14 @@ impl RequestCounter {
     /// Count one request of `kind`.
     pub fn add(&self, kind: RequestKind) {
         self.counts[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Count the pages S3 would return for a listing of `keys` objects
+    /// (ListObjectsV2 returns at most [`LIST_PAGE`] keys a page), so stores
+    /// that list in one call report what the same listing costs on S3.
+    pub fn add_listing(&self, keys: usize) {
+        let pages = keys.div_ceil(LIST_PAGE).max(1) as u64;
+        self.counts[RequestKind::List as usize].fetch_add(pages, Ordering::Relaxed);
     }
 
     /// The counts so far.

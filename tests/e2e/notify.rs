@@ -1,0 +1,301 @@
+//! `notify` discovery: runs plan from the inbox the triggers fill, without
+//! listing the source; duplicate notifications never process a key twice;
+//! a reconciliation listing every `reconcile_every` runs (or on request)
+//! finds files whose notification was lost; and failing any write of such
+//! a run, then running again, gives the clean output.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sluice_engine::checkpoint::RunStatus;
+use sluice_engine::discovery;
+use sluice_engine::handlers::Context;
+use sluice_engine::storage::{LocalStore, MemoryStore, Store};
+use sluice_engine::triggers::{self, WakeOutcome};
+
+use crate::support::*;
+
+const NOTIFY: &str = "discovery = \"notify\"\nreconcile_every = 3";
+
+/// The source keys and sizes of `files` under `input`, as a trigger records
+/// them from S3 notifications.
+fn notified(files: &[PathBuf], input: &Path) -> Vec<(String, u64)> {
+    files
+        .iter()
+        .map(|f| {
+            let key = f
+                .strip_prefix(input)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            (key, std::fs::metadata(f).unwrap().len())
+        })
+        .collect()
+}
+
+async fn inbox(ctx: &Context) -> Vec<String> {
+    discovery::read_inbox(ctx.checkpoint.store().as_ref())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.key)
+        .collect()
+}
+
+fn files_of(s: &sluice_engine::runner::RunSummary) -> u64 {
+    s.batches.iter().map(|b| b.files).sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn notify_mode_plans_from_the_inbox_and_reconciles_every_k_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    let sink = root.join("out/sink");
+    let first = gen_files(&input, 4, 50);
+    let p = pipeline(
+        root,
+        &pipeline_toml("ntf", "parquet", NOTIFY, "max_files_per_batch = 2"),
+    );
+    let mut ctx = local_context(&p);
+    let store = ctx.checkpoint.store().clone();
+
+    // Three notifications arrive; the fourth was lost. The first run
+    // reconciles (lists the source once) and takes all four.
+    discovery::record_notified(&store, notified(&first[..3], &input))
+        .await
+        .unwrap();
+    let s1 = run(&ctx).await.unwrap();
+    assert_eq!(files_of(&s1), 4);
+    assert_eq!(
+        committed_rows(&sink, "ntf").await,
+        one_shot_rows(&input).await
+    );
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(c.reconciled_epoch, Some(1));
+    assert_eq!(inbox(&ctx).await, Vec::<String>::new());
+
+    // Notified files are planned without listing the source.
+    let second = gen_files(&input, 2, 50);
+    discovery::record_notified(&store, notified(&second, &input))
+        .await
+        .unwrap();
+    let before = ctx.source.counts();
+    let s2 = run(&ctx).await.unwrap();
+    assert_eq!(files_of(&s2), 2);
+    assert_eq!(
+        ctx.source.counts().since(&before).list,
+        0,
+        "a notify run listed the source without a reconciliation due"
+    );
+    assert_eq!(
+        committed_rows(&sink, "ntf").await,
+        one_shot_rows(&input).await
+    );
+
+    // Duplicate notifications of committed keys (one of them with another
+    // size, as a re-upload would give) are consumed without processing; a
+    // file whose notification is lost waits for the next reconciliation.
+    let committed = committed_rows(&sink, "ntf").await;
+    discovery::record_notified(&store, notified(&first[..2], &input))
+        .await
+        .unwrap();
+    let (key, _) = notified(&second[..1], &input).remove(0);
+    discovery::record_notified(&store, vec![(key, 1)])
+        .await
+        .unwrap();
+    let lost = gen_files(&input, 1, 50);
+    let s3 = run(&ctx).await.unwrap();
+    assert_eq!(s3.batches.len(), 0, "duplicates were processed: {s3:?}");
+    assert_eq!(inbox(&ctx).await, Vec::<String>::new());
+    assert_eq!(committed_rows(&sink, "ntf").await, committed);
+
+    // Epoch 4 = reconciled epoch 1 + 3: this run lists the source.
+    let s4 = run(&ctx).await.unwrap();
+    assert_eq!(files_of(&s4), 1, "the lost file: {lost:?}");
+    assert_eq!(
+        committed_rows(&sink, "ntf").await,
+        one_shot_rows(&input).await
+    );
+
+    // `sluice run --reconcile` lists at once.
+    gen_files(&input, 1, 50);
+    assert_eq!(run(&ctx).await.unwrap().batches.len(), 0, "not due yet");
+    ctx.reconcile = true;
+    assert_eq!(files_of(&run(&ctx).await.unwrap()), 1);
+    assert_eq!(
+        committed_rows(&sink, "ntf").await,
+        one_shot_rows(&input).await
+    );
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!((c.totals.files, c.status), (8, RunStatus::Idle));
+}
+
+fn faulty_notify(root: &Path, writes: Arc<AtomicU64>, fail_at: u64) -> Context {
+    let p = pipeline(
+        root,
+        &pipeline_toml("nfc", "parquet", NOTIFY, "max_files_per_batch = 2"),
+    );
+    let wrap = |path: PathBuf| -> Arc<dyn Store> {
+        Arc::new(FaultStore {
+            inner: Arc::new(LocalStore::new(path)),
+            writes: writes.clone(),
+            fail_at,
+        })
+    };
+    let mut ctx = Context::new(
+        p,
+        Arc::new(LocalStore::new(root.join("input"))),
+        wrap(root.join("out/sink")),
+        wrap(root.join("out/checkpoint/nfc")),
+    );
+    test_mode(&mut ctx);
+    ctx
+}
+
+/// Five files: four notified (one of them twice), one found by the first
+/// run's reconciliation; three batches.
+async fn notify_scenario(root: &Path) {
+    let input = root.join("input");
+    let files = gen_files(&input, 5, 40);
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(root.join("out/checkpoint/nfc")));
+    let mut objects = notified(&files[..4], &input);
+    objects.push(objects[0].clone());
+    discovery::record_notified(&store, objects).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_any_write_of_a_notify_run_then_rerunning_gives_the_clean_output() {
+    let clean = tempfile::tempdir().unwrap();
+    notify_scenario(clean.path()).await;
+    let writes = Arc::new(AtomicU64::new(0));
+    let summary = run(&faulty_notify(clean.path(), writes.clone(), 0))
+        .await
+        .unwrap();
+    assert_eq!(summary.batches.len(), 3, "the scenario needs three batches");
+    let total = writes.load(Ordering::SeqCst);
+    let sink = |d: &Path| d.join("out/sink");
+    let expected = committed_rows(&sink(clean.path()), "nfc").await;
+    assert_eq!(expected, one_shot_rows(&clean.path().join("input")).await);
+    eprintln!("notify crash test: failing each of {total} writes in turn");
+
+    for k in 1..=total {
+        let dir = tempfile::tempdir().unwrap();
+        notify_scenario(dir.path()).await;
+        let failed = run(&faulty_notify(dir.path(), Arc::new(AtomicU64::new(0)), k)).await;
+        assert!(failed.is_err(), "write {k} was injected to fail");
+        let ctx = faulty_notify(dir.path(), Arc::new(AtomicU64::new(0)), 0);
+        let again = run(&ctx)
+            .await
+            .unwrap_or_else(|e| panic!("rerun after failing write {k}: {e}"));
+        assert!(
+            matches!(again.end, sluice_engine::runner::RunEnd::Done),
+            "after write {k}: {:?}",
+            again.end
+        );
+        assert_eq!(
+            committed_rows(&sink(dir.path()), "nfc").await,
+            expected,
+            "output after failing write {k}"
+        );
+        assert_eq!(
+            orphan_files(&sink(dir.path()), "nfc").await,
+            Vec::<String>::new(),
+            "uncommitted files left after failing write {k}"
+        );
+        let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+        assert_eq!(
+            (c.status, c.last_committed, c.totals.files),
+            (RunStatus::Idle, Some(2), 5),
+            "after failing write {k}"
+        );
+        assert_eq!(inbox(&ctx).await, Vec::<String>::new(), "after write {k}");
+        // Every key holds a committed claim: a late duplicate is refused.
+        let claims = ctx
+            .checkpoint
+            .store()
+            .list("index/keys/", None)
+            .await
+            .unwrap();
+        assert_eq!(claims.len(), 5, "after write {k}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trigger_records_s3_notifications_in_the_inbox_of_a_notify_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "name = \"taxi\"\n[source]\nuri = \"s3://sluice-demo-landing/taxi/in/\"\nformat = \
+         \"parquet\"\ntable = \"trips\"\ndiscovery = \"notify\"\n[query]\nsql = '''{SQL}'''\n\
+         [sink]\nuri = \"out/sink\"\n[checkpoint]\nuri = \"out/checkpoint\"\n"
+    );
+    let p = sluice_engine::pipeline::Pipeline::parse(&toml, "taxi.toml", dir.path()).unwrap();
+    let checkpoint: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let ctx = Context::new(
+        p,
+        Arc::new(MemoryStore::new()),
+        Arc::new(MemoryStore::new()),
+        checkpoint.clone(),
+    );
+    let payload = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../events/s3-object-created.json"),
+    )
+    .unwrap();
+    let event = triggers::parse_event(&payload).unwrap();
+    let execs = NoExecutions;
+    for attempt in 0..2 {
+        let report = triggers::trigger(&event, std::slice::from_ref(&ctx), &execs)
+            .await
+            .unwrap();
+        let expected = if attempt == 0 { "started" } else { "requested" };
+        let got = match report.woken["taxi"] {
+            WakeOutcome::Started { .. } => "started",
+            WakeOutcome::Requested { .. } => "requested",
+            WakeOutcome::Held => "held",
+        };
+        assert_eq!(got, expected, "delivery {attempt}");
+        // At-least-once delivery: the second one rewrites the same entries.
+        let mut entries: Vec<(String, u64)> = discovery::read_inbox(checkpoint.as_ref())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.key, e.size))
+            .collect();
+        entries.sort();
+        assert_eq!(
+            entries,
+            vec![
+                (
+                    "date=2026-11-30/trips été #2 (copy).parquet".to_string(),
+                    48811
+                ),
+                ("date=2026-11-30/trips-000007.parquet".to_string(), 51234),
+            ],
+            "delivery {attempt}"
+        );
+    }
+}
+
+/// Executions that start (by name, idempotently) and always run.
+struct NoExecutions;
+
+#[async_trait::async_trait]
+impl triggers::Executions for NoExecutions {
+    async fn start(
+        &self,
+        name: &str,
+        _input: &serde_json::Value,
+    ) -> sluice_engine::Result<triggers::Started> {
+        Ok(triggers::Started {
+            execution: format!("local:{name}"),
+            new: true,
+        })
+    }
+    async fn state(&self, _name: &str) -> sluice_engine::Result<triggers::ExecutionState> {
+        Ok(triggers::ExecutionState::Running)
+    }
+    async fn stop(&self, _name: &str, _cause: &str) -> sluice_engine::Result<()> {
+        Ok(())
+    }
+}
