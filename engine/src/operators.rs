@@ -221,6 +221,40 @@ impl SqlOperator {
         Ok((ctx, plan))
     }
 
+    /// Notify mode: the inputs with the sizes they have now (one HEAD each).
+    /// A notification's size is that of the upload it reports, and the
+    /// reader must not trust it: a key written again since would be read
+    /// short. A key deleted since its notification is skipped with a warning
+    /// (there is nothing left to process; its claim is committed with the
+    /// batch).
+    async fn current_sizes(
+        &self,
+        access: &ScanAccess,
+        batch: u64,
+        planned: &[&InputFile],
+    ) -> Result<Vec<InputFile>> {
+        let heads = planned.iter().map(|f| async move {
+            match object_store::ObjectStoreExt::head(&access.store, &access.path(&f.key)).await {
+                Ok(meta) => Ok(Some(InputFile {
+                    key: f.key.clone(),
+                    size: meta.size,
+                    etag: meta.e_tag,
+                })),
+                Err(object_store::Error::NotFound { .. }) => {
+                    tracing::warn!(pipeline = %self.pipeline.name, batch, key = %f.key, "notified file no longer exists; skipped");
+                    Ok(None)
+                }
+                Err(e) => Err(Error::Store(crate::error::StoreError::Transient {
+                    op: "head",
+                    location: f.key.clone(),
+                    message: e.to_string(),
+                })),
+            }
+        });
+        let found: Vec<Option<InputFile>> = futures::future::try_join_all(heads).await?;
+        Ok(found.into_iter().flatten().collect())
+    }
+
     /// Run one task of batch `batch` for the run holding lease `epoch`: read
     /// `task`'s inputs, run the SQL and write the result to `sink`. An input that cannot be read is named in
     /// the error.
@@ -243,7 +277,17 @@ impl SqlOperator {
         };
         let this = &op;
         let access = source.scan_access()?;
-        let files: Vec<&InputFile> = task.inputs.iter().map(|i| &inputs[*i as usize]).collect();
+        let planned: Vec<&InputFile> = task.inputs.iter().map(|i| &inputs[*i as usize]).collect();
+        let mut heads = 0;
+        let current;
+        let files: Vec<&InputFile> =
+            if self.pipeline.source.discovery == crate::pipeline::DiscoveryMode::Notify {
+                heads = planned.len() as u64;
+                current = self.current_sizes(&access, batch, &planned).await?;
+                current.iter().collect()
+            } else {
+                planned
+            };
         let exec = |e: DataFusionError| Error::Execution {
             pipeline: self.pipeline.name.clone(),
             batch,
@@ -303,7 +347,12 @@ impl SqlOperator {
             bytes_read: files.iter().map(|f| f.size).sum(),
             outputs,
             millis: started.elapsed().as_millis() as u64,
-            requests: source.counts().plus(&sink.store().counts()),
+            requests: source.counts().plus(&sink.store().counts()).plus(
+                &crate::storage::RequestCounts {
+                    get: heads,
+                    ..Default::default()
+                },
+            ),
         })
     }
 

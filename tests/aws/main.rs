@@ -670,7 +670,96 @@ max_files_per_batch = 2
     // 6. A batch with more tasks than max_inline_tasks runs through the
     //    Distributed Map, its task list read from S3 by the ItemReader.
     distributed_map(&stack, &cfg, &sfn, bucket).await;
+
+    // 7. A pipeline in notify mode: the trigger Lambda records the
+    //    notifications in the pipeline's inbox on S3, runs plan from it.
+    notify_mode(&stack, &cfg, &sfn, bucket).await;
     eprintln!("aws e2e: proxy saw {}", stats(&stack));
+}
+
+/// A third pipeline with `discovery = "notify"`. Three files land and only
+/// two notifications arrive: the first run reconciles (lists the source
+/// once) and commits all three. Then a new file's notification arrives with
+/// a duplicate of an old one: the run commits only the new file. The
+/// notifications carry a wrong size (1 byte), which the operator must not
+/// trust.
+async fn notify_mode(stack: &Stack, cfg: &S3Config, sfn: &StepFunctions, bucket: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input");
+    let files = gen_files(&input, 4, 200);
+    let source = S3Store::new(cfg, bucket, "notified");
+    let mut keys = Vec::new();
+    for f in &files {
+        let rel = f
+            .strip_prefix(&input)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        let bytes = Bytes::from(std::fs::read(f).unwrap());
+        source.put(&rel, bytes, PutMode::Overwrite).await.unwrap();
+        keys.push(format!("notified/{rel}"));
+    }
+    let toml = format!(
+        r#"name = "inbox"
+[source]
+uri = "s3://{bucket}/notified/"
+format = "parquet"
+table = "trips"
+discovery = "notify"
+reconcile_every = 100
+[query]
+sql = '''{SQL}'''
+[sink]
+uri = "s3://{bucket}/inbox-out/"
+[checkpoint]
+uri = "s3://{bucket}/checkpoints/"
+"#
+    );
+    let p = Pipeline::parse(&toml, "inbox.toml", dir.path()).unwrap();
+    let ctx = Context::open(p, Some(cfg)).unwrap();
+    // The fourth file lands later (deleted now, uploaded again below).
+    source.delete(&keys[3]["notified/".len()..]).await.unwrap();
+    handlers::register(&ctx).await.unwrap();
+    let out_rows = || async {
+        let out = tempfile::tempdir().unwrap();
+        download(cfg, bucket, "inbox-out", out.path()).await;
+        committed_rows(out.path(), "inbox").await
+    };
+    let inbox = || async { ctx.checkpoint.store().list("inbox/", None).await.unwrap() };
+
+    let e = started_epoch(
+        &invoke_trigger(stack, &s3_event(bucket, &keys[..2])),
+        "inbox",
+    );
+    let end = wait_execution(sfn, stack, "inbox", e).await;
+    assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!((c.totals.files, c.reconciled_epoch), (3, Some(e)), "{c:?}");
+    assert_eq!(
+        out_rows().await,
+        local_rows(&files[..3], &input, "inbox").await
+    );
+    assert!(inbox().await.is_empty(), "{:?}", inbox().await);
+
+    let rel = &keys[3]["notified/".len()..];
+    let bytes = Bytes::from(std::fs::read(&files[3]).unwrap());
+    source.put(rel, bytes, PutMode::Overwrite).await.unwrap();
+    let event = s3_event(bucket, &[keys[3].clone(), keys[0].clone()]);
+    let e = started_epoch(&invoke_trigger(stack, &event), "inbox");
+    let end = wait_execution(sfn, stack, "inbox", e).await;
+    assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!((c.totals.files, c.last_committed), (4, Some(1)), "{c:?}");
+    assert_eq!(out_rows().await, local_rows(&files, &input, "inbox").await);
+    assert!(inbox().await.is_empty(), "{:?}", inbox().await);
+    let claims = ctx
+        .checkpoint
+        .store()
+        .list("index/keys/", None)
+        .await
+        .unwrap();
+    assert_eq!(claims.len(), 4);
 }
 
 /// A second pipeline, one task per file and at most one inline task: every

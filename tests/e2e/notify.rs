@@ -76,14 +76,17 @@ async fn notify_mode_plans_from_the_inbox_and_reconciles_every_k_runs() {
     assert_eq!(c.reconciled_epoch, Some(1));
     assert_eq!(inbox(&ctx).await, Vec::<String>::new());
 
-    // Notified files are planned without listing the source.
+    // Notified files are planned without listing the source. The reader
+    // does not trust a notification's size (here stale: the key was written
+    // again since), and a file deleted after its notification is skipped.
     let second = gen_files(&input, 2, 50);
-    discovery::record_notified(&store, notified(&second, &input))
-        .await
-        .unwrap();
+    let mut stale = notified(&second, &input);
+    stale[0].1 = 1;
+    stale.push(("gone/trips-deleted.parquet".into(), 1000));
+    discovery::record_notified(&store, stale).await.unwrap();
     let before = ctx.source.counts();
     let s2 = run(&ctx).await.unwrap();
-    assert_eq!(files_of(&s2), 2);
+    assert_eq!(files_of(&s2), 3, "two files and the deleted one's claim");
     assert_eq!(
         ctx.source.counts().since(&before).list,
         0,
@@ -129,7 +132,7 @@ async fn notify_mode_plans_from_the_inbox_and_reconciles_every_k_runs() {
         one_shot_rows(&input).await
     );
     let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
-    assert_eq!((c.totals.files, c.status), (8, RunStatus::Idle));
+    assert_eq!((c.totals.files, c.status), (9, RunStatus::Idle));
 }
 
 fn faulty_notify(root: &Path, writes: Arc<AtomicU64>, fail_at: u64) -> Context {
