@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_engine::handlers::Context;
-use sluice_engine::storage::{LocalStore, Store};
 
 use crate::support::*;
 
@@ -24,23 +23,12 @@ fn spawn_run(root: &std::path::Path) -> std::process::Child {
 }
 
 fn faulty_context(root: &std::path::Path, writes: Arc<AtomicU64>, fail_at: u64) -> Context {
-    let p = pipeline(root, &pipeline_toml("crash", "parquet", "", LIMITS));
-    let wrap = |path: std::path::PathBuf| -> Arc<dyn Store> {
-        Arc::new(FaultStore {
-            inner: Arc::new(LocalStore::new(path)),
-            writes: writes.clone(),
-            fail_at,
-        })
-    };
-    let source: Arc<dyn Store> = Arc::new(LocalStore::new(root.join("input")));
-    let mut ctx = Context::new(
-        p,
-        source,
-        wrap(root.join("out/sink")),
-        wrap(root.join("out/checkpoint/crash")),
-    );
-    test_mode(&mut ctx);
-    ctx
+    fault_context(
+        root,
+        &pipeline_toml("crash", "parquet", "", LIMITS),
+        writes,
+        fail_at,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -136,25 +136,8 @@ async fn notify_mode_plans_from_the_inbox_and_reconciles_every_k_runs() {
 }
 
 fn faulty_notify(root: &Path, writes: Arc<AtomicU64>, fail_at: u64) -> Context {
-    let p = pipeline(
-        root,
-        &pipeline_toml("nfc", "parquet", NOTIFY, "max_files_per_batch = 2"),
-    );
-    let wrap = |path: PathBuf| -> Arc<dyn Store> {
-        Arc::new(FaultStore {
-            inner: Arc::new(LocalStore::new(path)),
-            writes: writes.clone(),
-            fail_at,
-        })
-    };
-    let mut ctx = Context::new(
-        p,
-        Arc::new(LocalStore::new(root.join("input"))),
-        wrap(root.join("out/sink")),
-        wrap(root.join("out/checkpoint/nfc")),
-    );
-    test_mode(&mut ctx);
-    ctx
+    let toml = pipeline_toml("nfc", "parquet", NOTIFY, "max_files_per_batch = 2");
+    fault_context(root, &toml, writes, fail_at)
 }
 
 /// Five files: four notified (one of them twice), one found by the first

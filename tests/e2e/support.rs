@@ -158,6 +158,30 @@ pub fn gen_files(dir: &Path, files: u64, rows: usize) -> Vec<PathBuf> {
         .unwrap()
 }
 
+/// A context over `root`'s folders (`input`, `out/sink`, `out/checkpoint`)
+/// for the pipeline `toml`, whose sink and checkpoint writes all count on
+/// `writes` and fail from write number `fail_at` on (0: never): the crash
+/// tests' context.
+pub fn fault_context(root: &Path, toml: &str, writes: Arc<AtomicU64>, fail_at: u64) -> Context {
+    let p = pipeline(root, toml);
+    let checkpoint = root.join("out/checkpoint").join(&p.name);
+    let wrap = |path: PathBuf| -> Arc<dyn Store> {
+        Arc::new(FaultStore {
+            inner: Arc::new(LocalStore::new(path)),
+            writes: writes.clone(),
+            fail_at,
+        })
+    };
+    let mut ctx = Context::new(
+        p,
+        Arc::new(LocalStore::new(root.join("input"))),
+        wrap(root.join("out/sink")),
+        wrap(checkpoint),
+    );
+    test_mode(&mut ctx);
+    ctx
+}
+
 /// Wraps a store and stops writes from a chosen one on: the tests' crash
 /// injector. Every put and delete counts as a write; write number `fail_at`
 /// (1-based, counted across every store wrapped with the same counter) and

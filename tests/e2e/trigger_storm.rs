@@ -4,7 +4,9 @@
 //! successful write of `control.json` is recorded: the lease never passes
 //! from one run to another without being idle in between (at most one
 //! holder at any moment), every file is committed in exactly one batch, and
-//! far fewer executions start than events arrive.
+//! far fewer executions start than events arrive. The same storm in
+//! `notify` mode, every notification delivered twice (S3 delivers at least
+//! once), the second up to 1.5 s later: still every file exactly once.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -65,6 +67,15 @@ impl Executions for InProcess {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hundred_concurrent_triggers_start_few_runs_and_commit_every_file_once() {
+    storm("list", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_notify_storm_with_every_notification_delivered_twice_commits_every_file_once() {
+    storm("notify", true).await;
+}
+
+async fn storm(discovery: &str, twice: bool) {
     let cfg = S3Config::from_env().await;
     let bucket = fresh_bucket(&cfg, "storm").await;
     let dir = tempfile::tempdir().unwrap();
@@ -76,6 +87,7 @@ async fn a_hundred_concurrent_triggers_start_few_runs_and_commit_every_file_once
 uri = "s3://{bucket}/landing/"
 format = "parquet"
 table = "trips"
+discovery = "{discovery}"
 [query]
 sql = '''{SQL}'''
 [sink]
@@ -106,8 +118,9 @@ max_batches_per_execution = 2
         let bytes = Bytes::from(std::fs::read(f).unwrap());
         let source = source.clone();
         async move {
+            let size = bytes.len() as u64;
             source.put(&key, bytes, PutMode::Overwrite).await.unwrap();
-            format!("landing/{key}")
+            (format!("landing/{key}"), size)
         }
     };
     // Registration pins the schema from the first file.
@@ -129,28 +142,36 @@ max_batches_per_execution = 2
         events.push(tokio::spawn(async move {
             let burst = (i as u64 / 10) * 700 + (i as u64 % 10) * 3;
             tokio::time::sleep(std::time::Duration::from_millis(burst)).await;
-            let key = upload.await;
+            let (key, size) = upload.await;
             let event = Event::Objects {
                 via: Via::S3,
                 objects: vec![ObjectRef {
                     bucket,
                     key,
-                    size: None,
+                    size: Some(size),
                 }],
                 skipped: 0,
             };
-            triggers::trigger(&event, std::slice::from_ref(&ctx), executions.as_ref()).await
+            let ctxs = std::slice::from_ref(&ctx);
+            let mut reports = vec![triggers::trigger(&event, ctxs, executions.as_ref()).await?];
+            if twice {
+                let later = (i as u64 * 37) % 1500;
+                tokio::time::sleep(std::time::Duration::from_millis(later)).await;
+                reports.push(triggers::trigger(&event, ctxs, executions.as_ref()).await?);
+            }
+            Ok::<_, sluice_engine::Error>(reports)
         }));
     }
     let mut outcomes = BTreeMap::<&str, u64>::new();
     for e in events {
-        let report = e.await.unwrap().expect("every trigger succeeds");
-        let kind = match report.woken["storm"] {
-            WakeOutcome::Started { .. } => "started",
-            WakeOutcome::Requested { .. } => "requested",
-            WakeOutcome::Held => "held",
-        };
-        *outcomes.entry(kind).or_default() += 1;
+        for report in e.await.unwrap().expect("every trigger succeeds") {
+            let kind = match report.woken["storm"] {
+                WakeOutcome::Started { .. } => "started",
+                WakeOutcome::Requested { .. } => "requested",
+                WakeOutcome::Held => "held",
+            };
+            *outcomes.entry(kind).or_default() += 1;
+        }
     }
     // Let every started execution finish.
     loop {
@@ -205,9 +226,14 @@ max_batches_per_execution = 2
     }
     assert_eq!(seen.len(), 100, "files committed: {}", seen.len());
     assert!(seen.values().all(|c| *c == 1), "a file committed twice");
+    if discovery == "notify" {
+        let inbox = ctx.checkpoint.store().list("inbox/", None).await.unwrap();
+        assert_eq!(inbox.len(), 0, "entries left: {inbox:?}");
+    }
+    let events = if twice { 200 } else { 100 };
     eprintln!(
-        "trigger storm: 100 events -> {started} executions started, {n} batches committed, \
-         {} control writes; trigger outcomes {outcomes:?}",
+        "trigger storm ({discovery}): {events} events for 100 files -> {started} executions \
+         started, {n} batches committed, {} control writes; trigger outcomes {outcomes:?}",
         log.len()
     );
     assert!(started <= 50, "{started} executions for 100 events");

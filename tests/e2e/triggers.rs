@@ -16,7 +16,7 @@ use sluice_engine::checkpoint::RunStatus;
 use sluice_engine::handlers::{self, Context};
 use sluice_engine::pipeline::Pipeline;
 use sluice_engine::runner::{self, RunEnd};
-use sluice_engine::storage::{LocalStore, Store};
+use sluice_engine::storage::LocalStore;
 use sluice_engine::triggers::{
     self, Event, ExecutionState, Executions, ObjectRef, Started, Via, WakeOutcome, execution_input,
 };
@@ -423,21 +423,8 @@ const TRIGGERED_LIMITS: &str = "max_files_per_batch = 2\nmax_bytes_per_task = 1\
                                 max_inline_tasks = 1\nmax_batches_per_execution = 1";
 
 fn faulty(root: &Path, writes: Arc<AtomicU64>, fail_at: u64, clock_skew_ms: i64) -> Context {
-    let p = pipeline(root, &pipeline_toml("trc", "parquet", "", TRIGGERED_LIMITS));
-    let wrap = |path: PathBuf| -> Arc<dyn Store> {
-        Arc::new(FaultStore {
-            inner: Arc::new(LocalStore::new(path)),
-            writes: writes.clone(),
-            fail_at,
-        })
-    };
-    let mut ctx = Context::new(
-        p,
-        Arc::new(LocalStore::new(root.join("input"))),
-        wrap(root.join("out/sink")),
-        wrap(root.join("out/checkpoint/trc")),
-    );
-    test_mode(&mut ctx);
+    let toml = pipeline_toml("trc", "parquet", "", TRIGGERED_LIMITS);
+    let mut ctx = fault_context(root, &toml, writes, fail_at);
     ctx.clock = Arc::new(move || chrono::Utc::now().timestamp_millis() + clock_skew_ms);
     ctx
 }
