@@ -209,6 +209,51 @@ async fn failing_any_write_of_a_notify_run_then_rerunning_gives_the_clean_output
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_run_that_stalls_before_claiming_cannot_process_keys_another_run_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    let files = gen_files(&input, 2, 50);
+    let toml = pipeline_toml("zmb", "parquet", NOTIFY, "");
+    let writes = || Arc::new(AtomicU64::new(0));
+    let b = fault_context(root, &toml, writes(), 0);
+    discovery::record_notified(b.checkpoint.store(), notified(&files, &input))
+        .await
+        .unwrap();
+
+    // Run A takes the lease, lists the inbox and stalls at its first claim.
+    let gate = Gate::new("index/keys/");
+    let a = gated_context(root, &toml, writes(), 0, Some(gate.clone()));
+    let a_run = tokio::spawn(async move { run(&a).await });
+    gate.reached.notified().await;
+
+    // Run B takes over (A looks dead) and commits both files.
+    let sb = run(&b).await.unwrap();
+    assert_eq!(files_of(&sb), 2);
+    let sink = root.join("out/sink");
+    let committed = committed_rows(&sink, "zmb").await;
+    assert_eq!(committed, one_shot_rows(&input).await);
+
+    // A wakes up: the claims say committed, so it plans nothing, and it
+    // cannot release a lease it lost.
+    gate.release.notify_one();
+    let err = a_run.await.unwrap().unwrap_err();
+    assert_eq!(err.class(), sluice_engine::ErrorClass::Conflict, "{err}");
+    assert_eq!(committed_rows(&sink, "zmb").await, committed);
+    assert_eq!(orphan_files(&sink, "zmb").await, Vec::<String>::new());
+    assert_eq!(inbox(&b).await, Vec::<String>::new());
+    // Late duplicates of both notifications: still nothing to process.
+    discovery::record_notified(b.checkpoint.store(), notified(&files, &input))
+        .await
+        .unwrap();
+    let after = run(&b).await.unwrap();
+    assert_eq!(after.batches.len(), 0, "{after:?}");
+    assert_eq!(committed_rows(&sink, "zmb").await, committed);
+    let (c, _) = b.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!((c.totals.files, c.status), (2, RunStatus::Idle));
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_trigger_records_s3_notifications_in_the_inbox_of_a_notify_pipeline() {
     let dir = tempfile::tempdir().unwrap();
     let toml = format!(

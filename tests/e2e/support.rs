@@ -163,20 +163,32 @@ pub fn gen_files(dir: &Path, files: u64, rows: usize) -> Vec<PathBuf> {
 /// `writes` and fail from write number `fail_at` on (0: never): the crash
 /// tests' context.
 pub fn fault_context(root: &Path, toml: &str, writes: Arc<AtomicU64>, fail_at: u64) -> Context {
+    gated_context(root, toml, writes, fail_at, None)
+}
+
+/// [`fault_context`] whose checkpoint writes also pass `gate`.
+pub fn gated_context(
+    root: &Path,
+    toml: &str,
+    writes: Arc<AtomicU64>,
+    fail_at: u64,
+    gate: Option<Arc<Gate>>,
+) -> Context {
     let p = pipeline(root, toml);
     let checkpoint = root.join("out/checkpoint").join(&p.name);
-    let wrap = |path: PathBuf| -> Arc<dyn Store> {
+    let wrap = |path: PathBuf, gate: Option<Arc<Gate>>| -> Arc<dyn Store> {
         Arc::new(FaultStore {
             inner: Arc::new(LocalStore::new(path)),
             writes: writes.clone(),
             fail_at,
+            gate,
         })
     };
     let mut ctx = Context::new(
         p,
         Arc::new(LocalStore::new(root.join("input"))),
-        wrap(root.join("out/sink")),
-        wrap(checkpoint),
+        wrap(root.join("out/sink"), None),
+        wrap(checkpoint, gate),
     );
     test_mode(&mut ctx);
     ctx
@@ -192,6 +204,35 @@ pub struct FaultStore {
     pub inner: Arc<dyn Store>,
     pub writes: Arc<AtomicU64>,
     pub fail_at: u64,
+    pub gate: Option<Arc<Gate>>,
+}
+
+/// Holds the first write whose key starts with `prefix` until released:
+/// the tests' way to stall a run at a chosen step while another runs.
+#[derive(Debug, Default)]
+pub struct Gate {
+    pub prefix: String,
+    /// Signalled when the held write arrives.
+    pub reached: tokio::sync::Notify,
+    /// Signal to let it go on.
+    pub release: tokio::sync::Notify,
+    used: std::sync::atomic::AtomicBool,
+}
+
+impl Gate {
+    pub fn new(prefix: &str) -> Arc<Gate> {
+        Arc::new(Gate {
+            prefix: prefix.into(),
+            ..Gate::default()
+        })
+    }
+
+    async fn pass(&self, key: &str) {
+        if key.starts_with(&self.prefix) && !self.used.swap(true, Ordering::SeqCst) {
+            self.reached.notify_one();
+            self.release.notified().await;
+        }
+    }
 }
 
 impl FaultStore {
@@ -215,6 +256,9 @@ impl Store for FaultStore {
     }
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
         self.check("put", key)?;
+        if let Some(g) = &self.gate {
+            g.pass(key).await;
+        }
         self.inner.put(key, bytes, mode).await
     }
     async fn list(
