@@ -60,23 +60,7 @@ async fn failing_any_write_then_rerunning_gives_the_clean_output() {
         let again = run(&faulty_context(dir.path(), Arc::new(AtomicU64::new(0)), 0))
             .await
             .unwrap_or_else(|e| panic!("rerun after failing write {k}: {e}"));
-        assert!(
-            matches!(again.end, sluice_engine::runner::RunEnd::Done),
-            "after write {k}: {:?}",
-            again.end
-        );
-        let got = committed_rows(&dir.path().join("out/sink"), "crash").await;
-        assert_eq!(
-            got.len(),
-            expected.len(),
-            "row count after failing write {k}"
-        );
-        assert_eq!(got, expected, "output after failing write {k}");
-        assert_eq!(
-            orphan_files(&dir.path().join("out/sink"), "crash").await,
-            Vec::<String>::new(),
-            "uncommitted files left after failing write {k}"
-        );
+        assert_recovered(dir.path(), "crash", &again.end, &expected, k).await;
         let ctx = faulty_context(dir.path(), Arc::new(AtomicU64::new(0)), 0);
         let (control, _) = ctx.checkpoint.control().await.unwrap().unwrap();
         assert_eq!(control.last_committed, Some(1), "after failing write {k}");

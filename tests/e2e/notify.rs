@@ -175,21 +175,7 @@ async fn failing_any_write_of_a_notify_run_then_rerunning_gives_the_clean_output
         let again = run(&ctx)
             .await
             .unwrap_or_else(|e| panic!("rerun after failing write {k}: {e}"));
-        assert!(
-            matches!(again.end, sluice_engine::runner::RunEnd::Done),
-            "after write {k}: {:?}",
-            again.end
-        );
-        assert_eq!(
-            committed_rows(&sink(dir.path()), "nfc").await,
-            expected,
-            "output after failing write {k}"
-        );
-        assert_eq!(
-            orphan_files(&sink(dir.path()), "nfc").await,
-            Vec::<String>::new(),
-            "uncommitted files left after failing write {k}"
-        );
+        assert_recovered(dir.path(), "nfc", &again.end, &expected, k).await;
         let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
         assert_eq!(
             (c.status, c.last_committed, c.totals.files),

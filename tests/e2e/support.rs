@@ -194,6 +194,33 @@ pub fn gated_context(
     ctx
 }
 
+/// After write `k` of a run failed and a rerun that ended `end`: the rerun
+/// finished, the output under `root/out/sink` equals `expected` and no
+/// uncommitted file is left (the crash tests' common check).
+pub async fn assert_recovered(
+    root: &Path,
+    name: &str,
+    end: &runner::RunEnd,
+    expected: &[String],
+    k: u64,
+) {
+    assert!(
+        matches!(end, runner::RunEnd::Done),
+        "after failing write {k}: {end:?}"
+    );
+    let sink = root.join("out/sink");
+    assert_eq!(
+        committed_rows(&sink, name).await,
+        expected,
+        "output after failing write {k}"
+    );
+    assert_eq!(
+        orphan_files(&sink, name).await,
+        Vec::<String>::new(),
+        "uncommitted files left after failing write {k}"
+    );
+}
+
 /// Wraps a store and stops writes from a chosen one on: the tests' crash
 /// injector. Every put and delete counts as a write; write number `fail_at`
 /// (1-based, counted across every store wrapped with the same counter) and

@@ -489,21 +489,7 @@ async fn failing_any_write_of_a_triggered_run_then_triggering_after_the_ttl_give
             .await
             .unwrap_or_else(|e| panic!("retrigger after failing write {k}: {e}"))
             .unwrap_or_else(|| panic!("after write {k}: the expired lease was not taken over"));
-        assert!(
-            matches!(again.end, RunEnd::Done),
-            "after write {k}: {:?}",
-            again.end
-        );
-        assert_eq!(
-            committed_rows(&dir.path().join("out/sink"), "trc").await,
-            expected,
-            "output after failing write {k}"
-        );
-        assert_eq!(
-            orphan_files(&dir.path().join("out/sink"), "trc").await,
-            Vec::<String>::new(),
-            "uncommitted files left after failing write {k}"
-        );
+        assert_recovered(dir.path(), "trc", &again.end, &expected, k).await;
         let (c, _) = later.checkpoint.control().await.unwrap().unwrap();
         assert_eq!(
             (c.status, c.last_committed, c.totals.files),
