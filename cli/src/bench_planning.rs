@@ -3,7 +3,10 @@
 //! files and the checkpoint records a run leaves) is built in memory with
 //! the engine's own record types; the measured step is the engine's real
 //! Plan step of a triggered run (what the planner Lambda does), with
-//! requests counted as S3 would bill them (a listing page per 1,000 keys).
+//! requests counted as S3 would bill them (a listing page per 1,000 keys);
+//! and, for comparison, `sluice run`'s first Plan in a fresh process (it
+//! checks for new input before it claims the lease, and reads the pinned
+//! schema).
 //! Prints the figures measured in this one run; nothing here is a
 //! pass/fail test, but a plan that does not hold exactly the new files
 //! stops the benchmark.
@@ -89,11 +92,12 @@ struct Row {
     trigger: RequestCounts,
     plan: RequestCounts,
     plan_ms: f64,
+    cold: RequestCounts,
 }
 
 /// Build a pipeline whose first `history` files were committed in batches
 /// of 1,000 and whose next `new` files wait, as `mode` records them.
-async fn build(mode: DiscoveryMode, history: u64, new: u64) -> anyhow::Result<Context> {
+async fn build(mode: DiscoveryMode, history: u64, new: u64, warm: bool) -> anyhow::Result<Context> {
     let p = pipeline(mode)?;
     let source = MemoryStore::new();
     let checkpoint = MemoryStore::new();
@@ -149,13 +153,15 @@ async fn build(mode: DiscoveryMode, history: u64, new: u64) -> anyhow::Result<Co
         })
         .await?;
     ctx.checkpoint.swap_control(&control, None).await?;
-    // As the planner Lambda does at a cold start (`Contexts::registered`).
-    ctx.pin_schema(ctx.schema().await?);
+    if warm {
+        // As the planner Lambda does at a cold start (`Contexts::registered`).
+        ctx.pin_schema(ctx.schema().await?);
+    }
     Ok(ctx)
 }
 
 async fn measure(mode: DiscoveryMode, history: u64, new: u64) -> anyhow::Result<Row> {
-    let ctx = build(mode, history, new).await?;
+    let ctx = build(mode, history, new, true).await?;
     let name = ctx.pipeline.name.clone();
     let c0 = ctx.counts();
     let woken = triggers::wake(
@@ -200,12 +206,22 @@ async fn measure(mode: DiscoveryMode, history: u64, new: u64) -> anyhow::Result<
         "{name}: planned {} files, not exactly the {new} new ones",
         planned.len()
     );
+    drop(ctx);
+    // `sluice run` in a fresh process over the same history.
+    let cold = build(mode, history, new, false).await?;
+    let before = cold.counts();
+    let outcome = handlers::plan(&cold, None).await?;
+    anyhow::ensure!(
+        matches!(&outcome, PlanOutcome::Batch { batch, .. } if batch.files == new),
+        "{name}: sluice run planned {outcome:?}"
+    );
     Ok(Row {
         mode,
         history,
         trigger: c1.since(&c0),
         plan: c2.since(&c1),
         plan_ms,
+        cold: cold.counts().since(&before),
     })
 }
 
@@ -218,8 +234,16 @@ pub async fn run(args: PlanningArgs) -> anyhow::Result<()> {
         args.new, args.history
     );
     println!(
-        "{:<8} {:>10} {:>9} {:>6} {:>6} {:>8} {:>10} {:>14}",
-        "mode", "history", "list/get", "GET", "LIST", "writes", "plan ms", "trigger reqs"
+        "{:<8} {:>10} {:>9} {:>6} {:>6} {:>8} {:>10} {:>14} {:>16}",
+        "mode",
+        "history",
+        "list/get",
+        "GET",
+        "LIST",
+        "writes",
+        "plan ms",
+        "trigger reqs",
+        "sluice run l/g"
     );
     let mut rows = Vec::new();
     for mode in [
@@ -230,7 +254,7 @@ pub async fn run(args: PlanningArgs) -> anyhow::Result<()> {
         for history in [small, args.history] {
             let r = measure(mode, history, args.new).await?;
             println!(
-                "{:<8} {:>10} {:>9} {:>6} {:>6} {:>8} {:>10.1} {:>14}",
+                "{:<8} {:>10} {:>9} {:>6} {:>6} {:>8} {:>10.1} {:>14} {:>16}",
                 r.mode.name(),
                 r.history,
                 r.plan.get + r.plan.list,
@@ -239,6 +263,7 @@ pub async fn run(args: PlanningArgs) -> anyhow::Result<()> {
                 r.plan.writes(),
                 r.plan_ms,
                 r.trigger.total(),
+                r.cold.get + r.cold.list,
             );
             rows.push(r);
         }

@@ -557,7 +557,6 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     }
 
     // Resolve the schema and check the SQL before writing anything.
-    let record = ctx.checkpoint.pipeline_record().await?;
     let start_after = control.and_then(|c| c.listing.start_after.clone());
     if listed.is_none() {
         listed = Some(
@@ -565,12 +564,31 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         );
     }
     let listed = listed.expect("listed above");
-    let schema = match resolve_schema(ctx, record.as_ref(), &listed).await? {
-        Some(s) => s,
-        None => {
-            return Ok(PlanOutcome::Idle {
-                reason: "no input files yet (and no schema declared)".into(),
-            });
+    // A batch committed under this very spec means `pipeline.json` holds it
+    // (a run writes it before planning); with the schema known here
+    // (declared, or pinned earlier in this process) there is nothing to
+    // read or check against it.
+    let known = ctx
+        .schema
+        .get()
+        .cloned()
+        .or_else(|| p.source.declared_schema());
+    let recorded =
+        control.is_some_and(|c| c.spec_hash == p.spec_hash() && c.last_committed.is_some());
+    let (record_current, schema) = match known {
+        Some(schema) if recorded => (true, schema),
+        _ => {
+            let record = ctx.checkpoint.pipeline_record().await?;
+            let schema = match resolve_schema(ctx, record.as_ref(), &listed).await? {
+                Some(s) => s,
+                None => {
+                    return Ok(PlanOutcome::Idle {
+                        reason: "no input files yet (and no schema declared)".into(),
+                    });
+                }
+            };
+            let current = record.is_some_and(|r| r.spec_hash == p.spec_hash());
+            (current, schema)
         }
     };
     SqlOperator::new(p.clone(), schema.clone()).check().await?;
@@ -619,7 +637,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     };
     tracing::info!(pipeline = %p.name, epoch, recover, "lease taken");
 
-    if record.as_ref().map(|r| r.spec_hash.as_str()) != Some(p.spec_hash().as_str()) {
+    if !record_current {
         ctx.checkpoint
             .put_pipeline_record(&PipelineRecord {
                 format_version: checkpoint::FORMAT_VERSION,

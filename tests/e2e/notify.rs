@@ -4,7 +4,7 @@
 //! finds files whose notification was lost; and failing any write of such
 //! a run, then running again, gives the clean output.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -17,22 +17,6 @@ use sluice_engine::triggers::{self, WakeOutcome};
 use crate::support::*;
 
 const NOTIFY: &str = "discovery = \"notify\"\nreconcile_every = 3";
-
-/// The source keys and sizes of `files` under `input`, as a trigger records
-/// them from S3 notifications.
-fn notified(files: &[PathBuf], input: &Path) -> Vec<(String, u64)> {
-    files
-        .iter()
-        .map(|f| {
-            let key = f
-                .strip_prefix(input)
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
-            (key, std::fs::metadata(f).unwrap().len())
-        })
-        .collect()
-}
 
 async fn inbox(ctx: &Context) -> Vec<String> {
     discovery::read_inbox(ctx.checkpoint.store().as_ref())

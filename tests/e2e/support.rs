@@ -152,6 +152,22 @@ pub async fn one_shot_rows(input: &Path) -> Vec<String> {
     rows_of(&ctx.sql(SQL).await.unwrap().collect().await.unwrap())
 }
 
+/// The source keys and sizes of `files` under `input`, as a trigger records
+/// them from S3 notifications.
+pub fn notified(files: &[PathBuf], input: &Path) -> Vec<(String, u64)> {
+    files
+        .iter()
+        .map(|f| {
+            let key = f
+                .strip_prefix(input)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            (key, std::fs::metadata(f).unwrap().len())
+        })
+        .collect()
+}
+
 /// Write taxi files into `dir`.
 pub fn gen_files(dir: &Path, files: u64, rows: usize) -> Vec<PathBuf> {
     sluice_engine::generator::write_taxi_files(dir, files, rows, SourceFormat::Parquet, None)
