@@ -734,9 +734,9 @@ async fn find_new(
         Seen::Inbox(e) => e,
         _ => discovery::read_inbox(store).await?,
     };
+    let asked = ctx.reconcile && control.reconciled_epoch != Some(run.epoch);
     if reconcile
-        && (ctx.reconcile
-            || discovery::reconcile_due(Some(control), run.epoch, p.source.reconcile_every))
+        && (asked || discovery::reconcile_due(Some(control), run.epoch, p.source.reconcile_every))
     {
         entries.extend(reconcile_inbox(ctx, run, &entries).await?);
     }
