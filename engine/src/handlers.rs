@@ -696,6 +696,8 @@ enum Seen {
 struct Fresh {
     inputs: Vec<InputFile>,
     entries: std::collections::HashMap<String, Vec<String>>,
+    /// Notify mode: more entries wait than one discovery takes.
+    more: bool,
 }
 
 /// Find the input no batch has taken. `list`/`ordered`: diff a listing
@@ -727,6 +729,7 @@ async fn find_new(
         return Ok(Fresh {
             inputs: discovery::new_inputs(&listed, &index, p.source.discovery),
             entries: Default::default(),
+            more: false,
         });
     }
     let store = ctx.checkpoint.store().as_ref();
@@ -740,7 +743,16 @@ async fn find_new(
     {
         entries.extend(reconcile_inbox(ctx, run, &entries).await?);
     }
-    let files = discovery::inbox_files(&entries);
+    // One discovery claims at most what one execution commits: a backlog
+    // (an outage, a long pause) is taken in slices, not claimed all at once
+    // inside one Plan step.
+    let mut files = discovery::inbox_files(&entries);
+    let cap = p
+        .limits
+        .max_files_per_batch
+        .saturating_mul(p.limits.max_batches_per_execution) as usize;
+    let more = files.len() > cap;
+    files.truncate(cap);
     let mut by_key: std::collections::HashMap<String, Vec<String>> = Default::default();
     for e in entries {
         by_key.entry(e.key).or_default().push(e.entry);
@@ -771,6 +783,7 @@ async fn find_new(
     Ok(Fresh {
         inputs,
         entries: by_key,
+        more,
     })
 }
 
@@ -1024,6 +1037,7 @@ async fn discover_and_plan(
     let Fresh {
         inputs: fresh,
         entries,
+        more,
     } = loop {
         let seen = seen.take().unwrap_or(Seen::Nothing);
         let found = find_new(ctx, &run, control, seen, first_look).await?;
@@ -1032,10 +1046,16 @@ async fn discover_and_plan(
         if !found.inputs.is_empty() {
             break found;
         }
-        if release_idle(ctx, &run).await? {
+        // A slice of duplicates only: take the next slice.
+        if !found.more && release_idle(ctx, &run).await? {
             return Ok(PlanOutcome::Done { run });
         }
     };
+    if more {
+        // What this slice left in the inbox is discovered at the end of the
+        // run (or by the execution that continues it).
+        update_control(ctx, run.epoch, &|c| c.requested = true).await?;
+    }
     let first = control.next_batch();
     let now = ctx.now();
     let mut plans = Vec::new();

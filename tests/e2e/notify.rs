@@ -120,12 +120,14 @@ async fn notify_mode_plans_from_the_inbox_and_reconciles_every_k_runs() {
 }
 
 fn faulty_notify(root: &Path, writes: Arc<AtomicU64>, fail_at: u64) -> Context {
-    let toml = pipeline_toml("nfc", "parquet", NOTIFY, "max_files_per_batch = 2");
+    let limits = "max_files_per_batch = 2\nmax_batches_per_execution = 1";
+    let toml = pipeline_toml("nfc", "parquet", NOTIFY, limits);
     fault_context(root, &toml, writes, fail_at)
 }
 
 /// Five files: four notified (one of them twice), one found by the first
-/// run's reconciliation; three batches.
+/// run's reconciliation; three batches, one per execution (so each
+/// discovery claims one slice of the inbox and asks for another look).
 async fn notify_scenario(root: &Path) {
     let input = root.join("input");
     let files = gen_files(&input, 5, 40);
@@ -221,6 +223,45 @@ async fn a_run_that_stalls_before_claiming_cannot_process_keys_another_run_commi
     assert_eq!(committed_rows(&sink, "zmb").await, committed);
     let (c, _) = b.checkpoint.control().await.unwrap().unwrap();
     assert_eq!((c.totals.files, c.status), (2, RunStatus::Idle));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backlog_is_claimed_one_execution_at_a_time() {
+    use sluice_engine::handlers::{self, PlanOutcome};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    let files = gen_files(&input, 5, 30);
+    let limits = "max_files_per_batch = 1\nmax_batches_per_execution = 2";
+    let p = pipeline(root, &pipeline_toml("blg", "parquet", NOTIFY, limits));
+    let ctx = local_context(&p);
+    discovery::record_notified(ctx.checkpoint.store(), notified(&files, &input))
+        .await
+        .unwrap();
+    let claims = || async {
+        let keys = ctx.checkpoint.store().list("index/keys/", None).await;
+        keys.unwrap().len()
+    };
+
+    // The first Plan claims what one execution commits (2 batches of 1),
+    // and asks for another look at the end of the run.
+    let PlanOutcome::Batch { batch, .. } = handlers::plan(&ctx, None).await.unwrap() else {
+        panic!("a batch");
+    };
+    assert_eq!(batch.files, 1);
+    assert_eq!(claims().await, 2);
+    assert_eq!(inbox(&ctx).await.len(), 5);
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert!(c.requested, "{c:?}");
+
+    // Carried on (a new process takes the lease over): everything, once.
+    let summary = run(&local_context(&p)).await.unwrap();
+    assert_eq!(files_of(&summary), 5);
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "blg").await,
+        one_shot_rows(&input).await
+    );
+    assert_eq!((claims().await, inbox(&ctx).await.len()), (5, 0));
 }
 
 #[tokio::test(flavor = "multi_thread")]
