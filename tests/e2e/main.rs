@@ -6,6 +6,7 @@ mod support;
 
 mod bad_input;
 mod checkpoint;
+mod claim_model;
 mod cli;
 mod crash;
 mod equivalence;
