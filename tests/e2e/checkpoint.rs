@@ -183,14 +183,14 @@ async fn a_long_batch_keeps_its_lease_alive_with_heartbeats() {
     let mut ctx = Context::new(
         p,
         Arc::new(LocalStore::new(root.join("input"))),
-        Arc::new(SlowStore {
-            inner: Arc::new(LocalStore::new(root.join("out/sink"))),
-            delay: std::time::Duration::from_millis(1200),
-        }),
-        Arc::new(ControlLog {
-            inner: Arc::new(LocalStore::new(root.join("out/checkpoint/beat"))),
-            log: log.clone(),
-        }),
+        Arc::new(Slow::wrap(
+            Arc::new(LocalStore::new(root.join("out/sink"))),
+            std::time::Duration::from_millis(1200),
+        )),
+        Arc::new(ControlLog::wrap(
+            Arc::new(LocalStore::new(root.join("out/checkpoint/beat"))),
+            log.clone(),
+        )),
     );
     test_mode(&mut ctx);
     let summary = run(&ctx).await.unwrap();

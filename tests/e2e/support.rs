@@ -195,9 +195,11 @@ pub fn gated_context(
     let wrap = |path: PathBuf, gate: Option<Arc<Gate>>| -> Arc<dyn Store> {
         Arc::new(FaultStore {
             inner: Arc::new(LocalStore::new(path)),
-            writes: writes.clone(),
-            fail_at,
-            gate,
+            hook: Fault {
+                writes: writes.clone(),
+                fail_at,
+                gate,
+            },
         })
     };
     let mut ctx = Context::new(
@@ -237,17 +239,90 @@ pub async fn assert_recovered(
     );
 }
 
-/// Wraps a store and stops writes from a chosen one on: the tests' crash
-/// injector. Every put and delete counts as a write; write number `fail_at`
-/// (1-based, counted across every store wrapped with the same counter) and
-/// every later one fails with a transient error before reaching the store,
-/// as if the process had died there (retries cannot get past it).
+/// A store whose reads pass through and whose writes go through `hook`
+/// first (and after): the one wrapper behind the tests' fault injector,
+/// control log and slow store.
 #[derive(Debug)]
-pub struct FaultStore {
+pub struct Hooked<H> {
     pub inner: Arc<dyn Store>,
+    pub hook: H,
+}
+
+/// What a test store does around writes.
+#[async_trait::async_trait]
+pub trait WriteHook: Send + Sync + std::fmt::Debug {
+    /// Before a `put` or `delete` of `key` reaches the store; an error stops it.
+    async fn before(&self, _op: &'static str, _key: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// After a put of `bytes` to `key` came back with `outcome`.
+    fn after_put(&self, _key: &str, _bytes: &Bytes, _outcome: &PutOutcome) {}
+}
+
+#[async_trait::async_trait]
+impl<H: WriteHook> Store for Hooked<H> {
+    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
+        self.hook.before("put", key).await?;
+        let out = self.inner.put(key, bytes.clone(), mode).await?;
+        self.hook.after_put(key, &bytes, &out);
+        Ok(out)
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+    ) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.inner.list(prefix, start_after).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.hook.before("delete", key).await?;
+        self.inner.delete(key).await
+    }
+    fn counts(&self) -> RequestCounts {
+        self.inner.counts()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
+        self.inner.scan_access()
+    }
+}
+
+/// The tests' crash injector: every put and delete counts as a write; write
+/// number `fail_at` (1-based, counted across every store wrapped with the
+/// same counter) and every later one fails with a transient error before
+/// reaching the store, as if the process had died there (retries cannot get
+/// past it). Puts also pass `gate`, if any.
+#[derive(Debug)]
+pub struct Fault {
     pub writes: Arc<AtomicU64>,
     pub fail_at: u64,
     pub gate: Option<Arc<Gate>>,
+}
+
+/// A store with the crash injector.
+pub type FaultStore = Hooked<Fault>;
+
+#[async_trait::async_trait]
+impl WriteHook for Fault {
+    async fn before(&self, op: &'static str, key: &str) -> Result<(), StoreError> {
+        let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.fail_at > 0 && n >= self.fail_at {
+            return Err(StoreError::Transient {
+                op,
+                location: key.to_string(),
+                message: format!("injected failure at write {n}"),
+            });
+        }
+        if let (Some(g), "put") = (&self.gate, op) {
+            g.pass(key).await;
+        }
+        Ok(())
+    }
 }
 
 /// Holds the first write whose key starts with `prefix` until released:
@@ -275,54 +350,6 @@ impl Gate {
             self.reached.notify_one();
             self.release.notified().await;
         }
-    }
-}
-
-impl FaultStore {
-    fn check(&self, op: &'static str, key: &str) -> Result<(), StoreError> {
-        let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.fail_at > 0 && n >= self.fail_at {
-            return Err(StoreError::Transient {
-                op,
-                location: key.to_string(),
-                message: format!("injected failure at write {n}"),
-            });
-        }
-        Ok(())
-    }
-}
-
-#[async_trait::async_trait]
-impl Store for FaultStore {
-    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
-        self.check("put", key)?;
-        if let Some(g) = &self.gate {
-            g.pass(key).await;
-        }
-        self.inner.put(key, bytes, mode).await
-    }
-    async fn list(
-        &self,
-        prefix: &str,
-        start_after: Option<&str>,
-    ) -> Result<Vec<ObjectMeta>, StoreError> {
-        self.inner.list(prefix, start_after).await
-    }
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.check("delete", key)?;
-        self.inner.delete(key).await
-    }
-    fn counts(&self) -> RequestCounts {
-        self.inner.counts()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
-        self.inner.scan_access()
     }
 }
 
@@ -357,85 +384,60 @@ pub async fn fresh_bucket(cfg: &sluice_engine::storage::S3Config, what: &str) ->
     name
 }
 
-/// A store that records every successful write of `control.json`, in order.
+/// Records every successful write of `control.json`, in order.
 /// Compare-and-swap makes those writes a chain: each one's `If-Match` names
 /// the previous one's version, so completion order is version order.
 #[derive(Debug)]
 pub struct ControlLog {
-    pub inner: Arc<dyn Store>,
     pub log: Arc<std::sync::Mutex<Vec<sluice_engine::checkpoint::Control>>>,
 }
 
-#[async_trait::async_trait]
-impl Store for ControlLog {
-    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
-        self.inner.get(key).await
+impl ControlLog {
+    /// `inner` with its control writes recorded in `log`.
+    pub fn wrap(
+        inner: Arc<dyn Store>,
+        log: Arc<std::sync::Mutex<Vec<sluice_engine::checkpoint::Control>>>,
+    ) -> Hooked<ControlLog> {
+        Hooked {
+            inner,
+            hook: ControlLog { log },
+        }
     }
-    async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
-        let record = (key == "control.json").then(|| bytes.clone());
-        let out = self.inner.put(key, bytes, mode).await?;
-        if let (Some(b), PutOutcome::Written { .. }) = (record, &out) {
+}
+
+impl WriteHook for ControlLog {
+    fn after_put(&self, key: &str, bytes: &Bytes, outcome: &PutOutcome) {
+        if key == "control.json" && matches!(outcome, PutOutcome::Written { .. }) {
             self.log
                 .lock()
                 .unwrap()
-                .push(serde_json::from_slice(&b).unwrap());
+                .push(serde_json::from_slice(bytes).unwrap());
         }
-        Ok(out)
-    }
-    async fn list(
-        &self,
-        prefix: &str,
-        start_after: Option<&str>,
-    ) -> Result<Vec<ObjectMeta>, StoreError> {
-        self.inner.list(prefix, start_after).await
-    }
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key).await
-    }
-    fn counts(&self) -> RequestCounts {
-        self.inner.counts()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
-        self.inner.scan_access()
     }
 }
 
-/// A store whose writes take `delay` each (a slow sink, for long batches).
+/// Puts take `delay` each (a slow sink, for long batches).
 #[derive(Debug)]
-pub struct SlowStore {
-    pub inner: Arc<dyn Store>,
+pub struct Slow {
     pub delay: std::time::Duration,
 }
 
+impl Slow {
+    /// `inner` with every put taking `delay`.
+    pub fn wrap(inner: Arc<dyn Store>, delay: std::time::Duration) -> Hooked<Slow> {
+        Hooked {
+            inner,
+            hook: Slow { delay },
+        }
+    }
+}
+
 #[async_trait::async_trait]
-impl Store for SlowStore {
-    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.put(key, bytes, mode).await
-    }
-    async fn list(
-        &self,
-        prefix: &str,
-        start_after: Option<&str>,
-    ) -> Result<Vec<ObjectMeta>, StoreError> {
-        self.inner.list(prefix, start_after).await
-    }
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key).await
-    }
-    fn counts(&self) -> RequestCounts {
-        self.inner.counts()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
-        self.inner.scan_access()
+impl WriteHook for Slow {
+    async fn before(&self, op: &'static str, _key: &str) -> Result<(), StoreError> {
+        if op == "put" {
+            tokio::time::sleep(self.delay).await;
+        }
+        Ok(())
     }
 }

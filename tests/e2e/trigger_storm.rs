@@ -100,10 +100,10 @@ max_batches_per_execution = 2
     );
     let p = Pipeline::parse(&toml, "storm.toml", dir.path()).unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
-    let checkpoint: Arc<dyn Store> = Arc::new(ControlLog {
-        inner: Arc::new(S3Store::new(&cfg, &bucket, "checkpoints/storm")),
-        log: log.clone(),
-    });
+    let checkpoint: Arc<dyn Store> = Arc::new(ControlLog::wrap(
+        Arc::new(S3Store::new(&cfg, &bucket, "checkpoints/storm")),
+        log.clone(),
+    ));
     let mut ctx = Context::new(
         p.clone(),
         Arc::new(S3Store::new(&cfg, &bucket, "landing")),
