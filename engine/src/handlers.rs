@@ -521,6 +521,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         control.is_some_and(|c| c.status == RunStatus::Idle && c.spec_hash == p.spec_hash());
     let mut listed = None;
     let mut inbox = None;
+    let mut listed_source = false;
     if p.source.discovery == DiscoveryMode::Notify {
         let entries = discovery::read_inbox(ctx.checkpoint.store().as_ref()).await?;
         let epoch = control.map_or(1, |c| c.epoch + 1);
@@ -538,6 +539,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         } else {
             discovery::inbox_files(&entries)
         });
+        listed_source = due;
         inbox = Some(entries);
     } else if let Some(c) = control
         && settled
@@ -658,7 +660,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     };
     let seen = match (index, inbox) {
         (Some(i), _) => Seen::Listing(i, listed),
-        (None, Some(entries)) => Seen::Inbox(entries),
+        (None, Some(entries)) => Seen::Inbox(entries, listed_source.then_some(listed)),
         (None, None) => Seen::Nothing,
     };
     discover_and_plan(ctx, run, &control, seen, clock).await
@@ -687,8 +689,9 @@ enum Seen {
     Nothing,
     /// `list`/`ordered`: the index and the source listing after its cursor.
     Listing(Index, Vec<ObjectMeta>),
-    /// `notify`: the inbox.
-    Inbox(Vec<InboxEntry>),
+    /// `notify`: the inbox, and the source listing if one was made (a
+    /// reconciliation uses it instead of listing again).
+    Inbox(Vec<InboxEntry>, Option<Vec<ObjectMeta>>),
 }
 
 /// New input, in processing order, and (notify) the inbox entries of each
@@ -733,15 +736,15 @@ async fn find_new(
         });
     }
     let store = ctx.checkpoint.store().as_ref();
-    let mut entries = match seen {
-        Seen::Inbox(e) => e,
-        _ => discovery::read_inbox(store).await?,
+    let (mut entries, source) = match seen {
+        Seen::Inbox(e, source) => (e, source),
+        _ => (discovery::read_inbox(store).await?, None),
     };
     let asked = ctx.reconcile && control.reconciled_epoch != Some(run.epoch);
     if reconcile
         && (asked || discovery::reconcile_due(Some(control), run.epoch, p.source.reconcile_every))
     {
-        entries.extend(reconcile_inbox(ctx, run, &entries).await?);
+        entries.extend(reconcile_inbox(ctx, run, &entries, source).await?);
     }
     // One discovery claims at most what one execution commits: a backlog
     // (an outage, a long pause) is taken in slices, not claimed all at once
@@ -787,18 +790,23 @@ async fn find_new(
     })
 }
 
-/// Notify mode's reconciliation: list the source and the claims, record the
-/// source files that have neither a claim nor an inbox entry as inbox
-/// entries (so a crash after this loses nothing), note the epoch in control,
-/// and return the new entries.
+/// Notify mode's reconciliation: list the source (unless `source` is that
+/// listing already) and the claims, record the source files that have
+/// neither a claim nor an inbox entry as inbox entries (so a crash after
+/// this loses nothing), note the epoch in control, and return the new
+/// entries.
 async fn reconcile_inbox(
     ctx: &Context,
     run: &RunState,
     inbox: &[InboxEntry],
+    source: Option<Vec<ObjectMeta>>,
 ) -> Result<Vec<InboxEntry>> {
     let p = &ctx.pipeline;
     let store = ctx.checkpoint.store().as_ref();
-    let source = discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?;
+    let source = match source {
+        Some(s) => s,
+        None => discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?,
+    };
     let claims = store
         .list(crate::paths::checkpoint::CLAIMS_PREFIX, None)
         .await?;
