@@ -233,25 +233,32 @@ impl SqlOperator {
         batch: u64,
         planned: &[&InputFile],
     ) -> Result<Vec<InputFile>> {
-        let heads = planned.iter().map(|f| async move {
-            match object_store::ObjectStoreExt::head(&access.store, &access.path(&f.key)).await {
-                Ok(meta) => Ok(Some(InputFile {
-                    key: f.key.clone(),
-                    size: meta.size,
-                    etag: meta.e_tag,
-                })),
-                Err(object_store::Error::NotFound { .. }) => {
-                    tracing::warn!(pipeline = %self.pipeline.name, batch, key = %f.key, "notified file no longer exists; skipped");
-                    Ok(None)
+        // At most `CONCURRENT_REQUESTS` in flight, however many small files
+        // a task holds.
+        let owned: Vec<InputFile> = planned.iter().map(|f| (*f).clone()).collect();
+        let found = crate::discovery::concurrently(owned, |f| {
+            let (store, path) = (access.store.clone(), access.path(&f.key));
+            let pipeline = self.pipeline.name.clone();
+            async move {
+                match object_store::ObjectStoreExt::head(&store, &path).await {
+                    Ok(meta) => Ok(Some(InputFile {
+                        key: f.key,
+                        size: meta.size,
+                        etag: meta.e_tag,
+                    })),
+                    Err(object_store::Error::NotFound { .. }) => {
+                        tracing::warn!(%pipeline, batch, key = %f.key, "notified file gone; skipped");
+                        Ok(None)
+                    }
+                    Err(e) => Err(Error::Store(crate::error::StoreError::Transient {
+                        op: "head",
+                        location: f.key,
+                        message: e.to_string(),
+                    })),
                 }
-                Err(e) => Err(Error::Store(crate::error::StoreError::Transient {
-                    op: "head",
-                    location: f.key.clone(),
-                    message: e.to_string(),
-                })),
             }
-        });
-        let found: Vec<Option<InputFile>> = futures::future::try_join_all(heads).await?;
+        })
+        .await?;
         Ok(found.into_iter().flatten().collect())
     }
 

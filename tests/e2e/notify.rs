@@ -52,7 +52,11 @@ async fn notify_mode_plans_from_the_inbox_and_reconciles_every_k_runs() {
         .unwrap();
     let s1 = run(&ctx).await.unwrap();
     assert_eq!(files_of(&s1), 4);
-    assert_eq!(ctx.source.counts().list, 1, "one source listing per reconciliation");
+    assert_eq!(
+        ctx.source.counts().list,
+        1,
+        "one source listing per reconciliation"
+    );
     assert_eq!(
         committed_rows(&sink, "ntf").await,
         one_shot_rows(&input).await
