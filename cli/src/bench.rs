@@ -111,7 +111,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         args.rows,
         dir.display()
     );
-    sluice_engine::generator::write_taxi_files(
+    sluice_cli::generator::write_taxi_files(
         &input,
         args.files,
         args.rows,
@@ -161,7 +161,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
 
     // Five new files.
-    sluice_engine::generator::write_taxi_files(&input, 5, args.rows, SourceFormat::Parquet, None)?;
+    sluice_cli::generator::write_taxi_files(&input, 5, args.rows, SourceFormat::Parquet, None)?;
     let before = ctx.counts();
     let started = Instant::now();
     let inc = runner::run(&ctx, |_| {}).await?;

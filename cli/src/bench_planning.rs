@@ -184,6 +184,7 @@ async fn measure(mode: DiscoveryMode, history: u64, new: u64) -> anyhow::Result<
         discovered: false,
         batches: 0,
         trigger: Some("bench".into()),
+        spec: String::new(),
     };
     let started = Instant::now();
     let outcome = handlers::plan(&ctx, Some(run)).await?;

@@ -9,7 +9,8 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
-use sluice_engine::handlers::{self, Context};
+use sluice_engine::admin;
+use sluice_engine::handlers::Context;
 use sluice_engine::pipeline::{Compression, Pipeline, SourceFormat};
 use sluice_engine::runner::{self, RunEnd};
 use sluice_engine::storage::{Location, S3Config};
@@ -179,45 +180,11 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             state_machine_arn,
             wait,
         } => refresh(&pipeline, &state_machine_arn, wait).await,
-        Command::Pause { pipeline } => {
-            let ctx = open(&pipeline).await?;
-            let c = handlers::set_paused(&ctx, true).await?;
-            println!(
-                "{}: paused; triggers record requests and start nothing{}",
-                ctx.pipeline.name,
-                if c.status == sluice_engine::checkpoint::RunStatus::Running {
-                    " (the run in progress finishes)"
-                } else {
-                    ""
-                }
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Pause { pipeline } => pause(&pipeline).await,
         Command::Resume {
             pipeline,
             state_machine_arn,
-        } => {
-            let ctx = open(&pipeline).await?;
-            let c = handlers::set_paused(&ctx, false).await?;
-            let name = &ctx.pipeline.name;
-            match (c.requested, state_machine_arn) {
-                (false, _) => {
-                    println!("{name}: resumed; nothing was requested while paused");
-                    Ok(ExitCode::SUCCESS)
-                }
-                (true, Some(arn)) => {
-                    println!("{name}: resumed; starting the run requested while paused");
-                    wake_on_aws(&ctx, &arn, "sluice resume", false).await
-                }
-                (true, None) => {
-                    println!(
-                        "{name}: resumed; a run was requested while paused: start it with \
-                         `sluice run` (local) or pass --state-machine-arn"
-                    );
-                    Ok(ExitCode::SUCCESS)
-                }
-            }
-        }
+        } => resume(&pipeline, state_machine_arn).await,
         Command::Cancel {
             pipeline,
             state_machine_arn,
@@ -227,17 +194,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             limit,
             json,
         } => history(&pipeline, limit, json).await,
-        Command::Register { pipeline } => {
-            let ctx = open(&pipeline).await?;
-            let record = handlers::register(&ctx).await?;
-            println!(
-                "registered pipeline \"{}\" in {} ({} source columns pinned)",
-                record.pipeline.name,
-                ctx.pipeline.checkpoint.display(),
-                record.schema.len()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Register { pipeline } => register(&pipeline).await,
         Command::Gen {
             dataset: Dataset::Taxi,
             files,
@@ -245,32 +202,87 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             format,
             compression,
             out,
-        } => {
-            let format = match format {
-                Format::Parquet => SourceFormat::Parquet,
-                Format::Csv => SourceFormat::Csv,
-                Format::Jsonl => SourceFormat::Jsonl,
-            };
-            let compression = compression.map(|c| match c {
-                Comp::Gzip => Compression::Gzip,
-                Comp::Zstd => Compression::Zstd,
-            });
-            if compression.is_some() && format == SourceFormat::Parquet {
-                anyhow::bail!(
-                    "--compression applies to csv and jsonl; Parquet compresses inside the file"
-                );
-            }
-            let written =
-                sluice_engine::generator::write_taxi_files(&out, files, rows, format, compression)
-                    .with_context(|| format!("writing taxi files into {}", out.display()))?;
-            for p in &written {
-                println!("{}", p.display());
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => gen_taxi(&out, files, rows, format, compression),
         Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::BenchPlanning(args) => bench_planning::run(args).await.map(|()| ExitCode::SUCCESS),
     }
+}
+
+async fn pause(path: &Path) -> anyhow::Result<ExitCode> {
+    let ctx = open(path).await?;
+    let c = admin::set_paused(&ctx, true).await?;
+    println!(
+        "{}: paused; triggers record requests and start nothing{}",
+        ctx.pipeline.name,
+        if c.status == sluice_engine::checkpoint::RunStatus::Running {
+            " (the run in progress finishes)"
+        } else {
+            ""
+        }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn resume(path: &Path, state_machine_arn: Option<String>) -> anyhow::Result<ExitCode> {
+    let ctx = open(path).await?;
+    let c = admin::set_paused(&ctx, false).await?;
+    let name = &ctx.pipeline.name;
+    match (c.requested, state_machine_arn) {
+        (false, _) => {
+            println!("{name}: resumed; nothing was requested while paused");
+            Ok(ExitCode::SUCCESS)
+        }
+        (true, Some(arn)) => {
+            println!("{name}: resumed; starting the run requested while paused");
+            wake_on_aws(&ctx, &arn, "sluice resume", false).await
+        }
+        (true, None) => {
+            println!(
+                "{name}: resumed; a run was requested while paused: start it with \
+                 `sluice run` (local) or pass --state-machine-arn"
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn register(path: &Path) -> anyhow::Result<ExitCode> {
+    let ctx = open(path).await?;
+    let record = admin::register(&ctx).await?;
+    println!(
+        "registered pipeline \"{}\" in {} ({} source columns pinned)",
+        record.pipeline.name,
+        ctx.pipeline.checkpoint.display(),
+        record.schema.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn gen_taxi(
+    out: &Path,
+    files: u64,
+    rows: usize,
+    format: Format,
+    compression: Option<Comp>,
+) -> anyhow::Result<ExitCode> {
+    let format = match format {
+        Format::Parquet => SourceFormat::Parquet,
+        Format::Csv => SourceFormat::Csv,
+        Format::Jsonl => SourceFormat::Jsonl,
+    };
+    let compression = compression.map(|c| match c {
+        Comp::Gzip => Compression::Gzip,
+        Comp::Zstd => Compression::Zstd,
+    });
+    if compression.is_some() && format == SourceFormat::Parquet {
+        anyhow::bail!("--compression applies to csv and jsonl; Parquet compresses inside the file");
+    }
+    let written = sluice_cli::generator::write_taxi_files(out, files, rows, format, compression)
+        .with_context(|| format!("writing taxi files into {}", out.display()))?;
+    for p in &written {
+        println!("{}", p.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Open a pipeline's context, loading the S3 configuration only if a
@@ -404,7 +416,8 @@ async fn wake_on_aws(
 
 async fn cancel(path: &Path, state_machine_arn: &str) -> anyhow::Result<ExitCode> {
     use sluice_engine::checkpoint::RunStatus;
-    use sluice_engine::triggers::{EXECUTION_OWNER, Executions, StepFunctions};
+    use sluice_engine::checkpoint::owner::Owner;
+    use sluice_engine::triggers::{Executions, StepFunctions};
     let ctx = open_registered(path).await?;
     let name = &ctx.pipeline.name;
     let Some((c, _)) = ctx.checkpoint.control().await? else {
@@ -415,8 +428,8 @@ async fn cancel(path: &Path, state_machine_arn: &str) -> anyhow::Result<ExitCode
         println!("{name}: no run in progress; nothing to cancel");
         return Ok(ExitCode::SUCCESS);
     }
-    let owner = c.owner.clone().unwrap_or_default();
-    let Some(execution) = owner.strip_prefix(EXECUTION_OWNER) else {
+    let owner = Owner::parse(c.owner.as_deref().unwrap_or_default());
+    let Some(execution) = owner.execution() else {
         anyhow::bail!(
             "{name}: the lease is held by {owner}, not by a Step Functions execution; stop that \
              process (a local run) and the next run takes over"
@@ -424,7 +437,7 @@ async fn cancel(path: &Path, state_machine_arn: &str) -> anyhow::Result<ExitCode
     };
     let sfn = StepFunctions::from_env(state_machine_arn).await;
     sfn.stop(execution, "sluice cancel").await?;
-    handlers::release_cancelled(&ctx, c.epoch).await?;
+    admin::release_cancelled(&ctx, c.epoch).await?;
     println!(
         "{name}: stopped {} and released its lease (epoch {}); the next run resumes any \
          planned batch, and the stopped run can commit nothing",
@@ -436,7 +449,7 @@ async fn cancel(path: &Path, state_machine_arn: &str) -> anyhow::Result<ExitCode
 
 async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCode> {
     let ctx = open(path).await?;
-    let commits = handlers::history(&ctx, limit).await?;
+    let commits = admin::history(&ctx, limit).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&commits)?);
         return Ok(ExitCode::SUCCESS);
@@ -520,7 +533,7 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
 
 async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let ctx = open(path).await?;
-    let status = handlers::status(&ctx).await?;
+    let status = admin::status(&ctx).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(ExitCode::SUCCESS);

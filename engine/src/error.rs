@@ -86,6 +86,18 @@ pub enum Error {
     /// Another run owns the pipeline or won a race.
     #[error("pipeline \"{pipeline}\": {message}")]
     Conflict { pipeline: String, message: String },
+    /// A step of a run met a context built from another spec than the one
+    /// the run was planned under (the pipeline was registered again).
+    #[error(
+        "pipeline \"{pipeline}\": this run was planned under spec {run}, but this step's \
+         context holds spec {here} (the pipeline was registered again); the run stops and the \
+         next run continues under the registered spec"
+    )]
+    StaleSpec {
+        pipeline: String,
+        run: String,
+        here: String,
+    },
     /// A checkpoint object is unreadable or inconsistent.
     #[error("pipeline \"{pipeline}\": checkpoint object {key}: {message}")]
     Checkpoint {
@@ -93,12 +105,24 @@ pub enum Error {
         key: String,
         message: String,
     },
-    /// Query execution failed for a reason not tied to one input file.
-    #[error("pipeline \"{pipeline}\", batch {batch}, task {task}: {message}")]
+    /// A batch (or one task of it) failed for a reason not tied to one
+    /// input file.
+    #[error(
+        "pipeline \"{pipeline}\", batch {batch}{}: {message}",
+        .task.map(|t| format!(", task {t}")).unwrap_or_default()
+    )]
     Execution {
         pipeline: String,
         batch: u64,
-        task: u32,
+        task: Option<u32>,
+        message: String,
+        class: ErrorClass,
+    },
+    /// A step failed for a reason that concerns no batch (a payload that
+    /// does not fit, a request for another pipeline).
+    #[error("pipeline \"{pipeline}\": {message}")]
+    Run {
+        pipeline: String,
         message: String,
         class: ErrorClass,
     },
@@ -122,9 +146,11 @@ impl Error {
                 ErrorClass::InvalidInput
             }
             Error::Input { .. } => ErrorClass::InvalidInput,
-            Error::Conflict { .. } => ErrorClass::Conflict,
+            Error::Conflict { .. } | Error::StaleSpec { .. } => ErrorClass::Conflict,
             Error::Checkpoint { .. } => ErrorClass::Fatal,
-            Error::Execution { class, .. } | Error::Service { class, .. } => *class,
+            Error::Execution { class, .. }
+            | Error::Run { class, .. }
+            | Error::Service { class, .. } => *class,
             Error::Store(e) => e.class(),
         }
     }
@@ -132,3 +158,34 @@ impl Error {
 
 /// Result with the engine's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_only_what_the_error_concerns() {
+        let run = Error::Run {
+            pipeline: "taxi".into(),
+            message: "m".into(),
+            class: ErrorClass::Fatal,
+        };
+        assert_eq!(run.to_string(), "pipeline \"taxi\": m");
+        let batch = Error::Execution {
+            pipeline: "taxi".into(),
+            batch: 3,
+            task: None,
+            message: "m".into(),
+            class: ErrorClass::Retryable,
+        };
+        assert_eq!(batch.to_string(), "pipeline \"taxi\", batch 3: m");
+        let task = Error::Execution {
+            pipeline: "taxi".into(),
+            batch: 3,
+            task: Some(0),
+            message: "m".into(),
+            class: ErrorClass::Retryable,
+        };
+        assert_eq!(task.to_string(), "pipeline \"taxi\", batch 3, task 0: m");
+    }
+}

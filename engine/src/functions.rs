@@ -3,14 +3,11 @@
 //! and errors reported to Step Functions under their class name, which the
 //! state machine's Retry and Catch clauses match.
 
-use std::collections::HashMap;
-
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::handlers::{CommitRequest, Context, HandlerFuture, PlanRequest, TaskRequest, schema_of};
+use crate::handlers::{CommitRequest, Context, Contexts, HandlerFuture, PlanRequest, TaskRequest};
 use crate::storage::{Location, S3Config};
 
 /// The environment variable naming where pipelines are registered.
@@ -31,11 +28,21 @@ pub fn diagnostic(e: &Error) -> Diagnostic {
 pub trait PipelineRequest {
     /// The pipeline the request is for.
     fn pipeline(&self) -> &str;
+
+    /// Whether this request starts a run's work in a new execution (its
+    /// context is then checked against `pipeline.json` first).
+    fn starts_execution(&self) -> bool {
+        false
+    }
 }
 
 impl PipelineRequest for PlanRequest {
     fn pipeline(&self) -> &str {
         &self.pipeline
+    }
+
+    fn starts_execution(&self) -> bool {
+        self.run.as_ref().is_none_or(|r| r.spec.is_empty())
     }
 }
 
@@ -51,98 +58,34 @@ impl PipelineRequest for CommitRequest {
     }
 }
 
-/// Contexts of the pipelines registered under one checkpoint location.
-pub struct Contexts {
-    root: Location,
-    s3: Option<S3Config>,
-    cache: tokio::sync::Mutex<HashMap<String, Context>>,
+/// The contexts of the pipelines registered under `SLUICE_CHECKPOINT_URI`;
+/// fails with a message naming the variable when it is missing or
+/// malformed.
+pub async fn contexts_from_env() -> std::result::Result<Contexts, String> {
+    let uri = std::env::var(CHECKPOINT_ENV).map_err(|_| {
+        format!(
+            "{CHECKPOINT_ENV} is not set: set it to the checkpoint location where pipelines \
+             are registered (s3://bucket/prefix/)"
+        )
+    })?;
+    let root = Location::parse(&uri, std::path::Path::new("/"))
+        .map_err(|e| format!("{CHECKPOINT_ENV}: {e}"))?;
+    let s3 = match root {
+        Location::S3 { .. } => Some(S3Config::from_env().await),
+        Location::Local(_) => None,
+    };
+    Ok(Contexts::new(root, s3))
 }
 
-impl Contexts {
-    /// Contexts of the pipelines registered under `root`.
-    pub fn new(root: Location, s3: Option<S3Config>) -> Contexts {
-        Contexts {
-            root,
-            s3,
-            cache: tokio::sync::Mutex::new(HashMap::new()),
-        }
+/// The contexts of every pipeline registered under the root (one listing;
+/// specs are read once per process).
+pub async fn registered(contexts: &Contexts) -> Result<Vec<Context>> {
+    let root = contexts.root_store()?;
+    let mut out = Vec::new();
+    for name in crate::triggers::registered_names(root.as_ref()).await? {
+        out.push(contexts.get(&name).await?);
     }
-
-    /// Read the checkpoint location from `SLUICE_CHECKPOINT_URI`; fails with
-    /// a message naming the variable when it is missing or malformed.
-    pub async fn from_env() -> std::result::Result<Contexts, String> {
-        let uri = std::env::var(CHECKPOINT_ENV).map_err(|_| {
-            format!(
-                "{CHECKPOINT_ENV} is not set: set it to the checkpoint location where pipelines \
-                 are registered (s3://bucket/prefix/)"
-            )
-        })?;
-        let root = Location::parse(&uri, std::path::Path::new("/"))
-            .map_err(|e| format!("{CHECKPOINT_ENV}: {e}"))?;
-        let s3 = match root {
-            Location::S3 { .. } => Some(S3Config::from_env().await),
-            Location::Local(_) => None,
-        };
-        Ok(Contexts::new(root, s3))
-    }
-
-    /// The contexts of every pipeline registered under the root (one
-    /// listing; specs are read once per process).
-    pub async fn registered(&self) -> Result<Vec<Context>> {
-        let root = self
-            .root
-            .open(self.s3.as_ref())
-            .map_err(|message| Error::Spec {
-                file: CHECKPOINT_ENV.into(),
-                message,
-            })?;
-        let mut out = Vec::new();
-        for name in crate::triggers::registered_names(root.as_ref()).await? {
-            out.push(self.get(&name).await?);
-        }
-        Ok(out)
-    }
-
-    /// The context of `pipeline`, from its registered `pipeline.json`.
-    pub async fn get(&self, pipeline: &str) -> Result<Context> {
-        let mut cache = self.cache.lock().await;
-        if let Some(c) = cache.get(pipeline) {
-            return Ok(c.clone());
-        }
-        let store = self
-            .root
-            .join(pipeline)
-            .open(self.s3.as_ref())
-            .map_err(|message| Error::Spec {
-                file: pipeline.to_string(),
-                message,
-            })?;
-        let record = Checkpoint::new(store, pipeline)
-            .pipeline_record()
-            .await?
-            .ok_or_else(|| Error::Spec {
-                file: pipeline.to_string(),
-                message: format!(
-                    "no pipeline \"{pipeline}\" is registered under {}; run `sluice register` \
-                     with its pipeline file first",
-                    self.root.display()
-                ),
-            })?;
-        let mut ctx = Context::open(record.pipeline.clone(), self.s3.as_ref())?;
-        // In Lambda no process outlives its invocation in a way another
-        // sandbox could see: a lease held by a function is freed by its TTL
-        // (or, for executions, by the trigger seeing the execution ended).
-        ctx.owner = format!(
-            "lambda:{}",
-            std::env::var("AWS_LAMBDA_LOG_STREAM_NAME")
-                .or_else(|_| std::env::var("AWS_LAMBDA_FUNCTION_NAME"))
-                .unwrap_or_else(|_| "function".into())
-        );
-        ctx.owner_gone = std::sync::Arc::new(|_| false);
-        ctx.pin_schema(schema_of(&record.schema));
-        cache.insert(pipeline.to_string(), ctx.clone());
-        Ok(ctx)
-    }
+    Ok(out)
 }
 
 /// JSON logs, filtered by `RUST_LOG` (default `info`).
@@ -165,28 +108,30 @@ pub async fn handle<Req, Resp>(
     handler: impl for<'a> Fn(&'a Context, Req) -> HandlerFuture<'a, Resp>,
 ) -> std::result::Result<Resp, Diagnostic>
 where
-    Req: PipelineRequest,
+    Req: PipelineRequest + Clone + Send + Sync,
 {
-    let ctx = contexts
-        .get(req.pipeline())
+    let pipeline = req.pipeline().to_string();
+    contexts
+        .dispatch(&pipeline, req.starts_execution(), |ctx| {
+            handler(ctx, req.clone())
+        })
         .await
-        .map_err(|e| diagnostic(&e))?;
-    handler(&ctx, req).await.map_err(|e| {
-        tracing::warn!(pipeline = %ctx.pipeline.name, class = %e.class(), error = %e, "handler failed");
-        diagnostic(&e)
-    })
+        .map_err(|e| {
+            tracing::warn!(%pipeline, class = %e.class(), error = %e, "handler failed");
+            diagnostic(&e)
+        })
 }
 
 /// A function binary's whole `main`: logs, contexts from the environment
 /// (failing fast with a clear message), then the Lambda runtime loop.
 pub async fn serve<Req, Resp, H>(handler: H) -> std::result::Result<(), lambda_runtime::Error>
 where
-    Req: PipelineRequest + DeserializeOwned + Send + 'static,
+    Req: PipelineRequest + Clone + DeserializeOwned + Send + Sync + 'static,
     Resp: Serialize + Send + 'static,
     H: for<'a> Fn(&'a Context, Req) -> HandlerFuture<'a, Resp> + Copy + Send + Sync + 'static,
 {
     init_tracing();
-    let contexts = std::sync::Arc::new(Contexts::from_env().await?);
+    let contexts = std::sync::Arc::new(contexts_from_env().await?);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Req>| {
         let contexts = contexts.clone();
         handle_owned(contexts, event.payload, handler)
@@ -199,7 +144,7 @@ where
 /// [`crate::triggers::trigger`].
 pub async fn serve_trigger() -> std::result::Result<(), lambda_runtime::Error> {
     init_tracing();
-    let contexts = std::sync::Arc::new(Contexts::from_env().await?);
+    let contexts = std::sync::Arc::new(contexts_from_env().await?);
     let arn = std::env::var(STATE_MACHINE_ENV).map_err(|_| {
         format!("{STATE_MACHINE_ENV} is not set: set it to the ARN of the Sluice state machine")
     })?;
@@ -221,7 +166,7 @@ pub async fn trigger_event(
     let run = async {
         let bytes = serde_json::to_vec(payload).expect("a JSON value serialises");
         let event = crate::triggers::parse_event(&bytes)?;
-        let registered = contexts.registered().await?;
+        let registered = registered(contexts).await?;
         crate::triggers::trigger(&event, &registered, executions).await
     };
     run.await.map_err(|e| {
@@ -236,7 +181,7 @@ async fn handle_owned<Req, Resp, H>(
     handler: H,
 ) -> std::result::Result<Resp, Diagnostic>
 where
-    Req: PipelineRequest,
+    Req: PipelineRequest + Clone + Send + Sync,
     H: for<'a> Fn(&'a Context, Req) -> HandlerFuture<'a, Resp>,
 {
     handle(&contexts, req, handler).await
@@ -252,15 +197,9 @@ mod tests {
     async fn registered_pipelines_are_served_and_errors_carry_their_class() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        crate::generator::write_taxi_files(
-            &root.join("input"),
-            2,
-            20,
-            crate::pipeline::SourceFormat::Parquet,
-            None,
-        )
-        .unwrap();
-        let toml = "name = \"fn\"\n[source]\nuri = \"input\"\nformat = \"parquet\"\ntable = \"t\"\n\
+        std::fs::create_dir_all(root.join("input")).unwrap();
+        std::fs::write(root.join("input/a.csv"), "fare_amount\n1.5\n2.5\n").unwrap();
+        let toml = "name = \"fn\"\n[source]\nuri = \"input\"\nformat = \"csv\"\ntable = \"t\"\n\
                     [query]\nsql = \"SELECT fare_amount FROM t\"\n[sink]\nuri = \"out/sink\"\n\
                     [checkpoint]\nuri = \"out/cp\"\n";
         let p = Pipeline::parse(toml, "fn.toml", root).unwrap();
@@ -279,7 +218,7 @@ mod tests {
             d.error_message
         );
 
-        crate::handlers::register(&Context::open(p, None).unwrap())
+        crate::admin::register(&Context::open(p, None).unwrap())
             .await
             .unwrap();
         let out = handle(&contexts, req(), handle_plan).await.unwrap();

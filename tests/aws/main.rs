@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
+use sluice_engine::admin;
 use sluice_engine::checkpoint::RunStatus;
-use sluice_engine::handlers::{self, Context};
+use sluice_engine::handlers::Context;
 use sluice_engine::pipeline::Pipeline;
 use sluice_engine::storage::{PutMode, S3Config, S3Store, Store};
 use sluice_engine::triggers::{StepFunctions, execution_name};
@@ -411,17 +412,13 @@ fn sluice(stack: &Stack, command: &str, pipeline: &Path, args: &[&str]) -> Strin
     text
 }
 
-/// The rows committed on S3, and those a local run commits for `files`.
-async fn committed(
-    cfg: &S3Config,
-    bucket: &str,
-    files: &[PathBuf],
-    input: &Path,
-) -> (Vec<String>, Vec<String>) {
+/// The rows committed on S3, and those DuckDB's one-shot query gives over
+/// `files`.
+async fn committed(cfg: &S3Config, bucket: &str, files: &[PathBuf]) -> (Vec<String>, Vec<String>) {
     let out = tempfile::tempdir().unwrap();
     download(cfg, bucket, "curated", out.path()).await;
     let rows = committed_rows(out.path(), "taxi").await;
-    (rows, local_rows(files, input, "taxi").await)
+    (rows, duckdb_rows(files, SQL).await)
 }
 
 /// Download every object under `prefix` into `into`, keeping relative keys.
@@ -433,22 +430,6 @@ async fn download(cfg: &S3Config, bucket: &str, prefix: &str, into: &Path) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, &obj.bytes).unwrap();
     }
-}
-
-/// What `sluice run` commits locally for the same input files: the
-/// pipeline run in-process over a local copy of `files` (under `input`).
-async fn local_rows(files: &[PathBuf], input: &Path, name: &str) -> Vec<String> {
-    let dir = tempfile::tempdir().unwrap();
-    let copy = dir.path().join("input");
-    for f in files {
-        let to = copy.join(f.strip_prefix(input).unwrap());
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::copy(f, to).unwrap();
-    }
-    let toml = pipeline_toml(name, "parquet", "", "max_files_per_batch = 2");
-    let ctx = local_context(&pipeline(dir.path(), &toml));
-    run(&ctx).await.unwrap();
-    committed_rows(&dir.path().join("out/sink"), name).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -529,7 +510,7 @@ max_files_per_batch = 2
     std::fs::write(dir.path().join("taxi.toml"), &toml).unwrap();
     let p = Pipeline::parse(&toml, "taxi.toml", dir.path()).unwrap();
     let ctx = Context::open(p, Some(&cfg)).unwrap();
-    handlers::register(&ctx).await.unwrap();
+    admin::register(&ctx).await.unwrap();
 
     // 1. An S3 notification for the first files starts a run; it commits
     //    what `sluice run` commits locally for the same files.
@@ -543,9 +524,12 @@ max_files_per_batch = 2
         "aws e2e: first execution (2 batches) took {:?}",
         t0.elapsed()
     );
-    let (rows, local) = committed(&cfg, bucket, &files[..4], &input).await;
+    let (rows, local) = committed(&cfg, bucket, &files[..4]).await;
     assert!(!rows.is_empty());
-    assert_eq!(rows, local, "S3 output differs from the local run's");
+    assert_eq!(
+        rows, local,
+        "S3 output differs from DuckDB's one-shot query"
+    );
     let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
     assert_eq!((c.last_committed, c.totals.files), (Some(1), 4));
 
@@ -578,7 +562,7 @@ max_files_per_batch = 2
     let end = wait_execution(&sfn, &stack, "taxi", e3).await;
     assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
     assert_eq!(stats(&stack)["sluice-operator"]["injected"], 1);
-    let (rows, local) = committed(&cfg, bucket, &files[..6], &input).await;
+    let (rows, local) = committed(&cfg, bucket, &files[..6]).await;
     assert_eq!(rows, local, "after a retried task");
 
     // 4. A fatal failure ends the execution; the checkpoint stays
@@ -610,7 +594,7 @@ max_files_per_batch = 2
             && out.contains("execution SUCCEEDED (1 batches committed)"),
         "{out}"
     );
-    let (rows, local) = committed(&cfg, bucket, &files[..8], &input).await;
+    let (rows, local) = committed(&cfg, bucket, &files[..8]).await;
     assert_eq!(rows, local, "after recovering from a fatal failure");
     let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
     assert_eq!(c.totals.files, 8);
@@ -653,7 +637,7 @@ max_files_per_batch = 2
     tokio::time::sleep(Duration::from_secs(4)).await;
     let out = refresh(&stack, &dir.path().join("taxi.toml"));
     assert!(out.contains("batch 4: 2 files"), "{out}");
-    let (rows, local) = committed(&cfg, bucket, &files, &input).await;
+    let (rows, local) = committed(&cfg, bucket, &files).await;
     assert_eq!(rows, local, "after a cancelled run");
     let out_dir = tempfile::tempdir().unwrap();
     download(&cfg, bucket, "curated", out_dir.path()).await;
@@ -720,7 +704,7 @@ uri = "s3://{bucket}/checkpoints/"
     let ctx = Context::open(p, Some(cfg)).unwrap();
     // The fourth file lands later (deleted now, uploaded again below).
     source.delete(&keys[3]["notified/".len()..]).await.unwrap();
-    handlers::register(&ctx).await.unwrap();
+    admin::register(&ctx).await.unwrap();
     let out_rows = || async {
         let out = tempfile::tempdir().unwrap();
         download(cfg, bucket, "inbox-out", out.path()).await;
@@ -736,10 +720,7 @@ uri = "s3://{bucket}/checkpoints/"
     assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
     let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
     assert_eq!((c.totals.files, c.reconciled_epoch), (3, Some(e)), "{c:?}");
-    assert_eq!(
-        out_rows().await,
-        local_rows(&files[..3], &input, "inbox").await
-    );
+    assert_eq!(out_rows().await, duckdb_rows(&files[..3], SQL).await);
     assert!(inbox().await.is_empty(), "{:?}", inbox().await);
 
     let rel = &keys[3]["notified/".len()..];
@@ -751,7 +732,7 @@ uri = "s3://{bucket}/checkpoints/"
     assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
     let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
     assert_eq!((c.totals.files, c.last_committed), (4, Some(1)), "{c:?}");
-    assert_eq!(out_rows().await, local_rows(&files, &input, "inbox").await);
+    assert_eq!(out_rows().await, duckdb_rows(&files, SQL).await);
     assert!(inbox().await.is_empty(), "{:?}", inbox().await);
     let claims = ctx
         .checkpoint
@@ -816,7 +797,7 @@ max_batches_per_execution = 1
     );
     let p = Pipeline::parse(&toml, "many.toml", dir.path()).unwrap();
     let ctx = Context::open(p, Some(cfg)).unwrap();
-    handlers::register(&ctx).await.unwrap();
+    admin::register(&ctx).await.unwrap();
 
     // Two batches, one per execution: the first execution's Continue step
     // wakes the pipeline through the trigger, which starts the next.
@@ -840,8 +821,8 @@ max_batches_per_execution = 1
     let rows = out_rows().await;
     assert_eq!(
         rows,
-        local_rows(&files[..3], &input, "many").await,
-        "Distributed Map output differs from the local run's"
+        duckdb_rows(&files[..3], SQL).await,
+        "Distributed Map output differs from DuckDB's one-shot query"
     );
 
     // A corrupt file: its task refuses it.
@@ -868,7 +849,7 @@ max_batches_per_execution = 1
     assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
     assert_eq!(
         out_rows().await,
-        local_rows(&files, &input, "many").await,
+        duckdb_rows(&files, SQL).await,
         "after the fix"
     );
 }

@@ -97,8 +97,8 @@ async fn corrupt_and_truncated(limits: &str) {
         );
         // Fix this file (same key) and go on to the next broken one.
         let i: u64 = name[6..12].parse().unwrap();
-        let bytes = sluice_engine::generator::encode(
-            &sluice_engine::generator::taxi_batch(i, 100),
+        let bytes = sluice_cli::generator::encode(
+            &sluice_cli::generator::taxi_batch(i, 100),
             SourceFormat::Parquet,
             None,
         )
@@ -118,12 +118,12 @@ async fn a_csv_line_that_does_not_fit_the_schema_names_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let input = root.join("input");
-    sluice_engine::generator::write_taxi_files(&input, 2, 50, SourceFormat::Csv, None).unwrap();
+    sluice_cli::generator::write_taxi_files(&input, 2, 50, SourceFormat::Csv, None).unwrap();
     let toml = pipeline_toml("badcsv", "csv", "", "max_files_per_batch = 10");
     let p = pipeline(root, &toml);
     run(&local_context(&p)).await.unwrap();
     let added =
-        sluice_engine::generator::write_taxi_files(&input, 1, 50, SourceFormat::Csv, None).unwrap();
+        sluice_cli::generator::write_taxi_files(&input, 1, 50, SourceFormat::Csv, None).unwrap();
     let mut text = std::fs::read_to_string(&added[0]).unwrap();
     text.push_str("1,not-a-time,x\n");
     std::fs::write(&added[0], text).unwrap();

@@ -87,12 +87,68 @@ async fn spec_changes_that_would_corrupt_state_are_refused() {
         .to_string();
     assert!(e.contains("source schema changed"), "{e}");
 
-    // A compatible change (the SQL) is accepted and used from then on.
+    // A compatible change (the SQL) is accepted and used from then on: the
+    // new file's batch holds what the new query gives over that file alone
+    // (a one-shot DataFusion query), which the old query would not.
     let new_sql = ordered.replace("WHERE trip_distance > 1.0", "WHERE trip_distance > 2.0");
     let s = run(&local_context(&pipeline(root, &new_sql)))
         .await
         .unwrap();
     assert_eq!(s.batches.len(), 1);
+    let newest = newest_file(&root.join("input"));
+    let committed = batch_rows(&root.join("out/sink"), "spec", s.batches[0].batch).await;
+    let with_new = file_rows(&newest, &SQL.replace("> 1.0", "> 2.0")).await;
+    assert_eq!(committed, with_new);
+    assert_ne!(
+        committed,
+        file_rows(&newest, SQL).await,
+        "the change must matter"
+    );
+}
+
+/// The input file written last (`gen_files` numbers files in order).
+fn newest_file(input: &std::path::Path) -> std::path::PathBuf {
+    let mut files: Vec<_> = std::fs::read_dir(input)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files.pop().expect("an input file")
+}
+
+/// The rows `sql` gives over one Parquet file, by plain DataFusion.
+async fn file_rows(file: &std::path::Path, sql: &str) -> Vec<String> {
+    let ctx = datafusion::prelude::SessionContext::new();
+    ctx.register_parquet("trips", file.to_str().unwrap(), Default::default())
+        .await
+        .unwrap();
+    rows_of(&ctx.sql(sql).await.unwrap().collect().await.unwrap())
+}
+
+/// The rows of the files batch `batch`'s manifest names.
+async fn batch_rows(sink_dir: &std::path::Path, name: &str, batch: u64) -> Vec<String> {
+    let sink = sluice_engine::sinks::ParquetSink::new(
+        Arc::new(LocalStore::new(sink_dir.to_path_buf())),
+        name,
+    );
+    let m = sink
+        .manifests()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|m| m.batch == batch)
+        .expect("the batch's manifest");
+    let ctx = datafusion::prelude::SessionContext::new();
+    let mut batches = Vec::new();
+    for f in m.files {
+        let path = sink_dir.join(&f.key);
+        let df = ctx
+            .read_parquet(path.to_str().unwrap(), Default::default())
+            .await
+            .unwrap();
+        batches.extend(df.collect().await.unwrap());
+    }
+    rows_of(&batches)
 }
 
 /// Child side of the cross-process race below: one put, outcome on stdout.

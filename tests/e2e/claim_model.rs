@@ -2,20 +2,26 @@
 //! interleaving of three notifications of it (the first, a redelivery of
 //! the same entry, and one with another size) with two runs, the first of
 //! which loses its lease at any point and goes on as a zombie, then a last
-//! run on its own. Each step is one atomic storage request, as in
-//! `handlers.rs`: list the inbox; create the claim (create-only); read it;
+//! run on its own. Each step is one atomic storage request, as the engine
+//! makes them: list the inbox; create the claim (create-only); read it;
 //! take an uncommitted claim over (If-Match); create the plan (create-only,
 //! at the batch after the last committed one as read when the run started);
 //! check the lease and create the commit record (create-only); mark the
 //! claim committed (overwrite); delete the consumed entries; advance control
 //! (fenced by epoch). A run that finds the claim committed deletes the
-//! entries it listed and ends.
+//! entries it listed and ends. What a run does after each claim request is
+//! decided by the engine's own `discovery::decide_key_claim`; the model
+//! supplies only the storage (a versioned claim, create-only and If-Match
+//! writes).
 //!
 //! Checked in every reachable state: the key is in at most one commit
 //! record. In every final state (after the last run): exactly one, the
 //! inbox empty, the claim committed.
 
 use std::collections::{BTreeSet, HashSet};
+
+use sluice_engine::checkpoint::KeyClaim;
+use sluice_engine::discovery::{ClaimStep, decide_key_claim};
 
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 enum Pc {
@@ -130,6 +136,31 @@ fn next_batch(s: &State) -> usize {
     s.last_committed.map_or(0, |b| b + 1)
 }
 
+/// The engine's claim decision, or (for the negative control) one that
+/// treats a committed claim as left by a plan that never committed.
+fn decide(flaw: Flaw, written: bool, read: Option<Option<(&KeyClaim, &str)>>) -> ClaimStep {
+    match read {
+        Some(Some((claim, etag))) if flaw == Flaw::IgnoreCommitted && claim.committed => {
+            ClaimStep::TakeOver(etag.to_string())
+        }
+        _ => decide_key_claim(written, read),
+    }
+}
+
+/// Where a run goes after the claim decision `step`.
+fn after_claim(step: ClaimStep, next: usize, seen: Vec<u8>) -> Pc {
+    match step {
+        ClaimStep::Taken => Pc::Plan { next, seen },
+        ClaimStep::Duplicate => Pc::DeleteDuplicates { seen },
+        ClaimStep::Create => Pc::Create { next, seen },
+        ClaimStep::TakeOver(etag) => Pc::Cas {
+            next,
+            seen,
+            version: etag.parse().expect("the model's etags are versions"),
+        },
+    }
+}
+
 /// One step of run `r`; `None` when it has nothing to do.
 fn step(s: &State, r: usize, flaw: Flaw) -> Option<State> {
     let mut t = s.clone();
@@ -157,19 +188,28 @@ fn step(s: &State, r: usize, flaw: Flaw) -> Option<State> {
         Pc::Create { next, seen } => match s.claim {
             None => {
                 t.claim = Some((false, 1));
-                Pc::Plan { next, seen }
+                after_claim(decide(flaw, true, None), next, seen)
             }
             Some(_) => Pc::Get { next, seen },
         },
-        Pc::Get { next, seen } => match s.claim {
-            Some((true, _)) if flaw != Flaw::IgnoreCommitted => Pc::DeleteDuplicates { seen },
-            Some((_, version)) => Pc::Cas {
-                next,
-                seen,
-                version,
-            },
-            None => Pc::Create { next, seen },
-        },
+        Pc::Get { next, seen } => {
+            let read = s.claim.map(|(committed, version)| {
+                (
+                    KeyClaim {
+                        epoch: 0,
+                        committed,
+                        batch: None,
+                    },
+                    version.to_string(),
+                )
+            });
+            let step = decide(
+                flaw,
+                false,
+                Some(read.as_ref().map(|(c, v)| (c, v.as_str()))),
+            );
+            after_claim(step, next, seen)
+        }
         Pc::Cas {
             next,
             seen,
@@ -177,8 +217,9 @@ fn step(s: &State, r: usize, flaw: Flaw) -> Option<State> {
         } => match s.claim {
             Some((_, v)) if v == version || flaw == Flaw::BlindTakeover => {
                 t.claim = Some((false, v + 1));
-                Pc::Plan { next, seen }
+                after_claim(decide(flaw, true, None), next, seen)
             }
+            // If-Match failed (or the claim is gone): read again.
             _ => Pc::Get { next, seen },
         },
         Pc::DeleteDuplicates { seen } => {

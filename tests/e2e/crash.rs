@@ -116,8 +116,12 @@ async fn concurrent_runs_of_one_pipeline_commit_every_file_exactly_once() {
     let root = dir.path();
     let toml = pipeline_toml("conc", "parquet", "", "max_files_per_batch = 2");
     std::fs::write(root.join("pipeline.toml"), &toml).unwrap();
+    // Waves of four runs started at once; at least three waves, and more
+    // (up to eight) until runs were seen to overlap, so the check below
+    // covers concurrent runs rather than runs that happened in turn.
     let mut busy = 0;
-    for wave in 0..3 {
+    let mut waves = 0;
+    while waves < 3 || (busy == 0 && waves < 8) {
         gen_files(&root.join("input"), 4, 500);
         let children: Vec<_> = (0..4).map(|_| spawn_run(root)).collect();
         for c in children {
@@ -125,22 +129,31 @@ async fn concurrent_runs_of_one_pipeline_commit_every_file_exactly_once() {
             let text = String::from_utf8_lossy(&out.stdout);
             assert!(
                 out.status.success(),
-                "wave {wave}: {}",
+                "wave {waves}: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
             busy += text.matches("holds the lease").count();
         }
+        waves += 1;
     }
+    assert!(
+        busy > 0,
+        "in {waves} waves of 4 runs started at once, no run found the lease held: the runs never \
+         overlapped, so this test checked nothing about concurrency"
+    );
     // Whatever ran concurrently, one more run takes anything left behind.
     let last = spawn_run(root).wait_with_output().unwrap();
     assert!(last.status.success());
-    eprintln!("concurrent runs: {busy} of 12 found the lease held");
+    eprintln!(
+        "concurrent runs: {busy} of {} found the lease held",
+        waves * 4
+    );
     assert_eq!(
         committed_rows(&root.join("out/sink"), "conc").await,
         one_shot_rows(&root.join("input")).await
     );
     let control = control_of(root, &toml).await;
-    assert_eq!(control.totals.files, 12);
+    assert_eq!(control.totals.files, 4 * waves);
 }
 
 #[tokio::test(flavor = "multi_thread")]

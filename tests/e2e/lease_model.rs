@@ -4,6 +4,7 @@
 //! commit, read control, release or look again), including a lease that
 //! expires under a slow run that keeps going (a zombie). The decisions are
 //! the engine's own pure functions (`triggers::decide_wake`,
+//! `checkpoint::decide_claim` for a `sluice run` claiming on its own,
 //! `checkpoint::claimed`, `checkpoint::requested`, `checkpoint::end_of_run`);
 //! the model supplies only atomic reads and compare-and-swap on a versioned
 //! control record, as S3 conditional writes do.
@@ -15,7 +16,9 @@
 
 use std::collections::HashSet;
 
-use sluice_engine::checkpoint::{Control, RunStatus, claimed, end_of_run, requested};
+use sluice_engine::checkpoint::{
+    Claim, Control, RunStatus, claimed, decide_claim, end_of_run, requested,
+};
 use sluice_engine::triggers::{Wake, decide_wake};
 
 const TTL: i64 = 10;
@@ -28,6 +31,16 @@ enum Trig {
     Read,
     Decide { seen: Option<Control>, version: u32 },
     Returned,
+}
+
+/// A `sluice run` started by hand: its own claim in the plan step's
+/// `start` (read control, `decide_claim`, `claimed` by compare-and-swap).
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+enum Local {
+    Read,
+    Decide { seen: Option<Control>, version: u32 },
+    Done,
 }
 
 #[allow(clippy::large_enum_variant)]
@@ -56,11 +69,12 @@ struct State {
     committed: u8,
     commits_per_file: [u8; 3],
     triggers: Vec<Trig>,
+    locals: Vec<Local>,
     runs: Vec<Run>,
 }
 
 impl State {
-    fn new(triggers: usize) -> State {
+    fn new(triggers: usize, locals: usize) -> State {
         State {
             control: None,
             version: 0,
@@ -69,6 +83,7 @@ impl State {
             committed: 0,
             commits_per_file: [0; 3],
             triggers: vec![Trig::Upload; triggers],
+            locals: vec![Local::Read; locals],
             runs: Vec::new(),
         }
     }
@@ -131,6 +146,38 @@ impl State {
                     }
                 }
                 Trig::Returned => continue,
+            }
+            out.push(s);
+        }
+        for l in 0..self.locals.len() {
+            let mut s = self.clone();
+            match &self.locals[l] {
+                // The idle check: nothing uploaded and uncommitted, no claim.
+                Local::Read if s.uploaded & !s.committed == 0 => s.locals[l] = Local::Done,
+                Local::Read => {
+                    s.locals[l] = Local::Decide {
+                        seen: s.control.clone(),
+                        version: s.version,
+                    }
+                }
+                Local::Decide { seen, version } => {
+                    match decide_claim(seen.as_ref(), s.now, TTL, false) {
+                        Claim::Take { epoch, .. } => {
+                            let next = claimed(seen.as_ref(), epoch, "local", s.now, "");
+                            // Claimed by another first: `sluice run` reports
+                            // the lease busy and ends.
+                            if s.swap(*version, next) {
+                                s.runs.push(Run {
+                                    epoch,
+                                    pc: RunPc::Discover,
+                                });
+                            }
+                            s.locals[l] = Local::Done;
+                        }
+                        Claim::Busy { .. } => s.locals[l] = Local::Done,
+                    }
+                }
+                Local::Done => continue,
             }
             out.push(s);
         }
@@ -213,6 +260,7 @@ impl State {
 
     fn is_final(&self) -> bool {
         self.triggers.iter().all(|t| *t == Trig::Returned)
+            && self.locals.iter().all(|l| *l == Local::Done)
             && self.runs.iter().all(|r| r.pc == RunPc::Stopped)
     }
 
@@ -236,8 +284,8 @@ impl State {
 type EndOfRun = fn(&Control, i64, &str) -> (Control, bool);
 
 /// Explore every reachable state; returns (states, final states).
-fn explore(triggers: usize, end: EndOfRun) -> (usize, usize) {
-    let start = State::new(triggers);
+fn explore(triggers: usize, locals: usize, end: EndOfRun) -> (usize, usize) {
+    let start = State::new(triggers, locals);
     let mut seen = HashSet::new();
     let mut stack = vec![start.clone()];
     seen.insert(start);
@@ -261,14 +309,21 @@ fn explore(triggers: usize, end: EndOfRun) -> (usize, usize) {
 
 #[test]
 fn two_triggers_and_their_runs_in_every_interleaving() {
-    let (states, finals) = explore(2, end_of_run);
+    let (states, finals) = explore(2, 0, end_of_run);
     eprintln!("lease model, 2 triggers: {states} states, {finals} final");
     assert!(states > 100, "only {states} states explored");
 }
 
 #[test]
+fn two_triggers_and_a_sluice_run_claiming_on_its_own_in_every_interleaving() {
+    let (states, finals) = explore(2, 1, end_of_run);
+    eprintln!("lease model, 2 triggers and a local run: {states} states, {finals} final");
+    assert!(states > 1000, "only {states} states explored");
+}
+
+#[test]
 fn three_triggers_and_their_runs_in_every_interleaving() {
-    let (states, finals) = explore(3, end_of_run);
+    let (states, finals) = explore(3, 0, end_of_run);
     eprintln!("lease model, 3 triggers: {states} states, {finals} final");
     assert!(states > 1000, "only {states} states explored");
 }
@@ -282,7 +337,7 @@ fn the_model_finds_the_lost_wake_up_of_a_release_that_ignores_the_flag() {
         c.requested = false;
         end_of_run(&c, now, hash)
     }
-    let found = std::panic::catch_unwind(|| explore(2, ignore_flag));
+    let found = std::panic::catch_unwind(|| explore(2, 0, ignore_flag));
     let message = found
         .expect_err("the flawed protocol must fail the check")
         .downcast::<String>()

@@ -8,6 +8,7 @@ mod bad_input;
 mod checkpoint;
 mod claim_model;
 mod cli;
+mod contexts;
 mod crash;
 mod equivalence;
 mod idle;

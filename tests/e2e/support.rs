@@ -57,10 +57,14 @@ pub fn local_context(p: &Pipeline) -> Context {
 }
 
 /// Every other lease owner counts as gone (a restarted process in these
-/// in-process tests), and Retry intervals pass at once.
+/// in-process tests).
 pub fn test_mode(ctx: &mut Context) {
     ctx.owner_gone = Arc::new(|_| true);
-    ctx.sleep = Arc::new(|_| Box::pin(async {}));
+}
+
+/// The local runner with Retry intervals that pass at once.
+pub fn runner() -> runner::Runner {
+    runner::Runner::with_sleep(Arc::new(|_| Box::pin(async {})))
 }
 
 /// The control record of the pipeline `toml` under `root`.
@@ -72,7 +76,7 @@ pub async fn control_of(root: &Path, toml: &str) -> sluice_engine::checkpoint::C
 
 /// Run to the end and return the summary.
 pub async fn run(ctx: &Context) -> sluice_engine::Result<RunSummary> {
-    runner::run(ctx, |_| {}).await
+    runner().run(ctx, |_| {}).await
 }
 
 /// Render batches as sorted text rows (a multiset).
@@ -170,8 +174,7 @@ pub fn notified(files: &[PathBuf], input: &Path) -> Vec<(String, u64)> {
 
 /// Write taxi files into `dir`.
 pub fn gen_files(dir: &Path, files: u64, rows: usize) -> Vec<PathBuf> {
-    sluice_engine::generator::write_taxi_files(dir, files, rows, SourceFormat::Parquet, None)
-        .unwrap()
+    sluice_cli::generator::write_taxi_files(dir, files, rows, SourceFormat::Parquet, None).unwrap()
 }
 
 /// A context over `root`'s folders (`input`, `out/sink`, `out/checkpoint`)
@@ -440,4 +443,42 @@ impl WriteHook for Slow {
         }
         Ok(())
     }
+}
+
+/// The rows `sql` (over the table `trips`) gives over the Parquet `files`,
+/// computed by DuckDB, an engine independent of Sluice and DataFusion: it
+/// writes its result to Parquet, which is read back only to render rows
+/// the way [`rows_of`] renders Sluice's output.
+pub async fn duckdb_rows(files: &[PathBuf], sql: &str) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("duckdb.parquet");
+    let list: Vec<String> = files
+        .iter()
+        .map(|f| f.to_str().unwrap().to_string())
+        .collect();
+    let script = format!(
+        "import duckdb, json, sys\n\
+         con = duckdb.connect()\n\
+         con.execute('CREATE VIEW trips AS SELECT * FROM read_parquet(' + json.dumps({list:?}) + ')')\n\
+         con.execute('COPY (' + sys.argv[1] + ') TO ' + json.dumps({out:?}).replace('\"', \"'\") + ' (FORMAT parquet)')\n",
+        list = list,
+        out = out.to_str().unwrap(),
+    );
+    let run = std::process::Command::new(python())
+        .arg("-c")
+        .arg(&script)
+        .arg(sql)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "duckdb: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let ctx = SessionContext::new();
+    let df = ctx
+        .read_parquet(out.to_str().unwrap(), ParquetReadOptions::default())
+        .await
+        .unwrap();
+    rows_of(&df.collect().await.unwrap())
 }

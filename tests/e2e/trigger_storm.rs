@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use serde_json::Value;
+use sluice_engine::admin;
 use sluice_engine::checkpoint::RunStatus;
-use sluice_engine::handlers::{self, Context};
+use sluice_engine::handlers::Context;
 use sluice_engine::pipeline::Pipeline;
 use sluice_engine::runner;
 use sluice_engine::storage::{PutMode, S3Config, S3Store, Store};
@@ -46,7 +47,9 @@ impl Executions for InProcess {
         let input = input.clone();
         runs.insert(
             name.to_string(),
-            tokio::spawn(async move { runner::execute(&ctx, input, |_| {}).await }),
+            tokio::spawn(
+                async move { crate::support::runner().execute(&ctx, input, |_| {}).await },
+            ),
         );
         Ok(Started {
             execution: name.into(),
@@ -125,7 +128,7 @@ max_batches_per_execution = 2
     };
     // Registration pins the schema from the first file.
     upload(0).await;
-    handlers::register(&ctx).await.unwrap();
+    admin::register(&ctx).await.unwrap();
 
     let executions = Arc::new(InProcess {
         ctx: ctx.clone(),

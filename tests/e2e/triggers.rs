@@ -12,6 +12,7 @@ use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::s3::S3Event;
 use aws_lambda_events::event::sns::SnsEvent;
 use serde_json::Value;
+use sluice_engine::admin;
 use sluice_engine::checkpoint::RunStatus;
 use sluice_engine::handlers::{self, Context};
 use sluice_engine::pipeline::Pipeline;
@@ -300,7 +301,7 @@ async fn a_trigger_claims_the_lease_a_second_one_requests_and_the_run_looks_agai
         &pipeline_toml("trig", "parquet", "", "max_files_per_batch = 1"),
     );
     let ctx = local_context(&p);
-    handlers::register(&ctx).await.unwrap();
+    admin::register(&ctx).await.unwrap();
     let registry = LocalStore::new(root.join("out/checkpoint"));
     assert_eq!(
         triggers::registered_names(&registry).await.unwrap(),
@@ -349,16 +350,17 @@ async fn a_trigger_claims_the_lease_a_second_one_requests_and_the_run_looks_agai
     let ctx2 = ctx.clone();
     let late_dir = root.join("input");
     let rec2 = &rec;
-    let summary = runner::execute(&ctx, input, |_| {
-        if woke_mid_run.is_none() {
-            gen_files(&late_dir, 2, 50);
-            woke_mid_run = Some(tokio::task::block_in_place(|| {
-                tokio::runtime::Handle::current().block_on(trigger(&ctx2, rec2))
-            }));
-        }
-    })
-    .await
-    .unwrap();
+    let summary = crate::support::runner()
+        .execute(&ctx, input, |_| {
+            if woke_mid_run.is_none() {
+                gen_files(&late_dir, 2, 50);
+                woke_mid_run = Some(tokio::task::block_in_place(|| {
+                    tokio::runtime::Handle::current().block_on(trigger(&ctx2, rec2))
+                }));
+            }
+        })
+        .await
+        .unwrap();
     assert!(
         matches!(woke_mid_run, Some(Ok(WakeOutcome::Requested { epoch: 1 }))),
         "{woke_mid_run:?}"
@@ -386,7 +388,8 @@ async fn a_trigger_claims_the_lease_a_second_one_requests_and_the_run_looks_agai
         matches!(third, WakeOutcome::Started { epoch: 2, .. }),
         "{third:?}"
     );
-    let summary = runner::execute(&ctx, execution_input("trig", 2, "manual"), |_| {})
+    let summary = crate::support::runner()
+        .execute(&ctx, execution_input("trig", 2, "manual"), |_| {})
         .await
         .unwrap();
     assert!(summary.batches.is_empty());
@@ -402,7 +405,7 @@ async fn a_failed_start_gives_the_claim_back_and_the_retried_event_starts_the_ru
     gen_files(&dir.path().join("input"), 1, 20);
     let p = pipeline(dir.path(), &pipeline_toml("retry", "parquet", "", ""));
     let ctx = local_context(&p);
-    handlers::register(&ctx).await.unwrap();
+    admin::register(&ctx).await.unwrap();
     let rec = Recorder::default();
     rec.fail.store(true, Ordering::SeqCst);
     let e = trigger(&ctx, &rec).await.unwrap_err();
@@ -433,13 +436,14 @@ fn faulty(root: &Path, writes: Arc<AtomicU64>, fail_at: u64, clock_skew_ms: i64)
 async fn triggered_run(ctx: &Context) -> sluice_engine::Result<Option<runner::RunSummary>> {
     let rec = Recorder::default();
     match trigger(ctx, &rec).await? {
-        WakeOutcome::Started { epoch, .. } => runner::execute(
-            ctx,
-            execution_input(&ctx.pipeline.name, epoch, "manual"),
-            |_| {},
-        )
-        .await
-        .map(Some),
+        WakeOutcome::Started { epoch, .. } => crate::support::runner()
+            .execute(
+                ctx,
+                execution_input(&ctx.pipeline.name, epoch, "manual"),
+                |_| {},
+            )
+            .await
+            .map(Some),
         WakeOutcome::Requested { .. } | WakeOutcome::Held => Ok(None),
     }
 }
@@ -450,7 +454,7 @@ async fn failing_any_write_of_a_triggered_run_then_triggering_after_the_ttl_give
     let clean = tempfile::tempdir().unwrap();
     gen_files(&clean.path().join("input"), 4, 40);
     let setup = faulty(clean.path(), Arc::new(AtomicU64::new(0)), 0, 0);
-    handlers::register(&setup).await.unwrap();
+    admin::register(&setup).await.unwrap();
     let writes = Arc::new(AtomicU64::new(0));
     let summary = triggered_run(&faulty(clean.path(), writes.clone(), 0, 0))
         .await
@@ -474,7 +478,7 @@ async fn failing_any_write_of_a_triggered_run_then_triggering_after_the_ttl_give
     for k in 1..=total {
         let dir = tempfile::tempdir().unwrap();
         gen_files(&dir.path().join("input"), 4, 40);
-        handlers::register(&faulty(dir.path(), Arc::new(AtomicU64::new(0)), 0, 0))
+        admin::register(&faulty(dir.path(), Arc::new(AtomicU64::new(0)), 0, 0))
             .await
             .unwrap();
         let failed = triggered_run(&faulty(dir.path(), Arc::new(AtomicU64::new(0)), k, 0)).await;
@@ -505,7 +509,7 @@ async fn a_lease_kept_by_an_ended_execution_is_taken_over_without_waiting_for_th
     gen_files(&dir.path().join("input"), 2, 20);
     let p = pipeline(dir.path(), &pipeline_toml("ended", "parquet", "", ""));
     let ctx = local_context(&p);
-    handlers::register(&ctx).await.unwrap();
+    admin::register(&ctx).await.unwrap();
     let rec = Recorder::default();
     assert!(matches!(
         trigger(&ctx, &rec).await.unwrap(),
@@ -519,7 +523,8 @@ async fn a_lease_kept_by_an_ended_execution_is_taken_over_without_waiting_for_th
         matches!(&next, WakeOutcome::Started { epoch: 2, recover: true, execution } if execution == "local:ended-2"),
         "{next:?}"
     );
-    let summary = runner::execute(&ctx, execution_input("ended", 2, "manual"), |_| {})
+    let summary = crate::support::runner()
+        .execute(&ctx, execution_input("ended", 2, "manual"), |_| {})
         .await
         .unwrap();
     assert_eq!(summary.batches.iter().map(|b| b.files).sum::<u64>(), 2);
@@ -602,8 +607,8 @@ async fn a_paused_pipeline_records_requests_and_starts_on_resume() {
     gen_files(&dir.path().join("input"), 2, 20);
     let p = pipeline(dir.path(), &pipeline_toml("paused", "parquet", "", ""));
     let ctx = local_context(&p);
-    handlers::register(&ctx).await.unwrap();
-    handlers::set_paused(&ctx, true).await.unwrap();
+    admin::register(&ctx).await.unwrap();
+    admin::set_paused(&ctx, true).await.unwrap();
     let rec = Recorder::default();
     assert_eq!(trigger(&ctx, &rec).await.unwrap(), WakeOutcome::Held);
     assert_eq!(trigger(&ctx, &rec).await.unwrap(), WakeOutcome::Held);
@@ -619,7 +624,7 @@ async fn a_paused_pipeline_records_requests_and_starts_on_resume() {
     );
     assert_eq!(idle.requests.writes(), 0);
     // Resume: the recorded request starts a run.
-    let c = handlers::set_paused(&ctx, false).await.unwrap();
+    let c = admin::set_paused(&ctx, false).await.unwrap();
     assert!(!c.paused && c.requested);
     let started = trigger(&ctx, &rec).await.unwrap();
     assert!(
@@ -638,7 +643,7 @@ async fn history_names_what_started_each_run() {
         &pipeline_toml("hist", "parquet", "", "max_files_per_batch = 1"),
     );
     let ctx = local_context(&p);
-    handlers::register(&ctx).await.unwrap();
+    admin::register(&ctx).await.unwrap();
     run(&ctx).await.unwrap();
     gen_files(&input, 1, 20);
     let rec = Recorder::default();
@@ -654,8 +659,11 @@ async fn history_names_what_started_each_run() {
     };
     let input_of_run = rec.started.lock().unwrap()[0].1.clone();
     assert_eq!(input_of_run["run"]["trigger"], "manual: sluice refresh");
-    runner::execute(&ctx, input_of_run, |_| {}).await.unwrap();
-    let h = handlers::history(&ctx, 10).await.unwrap();
+    crate::support::runner()
+        .execute(&ctx, input_of_run, |_| {})
+        .await
+        .unwrap();
+    let h = admin::history(&ctx, 10).await.unwrap();
     let got: Vec<(u64, u64, Option<&str>)> = h
         .iter()
         .map(|c| (c.batch, c.epoch, c.trigger.as_deref()))
@@ -668,7 +676,7 @@ async fn history_names_what_started_each_run() {
             (0, 1, Some("sluice run")),
         ]
     );
-    assert_eq!(handlers::history(&ctx, 1).await.unwrap().len(), 1);
+    assert_eq!(admin::history(&ctx, 1).await.unwrap().len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -680,7 +688,7 @@ async fn a_cancelled_run_is_fenced_and_the_next_run_resumes_its_batch() {
         &pipeline_toml("cancel", "parquet", "", "max_files_per_batch = 1"),
     );
     let ctx = local_context(&p);
-    handlers::register(&ctx).await.unwrap();
+    admin::register(&ctx).await.unwrap();
     let rec = Recorder::default();
     let WakeOutcome::Started { epoch, .. } = trigger(&ctx, &rec).await.unwrap() else {
         panic!("not started")
@@ -694,6 +702,7 @@ async fn a_cancelled_run_is_fenced_and_the_next_run_resumes_its_batch() {
         discovered: false,
         batches: 0,
         trigger: Some("manual".into()),
+        spec: String::new(),
     };
     let handlers::PlanOutcome::Batch {
         run: planned,
@@ -708,7 +717,7 @@ async fn a_cancelled_run_is_fenced_and_the_next_run_resumes_its_batch() {
     rec.stop(&triggers::execution_name("cancel", epoch), "test")
         .await
         .unwrap();
-    handlers::release_cancelled(&ctx, epoch).await.unwrap();
+    admin::release_cancelled(&ctx, epoch).await.unwrap();
     // A late step of the stopped execution can commit nothing.
     let late = handlers::commit(&ctx, &planned, batch.batch).await;
     assert_eq!(
@@ -722,7 +731,8 @@ async fn a_cancelled_run_is_fenced_and_the_next_run_resumes_its_batch() {
         panic!("{next:?}")
     };
     assert_eq!(e2, epoch + 1);
-    let summary = runner::execute(&ctx, execution_input("cancel", e2, "manual"), |_| {})
+    let summary = crate::support::runner()
+        .execute(&ctx, execution_input("cancel", e2, "manual"), |_| {})
         .await
         .unwrap();
     assert!(summary.batches[0].resumed, "batch 0 resumed");

@@ -213,10 +213,12 @@ impl LocalStore {
 }
 
 /// The etag of local content: a 64-bit FNV-1a hash and the length. Content
-/// equality is what compare-and-swap needs here, since every control record
-/// written carries a fresh epoch or heartbeat.
+/// equality is enough for compare-and-swap: a writer whose read matches the
+/// bytes there now decided on exactly the record that is there now, even
+/// if it was replaced and written back in between (a trigger giving a
+/// claim back restores the record it replaced).
 pub(crate) fn etag_of(bytes: &[u8]) -> String {
-    format!("{:016x}-{}", crate::discovery::fnv1a(bytes), bytes.len())
+    format!("{:016x}-{}", crate::hash::fnv1a(bytes), bytes.len())
 }
 
 #[async_trait::async_trait]

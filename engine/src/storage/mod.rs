@@ -16,10 +16,13 @@
 //! Every call is counted by kind ([`RequestCounts`]), so tests and benchmarks
 //! can assert how many requests a run made.
 
+mod counting;
+pub mod fanout;
 mod local;
 mod memory;
 mod s3;
 
+pub use counting::CountingStore;
 pub use local::LocalStore;
 pub use memory::MemoryStore;
 pub use s3::{S3Config, S3Store};
@@ -268,64 +271,6 @@ pub trait Store: Send + Sync + fmt::Debug {
     fn scan_access(&self) -> Result<ScanAccess, StoreError>;
 }
 
-/// A view of a store that counts its own requests, so one task's requests
-/// can be told apart from others running in the same process.
-#[derive(Debug)]
-pub struct CountingStore {
-    inner: Arc<dyn Store>,
-    counter: RequestCounter,
-}
-
-impl CountingStore {
-    /// Count the requests made through this view of `inner`.
-    pub fn new(inner: Arc<dyn Store>) -> CountingStore {
-        CountingStore {
-            inner,
-            counter: RequestCounter::default(),
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl Store for CountingStore {
-    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
-        self.counter.add(RequestKind::Get);
-        self.inner.get(key).await
-    }
-
-    async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
-        self.counter.add(mode.kind());
-        self.inner.put(key, bytes, mode).await
-    }
-
-    async fn list(
-        &self,
-        prefix: &str,
-        start_after: Option<&str>,
-    ) -> Result<Vec<ObjectMeta>, StoreError> {
-        // Pages are counted by the inner store; a view counts calls.
-        self.counter.add(RequestKind::List);
-        self.inner.list(prefix, start_after).await
-    }
-
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.counter.add(RequestKind::Delete);
-        self.inner.delete(key).await
-    }
-
-    fn counts(&self) -> RequestCounts {
-        self.counter.snapshot()
-    }
-
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-
-    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
-        self.inner.scan_access()
-    }
-}
-
 /// Where a store lives: a local folder or an S3 bucket and prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Location {
@@ -447,6 +392,34 @@ fn normalize(path: &std::path::Path) -> PathBuf {
     out
 }
 
+/// The storage error for a failed `object_store` request (the scans' HEADs
+/// and reads): 403 / 401, a bad path or an unsupported call will fail again
+/// and are permanent; the rest (throttling, 5xx, timeouts, connection
+/// errors, which `object_store` has already retried with backoff) may pass
+/// and are transient. A missing object is the caller's to handle.
+pub fn object_store_error(op: &'static str, location: &str, e: &object_store::Error) -> StoreError {
+    use object_store::Error as E;
+    let location = location.to_string();
+    let message = e.to_string();
+    match e {
+        E::PermissionDenied { .. }
+        | E::Unauthenticated { .. }
+        | E::InvalidPath { .. }
+        | E::NotSupported { .. }
+        | E::NotImplemented { .. }
+        | E::UnknownConfigurationKey { .. } => StoreError::Permanent {
+            op,
+            location,
+            message: format!("{message}; check the function's permissions and the location"),
+        },
+        _ => StoreError::Transient {
+            op,
+            location,
+            message,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,5 +448,35 @@ mod tests {
         assert!(Location::parse("s3:///x", base).is_err());
         assert!(Location::parse("gs://b/x", base).is_err());
         assert!(Location::parse("s3://b/../x", base).is_err());
+    }
+
+    #[test]
+    fn object_store_errors_are_classed() {
+        use crate::error::ErrorClass;
+        let boxed = || -> Box<dyn std::error::Error + Send + Sync> { "x".into() };
+        let denied = object_store::Error::PermissionDenied {
+            path: "k".into(),
+            source: boxed(),
+        };
+        assert_eq!(
+            object_store_error("head", "k", &denied).class(),
+            ErrorClass::Fatal
+        );
+        let unauth = object_store::Error::Unauthenticated {
+            path: "k".into(),
+            source: boxed(),
+        };
+        assert_eq!(
+            object_store_error("head", "k", &unauth).class(),
+            ErrorClass::Fatal
+        );
+        let throttled = object_store::Error::Generic {
+            store: "S3",
+            source: boxed(),
+        };
+        assert_eq!(
+            object_store_error("head", "k", &throttled).class(),
+            ErrorClass::Retryable
+        );
     }
 }

@@ -1,84 +1,38 @@
 //! Operators: run the pipeline's SQL with DataFusion over exactly one task's
 //! input files and hand the rows to the sink.
 //!
-//! The input table is a [`BatchTable`]: a table provider over a fixed list
-//! of files with their planned sizes, so DataFusion never lists the source.
+//! `classify` decides which queries may run as micro-batches; `scan` is
+//! the input table, a table provider over a fixed list of files with their
+//! planned sizes, so DataFusion never lists the source.
+
+mod classify;
+mod scan;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::Session;
-use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::datasource::MemTable;
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::file_format::csv::CsvFormat;
 use datafusion::datasource::file_format::file_compression_type::FileCompressionType;
 use datafusion::datasource::file_format::json::JsonFormat;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::PartitionedFile;
-use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder};
-use datafusion::datasource::table_schema::TableSchema;
-use datafusion::datasource::{MemTable, TableProvider, TableType};
 use datafusion::error::DataFusionError;
-use datafusion::execution::object_store::ObjectStoreUrl;
-use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::{ExecutionPlan, execute_stream_partitioned};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::checkpoint::{InputFile, OutputFile, TaskPlan};
 use crate::error::{Error, ErrorClass, Result};
-use crate::pipeline::{Compression, Pipeline, SourceFormat};
+use crate::pipeline::{Compression, DiscoveryMode, Pipeline, SourceFormat};
 use crate::sinks::ParquetSink;
-use crate::storage::{ScanAccess, Store};
+use crate::storage::{RequestCounts, ScanAccess, Store};
+use scan::BatchTable;
 
 /// Input bytes per output partition below which a task uses fewer partitions.
 const SMALL_TASK_BYTES: u64 = 8 << 20;
-
-/// A table over a fixed list of files: one task's inputs.
-#[derive(Debug)]
-pub struct BatchTable {
-    schema: SchemaRef,
-    format: Arc<dyn FileFormat>,
-    url: ObjectStoreUrl,
-    files: Vec<PartitionedFile>,
-    partitions: usize,
-}
-
-#[async_trait::async_trait]
-impl TableProvider for BatchTable {
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::Base
-    }
-
-    async fn scan(
-        &self,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        limit: Option<usize>,
-    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        // Spread files round-robin over the partitions, keeping each group in
-        // planned order.
-        let n = self.partitions.clamp(1, self.files.len().max(1));
-        let mut groups: Vec<Vec<PartitionedFile>> = vec![Vec::new(); n];
-        for (i, f) in self.files.iter().enumerate() {
-            groups[i % n].push(f.clone());
-        }
-        let source = self
-            .format
-            .file_source(TableSchema::from(self.schema.clone()));
-        let config = FileScanConfigBuilder::new(self.url.clone(), source)
-            .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
-            .with_projection_indices(projection.cloned())?
-            .with_limit(limit)
-            .build();
-        self.format.create_physical_plan(state, config).await
-    }
-}
 
 /// What one task did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -97,7 +51,7 @@ pub struct TaskResult {
     pub millis: u64,
     /// Storage requests of this task.
     #[serde(default)]
-    pub requests: crate::storage::RequestCounts,
+    pub requests: RequestCounts,
 }
 
 /// Runs the pipeline's SQL over task inputs with DataFusion.
@@ -169,7 +123,9 @@ impl SqlOperator {
             .create_logical_plan(&self.pipeline.sql)
             .await
             .map_err(|e| self.sql_err(format!("{e}\nfix query.sql in the pipeline file")))?;
-        if let Some(reason) = not_batch_equivalent(&plan) {
+        let shape = classify::not_batch_equivalent(&plan)
+            .map_err(|e| self.sql_err(format!("cannot inspect the query's plan: {e}")))?;
+        if let Some(reason) = shape {
             return Err(self.sql_err(reason));
         }
         // Optimise and plan physically too: some errors (a literal that
@@ -236,7 +192,7 @@ impl SqlOperator {
         // At most `CONCURRENT_REQUESTS` in flight, however many small files
         // a task holds.
         let owned: Vec<InputFile> = planned.iter().map(|f| (*f).clone()).collect();
-        let found = crate::discovery::concurrently(owned, |f| {
+        let found = crate::storage::fanout::concurrently(owned, |f| {
             let (store, path) = (access.store.clone(), access.path(&f.key));
             let pipeline = self.pipeline.name.clone();
             async move {
@@ -250,11 +206,9 @@ impl SqlOperator {
                         tracing::warn!(%pipeline, batch, key = %f.key, "notified file gone; skipped");
                         Ok(None)
                     }
-                    Err(e) => Err(Error::Store(crate::error::StoreError::Transient {
-                        op: "head",
-                        location: f.key,
-                        message: e.to_string(),
-                    })),
+                    Err(e) => Err(Error::Store(crate::storage::object_store_error(
+                        "head", &f.key, &e,
+                    ))),
                 }
             }
         })
@@ -284,21 +238,34 @@ impl SqlOperator {
         };
         let this = &op;
         let access = source.scan_access()?;
-        let planned: Vec<&InputFile> = task.inputs.iter().map(|i| &inputs[*i as usize]).collect();
+        let planned: Vec<&InputFile> = task
+            .inputs
+            .iter()
+            .map(|i| inputs.get(*i as usize))
+            .collect::<Option<_>>()
+            .ok_or_else(|| Error::Checkpoint {
+                pipeline: self.pipeline.name.clone(),
+                key: crate::paths::checkpoint::offsets(batch),
+                message: format!(
+                    "task {} names an input index past the plan's {} inputs; the plan is \
+                     corrupt: delete it (and the batch's uncommitted output) to plan afresh",
+                    task.task,
+                    inputs.len()
+                ),
+            })?;
         let mut heads = 0;
         let current;
-        let files: Vec<&InputFile> =
-            if self.pipeline.source.discovery == crate::pipeline::DiscoveryMode::Notify {
-                heads = planned.len() as u64;
-                current = self.current_sizes(&access, batch, &planned).await?;
-                current.iter().collect()
-            } else {
-                planned
-            };
+        let files: Vec<&InputFile> = if self.pipeline.source.discovery == DiscoveryMode::Notify {
+            heads = planned.len() as u64;
+            current = self.current_sizes(&access, batch, &planned).await?;
+            current.iter().collect()
+        } else {
+            planned
+        };
         let exec = |e: DataFusionError| Error::Execution {
             pipeline: self.pipeline.name.clone(),
             batch,
-            task: task.task,
+            task: Some(task.task),
             message: e.to_string(),
             class: ErrorClass::InvalidInput,
         };
@@ -327,7 +294,7 @@ impl SqlOperator {
                 Err(Error::Execution {
                     pipeline: this.pipeline.name.clone(),
                     batch,
-                    task: task_no,
+                    task: Some(task_no),
                     message: format!("writer task failed: {e}"),
                     class: ErrorClass::Fatal,
                 })
@@ -354,12 +321,13 @@ impl SqlOperator {
             bytes_read: files.iter().map(|f| f.size).sum(),
             outputs,
             millis: started.elapsed().as_millis() as u64,
-            requests: source.counts().plus(&sink.store().counts()).plus(
-                &crate::storage::RequestCounts {
+            requests: source
+                .counts()
+                .plus(&sink.store().counts())
+                .plus(&RequestCounts {
                     get: heads,
                     ..Default::default()
-                },
-            ),
+                }),
         })
     }
 
@@ -413,7 +381,7 @@ impl SqlOperator {
             Error::Execution { message, .. } => Error::Execution {
                 pipeline: self.pipeline.name.clone(),
                 batch,
-                task: task.task,
+                task: Some(task.task),
                 message,
                 class: ErrorClass::Fatal,
             },
@@ -429,41 +397,4 @@ fn leaf_rows(plan: &Arc<dyn ExecutionPlan>) -> u64 {
     } else {
         plan.children().into_iter().map(leaf_rows).sum()
     }
-}
-
-/// Why a plan's per-batch results would not add up to the one-shot result,
-/// if they would not.
-fn not_batch_equivalent(plan: &LogicalPlan) -> Option<String> {
-    let mut reason = None;
-    let _ = plan.apply_with_subqueries(|node| {
-        let why = match node {
-            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => Some(
-                "aggregation (GROUP BY, DISTINCT, count, sum, ...) over a micro-batch gives \
-                 per-batch results, not the answer over all input",
-            ),
-            LogicalPlan::Window(_) => Some("window functions (OVER) see one micro-batch at a time"),
-            LogicalPlan::Limit(_) => Some("LIMIT/OFFSET would apply to each micro-batch"),
-            LogicalPlan::Join(_) => Some("joins see one micro-batch at a time"),
-            LogicalPlan::RecursiveQuery(_) => Some("recursive queries are not supported"),
-            LogicalPlan::Dml(_)
-            | LogicalPlan::Ddl(_)
-            | LogicalPlan::Copy(_)
-            | LogicalPlan::Statement(_)
-            | LogicalPlan::Explain(_)
-            | LogicalPlan::Analyze(_)
-            | LogicalPlan::DescribeTable(_) => Some("query.sql must be a SELECT query"),
-            _ => None,
-        };
-        match why {
-            Some(w) => {
-                reason = Some(format!(
-                    "{w}; use a row-by-row query (SELECT, WHERE, expressions, UNION ALL) until \
-                     event-time windows land"
-                ));
-                Ok(TreeNodeRecursion::Stop)
-            }
-            None => Ok(TreeNodeRecursion::Continue),
-        }
-    });
-    reason
 }

@@ -1,115 +1,17 @@
-//! Discovery: finding the input files that no committed batch has taken.
+//! `notify` discovery: the inbox that triggers fill, the create-only claim
+//! each run takes per key, and the reconciliation that finds files whose
+//! notification was lost.
 //!
-//! `list` mode lists the whole source prefix and diffs it against every
-//! processed key; `ordered` mode lists after a cursor and diffs against a
-//! window of recent keys. Both first compare the listing against the
-//! fingerprint kept in `control.json`, so a run with nothing new needs no
-//! index read.
-//!
-//! `notify` mode never lists the source to plan: triggers record each
-//! notified object as a zero-byte inbox entry (`inbox/<key>.<size>`), a run
-//! lists the inbox, and claims each key create-only (`index/keys/<key>`), so
-//! a duplicate notification of a committed key is consumed without being
-//! processed. Every `reconcile_every` runs a run also lists the source and
-//! records, as inbox entries, the files that have neither a claim nor an
-//! entry: those whose notification was lost.
+//! The claim decisions are pure ([`decide_key_claim`]); the model test
+//! `tests/e2e/claim_model.rs` drives that very function.
 
 use std::sync::Arc;
 
-use futures::{StreamExt as _, TryStreamExt as _};
-
-use crate::checkpoint::{Control, Index, InputFile, ListingState};
-use crate::error::Result;
+use crate::checkpoint::{Commit, Control, KeyClaim};
+use crate::error::{Error, Result};
 use crate::paths::checkpoint as ck;
-use crate::pipeline::{DiscoveryMode, Source};
+use crate::storage::fanout::{concurrently, delete_all};
 use crate::storage::{ObjectMeta, PutMode, Store};
-
-/// How many inbox or claim requests a trigger or run keeps in flight.
-pub const CONCURRENT_REQUESTS: usize = 32;
-
-/// 64-bit FNV-1a: a stable hash for fingerprints and local etags (std's
-/// hasher may change between Rust releases; these values are persisted).
-#[derive(Debug, Clone, Copy)]
-pub struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv::new()
-    }
-}
-
-impl Fnv {
-    /// A fresh hasher.
-    pub fn new() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-
-    /// Feed bytes.
-    pub fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    /// The hash so far.
-    pub fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// FNV-1a of `bytes`.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h = Fnv::new();
-    h.write(bytes);
-    h.finish()
-}
-
-/// List the input files of `source` after `start_after` (one listing; pages
-/// as the store needs), keeping only keys that name input files.
-pub async fn list_inputs(
-    store: &dyn Store,
-    source: &Source,
-    start_after: Option<&str>,
-) -> Result<Vec<ObjectMeta>> {
-    let mut listed = store.list("", start_after).await?;
-    listed.retain(|m| source.is_input(&m.key));
-    Ok(listed)
-}
-
-/// The listing state of a listing (compare with the one in `control.json`).
-pub fn listing_state(start_after: Option<String>, listed: &[ObjectMeta]) -> ListingState {
-    ListingState::of(start_after, listed.iter().map(|m| m.key.as_str()))
-}
-
-/// The listed files that the index does not hold, in processing order:
-/// arrival order (modification time, then key) in `list` mode, key order in
-/// `ordered` mode.
-pub fn new_inputs(listed: &[ObjectMeta], index: &Index, mode: DiscoveryMode) -> Vec<InputFile> {
-    let mut fresh: Vec<&ObjectMeta> = listed
-        .iter()
-        .filter(|m| index.keys.binary_search(&m.key).is_err())
-        .filter(|m| match (&index.start_after, mode) {
-            (Some(s), DiscoveryMode::Ordered) => m.key.as_str() > s.as_str(),
-            _ => true,
-        })
-        .collect();
-    if mode == DiscoveryMode::List {
-        fresh.sort_by(|a, b| {
-            a.last_modified
-                .cmp(&b.last_modified)
-                .then(a.key.cmp(&b.key))
-        });
-    }
-    fresh
-        .into_iter()
-        .map(|m| InputFile {
-            key: m.key.clone(),
-            size: m.size,
-            etag: m.etag.clone(),
-        })
-        .collect()
-}
 
 /// One notified object waiting in the inbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,19 +24,6 @@ pub struct InboxEntry {
     pub size: u64,
     /// When the entry was written (arrival order).
     pub arrived: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-/// Apply `op` to every item with up to [`CONCURRENT_REQUESTS`] in flight;
-/// results in input order, the first error returned.
-pub async fn concurrently<T, R, F, Fut>(items: Vec<T>, op: F) -> Result<Vec<R>>
-where
-    F: Fn(T) -> Fut,
-    Fut: std::future::Future<Output = Result<R>>,
-{
-    futures::stream::iter(items.into_iter().map(op))
-        .buffered(CONCURRENT_REQUESTS)
-        .try_collect()
-        .await
 }
 
 /// Record notified source objects (`(relative key, size)`) in the inbox of
@@ -153,16 +42,6 @@ pub async fn record_notified(store: &Arc<dyn Store>, objects: Vec<(String, u64)>
                 .await?;
             Ok(())
         }
-    })
-    .await?;
-    Ok(())
-}
-
-/// Delete `keys` from `store`, concurrently.
-pub async fn delete_all(store: &Arc<dyn Store>, keys: Vec<String>) -> Result<()> {
-    concurrently(keys, |key| {
-        let store = store.clone();
-        async move { Ok(store.delete(&key).await?) }
     })
     .await?;
     Ok(())
@@ -239,18 +118,123 @@ pub fn unnotified(
         .collect()
 }
 
+/// What a run does next while claiming a key, given what its last request
+/// found. A pure function of the claim read, so the model test can drive it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimStep {
+    /// The claim is this run's: plan the key.
+    Taken,
+    /// A committed batch holds the key: the notification is a duplicate;
+    /// consume its entries without processing it.
+    Duplicate,
+    /// Write the claim create-only (none exists).
+    Create,
+    /// Take over a claim left by a plan that never committed, with
+    /// compare-and-swap on the etag read, so a commit that marks it
+    /// meanwhile wins.
+    TakeOver(String),
+}
+
+/// The next step of claiming a key. `written`: the last put succeeded.
+/// `read`: the claim as the last read found it (with its etag), if one
+/// was made. Every planned batch is committed when a run discovers, so a
+/// claim not marked committed was left by a plan that never committed.
+pub fn decide_key_claim(written: bool, read: Option<Option<(&KeyClaim, &str)>>) -> ClaimStep {
+    if written {
+        return ClaimStep::Taken;
+    }
+    match read {
+        // Nothing read yet: start with a create-only write.
+        None => ClaimStep::Create,
+        // Read and gone (deleted in between): create again.
+        Some(None) => ClaimStep::Create,
+        Some(Some((claim, _))) if claim.committed => ClaimStep::Duplicate,
+        Some(Some((_, etag))) => ClaimStep::TakeOver(etag.to_string()),
+    }
+}
+
+/// Claim source key `key` for the run with `epoch` in `pipeline`'s
+/// checkpoint `store`: `true` if this run takes it, `false` if a committed
+/// batch holds it already (a duplicate notification).
+pub async fn claim_key(
+    store: &Arc<dyn Store>,
+    pipeline: &str,
+    key: &str,
+    epoch: u64,
+) -> Result<bool> {
+    use crate::storage::PutOutcome;
+    let path = ck::claim(key);
+    let mine = record(&KeyClaim {
+        epoch,
+        committed: false,
+        batch: None,
+    });
+    let mut step = decide_key_claim(false, None);
+    for _ in 0..16 {
+        let mode = match step {
+            ClaimStep::Taken => return Ok(true),
+            ClaimStep::Duplicate => return Ok(false),
+            ClaimStep::Create => PutMode::Create,
+            ClaimStep::TakeOver(etag) => PutMode::Update(etag),
+        };
+        if let PutOutcome::Written(_) = store.put(&path, mine.clone(), mode).await? {
+            step = decide_key_claim(true, None);
+            continue;
+        }
+        let read = match store.get(&path).await? {
+            None => None,
+            Some(obj) => {
+                let claim: KeyClaim =
+                    serde_json::from_slice(&obj.bytes).map_err(|e| Error::Checkpoint {
+                        pipeline: pipeline.to_string(),
+                        key: path.clone(),
+                        message: format!(
+                            "unreadable claim ({e}); delete it to let the next run claim the \
+                             key again"
+                        ),
+                    })?;
+                Some((claim, obj.etag))
+            }
+        };
+        step = decide_key_claim(false, Some(read.as_ref().map(|(c, e)| (c, e.as_str()))));
+    }
+    Err(Error::Conflict {
+        pipeline: pipeline.to_string(),
+        message: format!("the claim {path} keeps changing under this run; it stops"),
+    })
+}
+
+fn record(claim: &KeyClaim) -> bytes::Bytes {
+    serde_json::to_vec(claim)
+        .expect("a claim of plain fields serializes")
+        .into()
+}
+
+/// After `commits/N` exists: mark the claims of its keys committed, then
+/// delete the inbox entries it consumed (in that order, so a duplicate
+/// notification arriving at any point is recognised).
+pub async fn settle_claims(store: &Arc<dyn Store>, record_: &Commit) -> Result<()> {
+    let done = record(&KeyClaim {
+        epoch: record_.epoch,
+        committed: true,
+        batch: Some(record_.batch),
+    });
+    concurrently(record_.input_keys.clone(), |k| {
+        let (store, done) = (store.clone(), done.clone());
+        async move {
+            store.put(&ck::claim(&k), done, PutMode::Overwrite).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    delete_all(store, record_.consumed.clone()).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn meta(key: &str, t: i64) -> ObjectMeta {
-        ObjectMeta {
-            key: key.into(),
-            size: 1,
-            etag: None,
-            last_modified: chrono::DateTime::from_timestamp(t, 0),
-        }
-    }
+    use super::super::tests::meta;
 
     #[test]
     fn reconciliation_is_due_first_then_every_k_runs() {
@@ -301,28 +285,27 @@ mod tests {
     }
 
     #[test]
-    fn fnv_is_stable() {
-        // Persisted in checkpoints: must never change.
-        assert_eq!(fnv1a(b""), 0xcbf29ce484222325);
-        assert_eq!(fnv1a(b"a"), 0xaf63dc4c8601ec8c);
-    }
-
-    #[test]
-    fn new_inputs_diff_and_order() {
-        let index = Index {
-            keys: vec!["b".into()],
-            ..Index::default()
+    fn claim_decisions() {
+        let open = KeyClaim {
+            epoch: 1,
+            committed: false,
+            batch: None,
         };
-        let listed = vec![meta("a", 5), meta("b", 1), meta("c", 2)];
-        let list: Vec<_> = new_inputs(&listed, &index, DiscoveryMode::List)
-            .into_iter()
-            .map(|f| f.key)
-            .collect();
-        assert_eq!(list, vec!["c", "a"]);
-        let ordered: Vec<_> = new_inputs(&listed, &index, DiscoveryMode::Ordered)
-            .into_iter()
-            .map(|f| f.key)
-            .collect();
-        assert_eq!(ordered, vec!["a", "c"]);
+        let done = KeyClaim {
+            committed: true,
+            batch: Some(4),
+            ..open.clone()
+        };
+        assert_eq!(decide_key_claim(false, None), ClaimStep::Create);
+        assert_eq!(decide_key_claim(true, None), ClaimStep::Taken);
+        assert_eq!(decide_key_claim(false, Some(None)), ClaimStep::Create);
+        assert_eq!(
+            decide_key_claim(false, Some(Some((&open, "e1")))),
+            ClaimStep::TakeOver("e1".into())
+        );
+        assert_eq!(
+            decide_key_claim(false, Some(Some((&done, "e2")))),
+            ClaimStep::Duplicate
+        );
     }
 }

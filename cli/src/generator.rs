@@ -12,7 +12,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::parquet::arrow::ArrowWriter;
 
-use crate::pipeline::{Compression, SourceFormat};
+use sluice_engine::pipeline::{Compression, SourceFormat};
 
 /// The taxi schema (the columns of the NYC TLC yellow trip records).
 pub fn taxi_schema() -> SchemaRef {

@@ -1,9 +1,7 @@
-//! Sinks: where a batch's rows go, and how a batch's output becomes visible.
-//!
-//! [`ParquetSink`] writes Parquet parts under keys that are a function of
-//! (batch, task, part), so a retried task overwrites its own files, and
-//! commits a batch by writing `_sluice/manifest/N.json`, which names exactly
-//! the committed files.
+//! The Parquet sink: parts under keys that are a function of (batch, task,
+//! part, epoch), so a retried task overwrites its own files, and a manifest
+//! per committed batch, `_sluice/manifest/N.json`, which names exactly the
+//! committed files.
 
 use std::sync::Arc;
 
@@ -51,7 +49,7 @@ impl ParquetSink {
         Error::Execution {
             pipeline: self.pipeline.clone(),
             batch,
-            task,
+            task: Some(task),
             message,
             class,
         }
@@ -81,7 +79,7 @@ impl ParquetSink {
             let rb = rb.map_err(|e| Error::Execution {
                 pipeline: self.pipeline.clone(),
                 batch,
-                task,
+                task: Some(task),
                 message: e.to_string(),
                 // Read errors are attributed to an input by the operator.
                 class: ErrorClass::InvalidInput,
@@ -200,7 +198,7 @@ impl ParquetSink {
                     return Err(Error::Execution {
                         pipeline: self.pipeline.clone(),
                         batch,
-                        task: 0,
+                        task: None,
                         message: format!(
                             "output {} is {} before commit; the batch will be run again",
                             o.key,

@@ -1,22 +1,10 @@
-//! The checkpoint: records, the pure decisions of the lease and commit
-//! protocols, and a thin layer that reads and writes them through a
-//! [`Store`].
-//!
-//! Layout under `<checkpoint>/<pipeline>/` (keys from [`crate::paths`]):
-//! `pipeline.json` (spec, pinned schema), `control.json` (lease, last
-//! committed batch, listing fingerprint; compare-and-swap only),
-//! `offsets/N.json` (plan, create-only, before any output), `commits/N.json`
-//! (create-only, last), `index/processed.json` (processed inputs).
+//! The checkpoint's records, as stored (JSON). Keys come from
+//! [`crate::paths`]; how they are read and written is in the parent module.
 
-use std::sync::Arc;
+use serde::{Deserialize, Serialize};
 
-use bytes::Bytes;
-use serde::{Deserialize, Serialize, de::DeserializeOwned};
-
-use crate::error::{Error, Result};
-use crate::paths;
 use crate::pipeline::{ColumnSpec, DiscoveryMode, Pipeline};
-use crate::storage::{PutMode, PutOutcome, RequestCounts, Store};
+use crate::storage::RequestCounts;
 
 /// Version of the checkpoint format this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -63,7 +51,7 @@ impl ListingState {
         start_after: Option<String>,
         keys: impl Iterator<Item = &'a str>,
     ) -> ListingState {
-        let mut h = crate::discovery::Fnv::new();
+        let mut h = crate::hash::Fnv::new();
         let mut count = 0;
         for k in keys {
             h.write(k.as_bytes());
@@ -158,121 +146,6 @@ impl Control {
     pub fn next_batch(&self) -> u64 {
         self.last_committed.map_or(0, |n| n + 1)
     }
-}
-
-/// What a run may do with the lease, given the control record it read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
-    /// Take the lease with this epoch; `recover` when the previous holder
-    /// died and may have left a batch planned or committed but not recorded.
-    Take {
-        /// The new epoch.
-        epoch: u64,
-        /// The previous holder died holding the lease.
-        recover: bool,
-    },
-    /// Another run holds a live lease.
-    Busy {
-        /// Its owner.
-        owner: String,
-        /// Milliseconds since its last heartbeat.
-        heartbeat_age_ms: i64,
-    },
-}
-
-/// Decide whether a run may take the lease. `owner_gone` is the caller's
-/// knowledge that the holder has exited (a local process that no longer
-/// exists); otherwise only an expired heartbeat frees a running lease.
-pub fn decide_claim(
-    control: Option<&Control>,
-    now_ms: i64,
-    ttl_ms: i64,
-    owner_gone: bool,
-) -> Claim {
-    let Some(c) = control else {
-        return Claim::Take {
-            epoch: 1,
-            recover: false,
-        };
-    };
-    match c.status {
-        RunStatus::Idle => Claim::Take {
-            epoch: c.epoch + 1,
-            recover: false,
-        },
-        RunStatus::Running => {
-            let age = now_ms - c.heartbeat_ms.unwrap_or(i64::MIN / 2);
-            if owner_gone || age > ttl_ms {
-                Claim::Take {
-                    epoch: c.epoch + 1,
-                    recover: true,
-                }
-            } else {
-                Claim::Busy {
-                    owner: c.owner.clone().unwrap_or_default(),
-                    heartbeat_age_ms: age,
-                }
-            }
-        }
-    }
-}
-
-/// The control record after `owner` claims the lease with `epoch` (a run's
-/// own claim, or a trigger's on behalf of the execution it starts): running,
-/// fresh heartbeat, and `requested` cleared, since the claimant's discovery
-/// comes after it.
-pub fn claimed(
-    before: Option<&Control>,
-    epoch: u64,
-    owner: &str,
-    now_ms: i64,
-    spec_hash: &str,
-) -> Control {
-    let mut next = before
-        .cloned()
-        .unwrap_or_else(|| Control::new(spec_hash.to_string()));
-    // A holder that died may have left batches planned or committed and
-    // not recorded: whoever runs under the new epoch looks for them.
-    next.resume |= next.status == RunStatus::Running;
-    next.status = RunStatus::Running;
-    next.epoch = epoch;
-    next.owner = Some(owner.to_string());
-    next.heartbeat_ms = Some(now_ms);
-    next.requested = false;
-    next
-}
-
-/// What a run with nothing left to do swaps into control: the lease given
-/// back (`Idle`), or, when a trigger set `requested` since the run's last
-/// discovery, only the flag cleared; then the run discovers once more
-/// (`true`). So every file that existed when a trigger returned is seen by
-/// a discovery that started after it.
-pub fn end_of_run(control: &Control, now_ms: i64, spec_hash: &str) -> (Control, bool) {
-    let mut next = control.clone();
-    // A run ends only with nothing planned left.
-    next.resume = false;
-    if control.requested {
-        next.requested = false;
-        (next, true)
-    } else {
-        next.status = RunStatus::Idle;
-        next.heartbeat_ms = Some(now_ms);
-        next.spec_hash = spec_hash.to_string();
-        (next, false)
-    }
-}
-
-/// The control record after a trigger asks the running lease holder to look
-/// again.
-pub fn requested(control: &Control) -> Control {
-    let mut next = control.clone();
-    next.requested = true;
-    next
-}
-
-/// Whether the holder of `epoch` still owns the lease described by `control`.
-pub fn owns(control: &Control, epoch: u64) -> bool {
-    control.status == RunStatus::Running && control.epoch == epoch
 }
 
 /// `offsets/N.json`: the plan of one batch.
@@ -481,240 +354,9 @@ pub struct KeyClaim {
     pub batch: Option<u64>,
 }
 
-/// Which batches' offsets and commits may be deleted once `last_committed`
-/// is committed, keeping `retain` batches: all below the returned number.
-pub fn retention_floor(last_committed: u64, retain: u64) -> u64 {
-    (last_committed + 1).saturating_sub(retain)
-}
-
-/// The checkpoint of one pipeline, read and written through a store rooted at
-/// `<checkpoint>/<pipeline>/`.
-#[derive(Debug, Clone)]
-pub struct Checkpoint {
-    store: Arc<dyn Store>,
-    pipeline: String,
-}
-
-impl Checkpoint {
-    /// The checkpoint of `pipeline` in `store`.
-    pub fn new(store: Arc<dyn Store>, pipeline: &str) -> Checkpoint {
-        Checkpoint {
-            store,
-            pipeline: pipeline.to_string(),
-        }
-    }
-
-    /// The underlying store.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
-    }
-
-    async fn read<T: DeserializeOwned>(&self, key: &str) -> Result<Option<(T, String)>> {
-        let fetched = self.store.get(key).await?;
-        fetched.map(|obj| self.decode(key, obj)).transpose()
-    }
-
-    fn decode<T: DeserializeOwned>(
-        &self,
-        key: &str,
-        obj: crate::storage::Object,
-    ) -> Result<(T, String)> {
-        let value = serde_json::from_slice(&obj.bytes).map_err(|e| Error::Checkpoint {
-            pipeline: self.pipeline.clone(),
-            key: format!("{}/{key}", self.store.describe()),
-            message: format!(
-                "unreadable ({e}); restore it from a backup or reset the pipeline by deleting \
-                 its checkpoint folder"
-            ),
-        })?;
-        Ok((value, obj.etag))
-    }
-
-    async fn write<T: Serialize>(&self, key: &str, value: &T, mode: PutMode) -> Result<PutOutcome> {
-        let bytes = serde_json::to_vec_pretty(value).expect("checkpoint records serialize");
-        Ok(self.store.put(key, Bytes::from(bytes), mode).await?)
-    }
-
-    fn must_create(&self, key: &str, outcome: PutOutcome, what: &str) -> Result<()> {
-        match outcome {
-            PutOutcome::Written(_) => Ok(()),
-            PutOutcome::Conflict => Err(Error::Conflict {
-                pipeline: self.pipeline.clone(),
-                message: format!("{what} {key} was written by another run; this run stops"),
-            }),
-        }
-    }
-
-    /// Read `control.json` and its etag.
-    pub async fn control(&self) -> Result<Option<(Control, String)>> {
-        self.read(paths::checkpoint::CONTROL).await
-    }
-
-    /// Compare-and-swap `control.json` (create it when `etag` is `None`).
-    /// Returns the new etag, or `None` if another writer changed it first.
-    pub async fn swap_control(&self, next: &Control, etag: Option<&str>) -> Result<Option<String>> {
-        let mode = match etag {
-            Some(e) => PutMode::Update(e.to_string()),
-            None => PutMode::Create,
-        };
-        Ok(
-            match self.write(paths::checkpoint::CONTROL, next, mode).await? {
-                PutOutcome::Written(etag) => Some(etag),
-                PutOutcome::Conflict => None,
-            },
-        )
-    }
-
-    /// Read `pipeline.json`.
-    pub async fn pipeline_record(&self) -> Result<Option<PipelineRecord>> {
-        Ok(self
-            .read(paths::checkpoint::PIPELINE)
-            .await?
-            .map(|(r, _)| r))
-    }
-
-    /// Write `pipeline.json` (registration, or a compatible spec change).
-    pub async fn put_pipeline_record(&self, record: &PipelineRecord) -> Result<()> {
-        self.write(paths::checkpoint::PIPELINE, record, PutMode::Overwrite)
-            .await?;
-        Ok(())
-    }
-
-    /// Read the plan of batch `n`.
-    pub async fn offsets(&self, n: u64) -> Result<Option<Offsets>> {
-        Ok(self
-            .read(&paths::checkpoint::offsets(n))
-            .await?
-            .map(|(r, _)| r))
-    }
-
-    /// Write the plan of a batch, create-only: losing means another run owns
-    /// the pipeline.
-    pub async fn create_offsets(&self, offsets: &Offsets) -> Result<()> {
-        let key = paths::checkpoint::offsets(offsets.batch);
-        let outcome = self.write(&key, offsets, PutMode::Create).await?;
-        self.must_create(&key, outcome, "batch plan")
-    }
-
-    /// Read the commit record of batch `n`.
-    pub async fn commit(&self, n: u64) -> Result<Option<Commit>> {
-        Ok(self
-            .read(&paths::checkpoint::commit(n))
-            .await?
-            .map(|(r, _)| r))
-    }
-
-    /// Write the commit record of a batch, create-only. Returns false if it
-    /// already exists (a retried commit).
-    pub async fn create_commit(&self, commit: &Commit) -> Result<bool> {
-        let key = paths::checkpoint::commit(commit.batch);
-        Ok(matches!(
-            self.write(&key, commit, PutMode::Create).await?,
-            PutOutcome::Written(_)
-        ))
-    }
-
-    /// Read the processed-input index (empty if none was written yet).
-    pub async fn index(&self) -> Result<Index> {
-        Ok(self
-            .read(paths::checkpoint::INDEX)
-            .await?
-            .map(|(r, _)| r)
-            .unwrap_or_default())
-    }
-
-    /// Replace the processed-input index.
-    pub async fn put_index(&self, index: &Index) -> Result<()> {
-        self.write(paths::checkpoint::INDEX, index, PutMode::Overwrite)
-            .await?;
-        Ok(())
-    }
-
-    /// Delete the plan of an uncommitted batch (after its input was refused).
-    pub async fn delete_offsets(&self, n: u64) -> Result<()> {
-        Ok(self.store.delete(&paths::checkpoint::offsets(n)).await?)
-    }
-
-    /// Delete offsets and commits of batches below `floor`, listing from the
-    /// oldest kept. Best effort is not enough for correctness here, so errors
-    /// propagate; nothing reads pruned records.
-    pub async fn prune_below(&self, floor: u64) -> Result<u64> {
-        let mut deleted = 0;
-        for prefix in [
-            paths::checkpoint::OFFSETS_PREFIX,
-            paths::checkpoint::COMMITS_PREFIX,
-        ] {
-            for meta in self.store.list(prefix, None).await? {
-                match paths::checkpoint::batch_of(&meta.key) {
-                    Some(n) if n < floor => {
-                        self.store.delete(&meta.key).await?;
-                        deleted += 1;
-                    }
-                    _ => break,
-                }
-            }
-        }
-        Ok(deleted)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn control(status: RunStatus, epoch: u64, heartbeat_ms: i64) -> Control {
-        Control {
-            status,
-            epoch,
-            owner: Some("a".into()),
-            heartbeat_ms: Some(heartbeat_ms),
-            ..Control::new("h".into())
-        }
-    }
-
-    #[test]
-    fn claim_decisions() {
-        assert_eq!(
-            decide_claim(None, 0, 10, false),
-            Claim::Take {
-                epoch: 1,
-                recover: false
-            }
-        );
-        let idle = control(RunStatus::Idle, 4, 0);
-        assert_eq!(
-            decide_claim(Some(&idle), 1_000, 10, false),
-            Claim::Take {
-                epoch: 5,
-                recover: false
-            }
-        );
-        let live = control(RunStatus::Running, 4, 1_000);
-        assert!(matches!(
-            decide_claim(Some(&live), 1_005, 10, false),
-            Claim::Busy {
-                heartbeat_age_ms: 5,
-                ..
-            }
-        ));
-        assert_eq!(
-            decide_claim(Some(&live), 1_011, 10, false),
-            Claim::Take {
-                epoch: 5,
-                recover: true
-            }
-        );
-        assert_eq!(
-            decide_claim(Some(&live), 1_005, 10, true),
-            Claim::Take {
-                epoch: 5,
-                recover: true
-            }
-        );
-        assert!(owns(&live, 4));
-        assert!(!owns(&live, 3));
-        assert!(!owns(&idle, 4));
-    }
 
     fn keys(ks: &[&str]) -> Vec<String> {
         ks.iter().map(|s| s.to_string()).collect()
@@ -753,12 +395,5 @@ mod tests {
             a,
             ListingState::of(Some("a".into()), ["x", "y"].into_iter())
         );
-    }
-
-    #[test]
-    fn retention() {
-        assert_eq!(retention_floor(0, 10), 0);
-        assert_eq!(retention_floor(9, 10), 0);
-        assert_eq!(retention_floor(10, 10), 1);
     }
 }

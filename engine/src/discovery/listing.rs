@@ -1,0 +1,79 @@
+//! `list` and `ordered` discovery: a listing of the source diffed against
+//! the processed-key index.
+
+use crate::checkpoint::{Index, InputFile, ListingState};
+use crate::error::Result;
+use crate::pipeline::{DiscoveryMode, Source};
+use crate::storage::{ObjectMeta, Store};
+
+/// List the input files of `source` after `start_after` (one listing; pages
+/// as the store needs), keeping only keys that name input files.
+pub async fn list_inputs(
+    store: &dyn Store,
+    source: &Source,
+    start_after: Option<&str>,
+) -> Result<Vec<ObjectMeta>> {
+    let mut listed = store.list("", start_after).await?;
+    listed.retain(|m| source.is_input(&m.key));
+    Ok(listed)
+}
+
+/// The listing state of a listing (compare with the one in `control.json`).
+pub fn listing_state(start_after: Option<String>, listed: &[ObjectMeta]) -> ListingState {
+    ListingState::of(start_after, listed.iter().map(|m| m.key.as_str()))
+}
+
+/// The listed files that the index does not hold, in processing order:
+/// arrival order (modification time, then key) in `list` mode, key order in
+/// `ordered` mode.
+pub fn new_inputs(listed: &[ObjectMeta], index: &Index, mode: DiscoveryMode) -> Vec<InputFile> {
+    let mut fresh: Vec<&ObjectMeta> = listed
+        .iter()
+        .filter(|m| index.keys.binary_search(&m.key).is_err())
+        .filter(|m| match (&index.start_after, mode) {
+            (Some(s), DiscoveryMode::Ordered) => m.key.as_str() > s.as_str(),
+            _ => true,
+        })
+        .collect();
+    if mode == DiscoveryMode::List {
+        fresh.sort_by(|a, b| {
+            a.last_modified
+                .cmp(&b.last_modified)
+                .then(a.key.cmp(&b.key))
+        });
+    }
+    fresh
+        .into_iter()
+        .map(|m| InputFile {
+            key: m.key.clone(),
+            size: m.size,
+            etag: m.etag.clone(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use super::super::tests::meta;
+
+    #[test]
+    fn new_inputs_diff_and_order() {
+        let index = Index {
+            keys: vec!["b".into()],
+            ..Index::default()
+        };
+        let listed = vec![meta("a", 5), meta("b", 1), meta("c", 2)];
+        let list: Vec<_> = new_inputs(&listed, &index, DiscoveryMode::List)
+            .into_iter()
+            .map(|f| f.key)
+            .collect();
+        assert_eq!(list, vec!["c", "a"]);
+        let ordered: Vec<_> = new_inputs(&listed, &index, DiscoveryMode::Ordered)
+            .into_iter()
+            .map(|f| f.key)
+            .collect();
+        assert_eq!(ordered, vec!["a", "c"]);
+    }
+}

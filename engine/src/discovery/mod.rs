@@ -1,0 +1,39 @@
+//! Discovery: finding the input files that no committed batch has taken.
+//!
+//! `list` mode lists the whole source prefix and diffs it against every
+//! processed key; `ordered` mode lists after a cursor and diffs against a
+//! window of recent keys. Both first compare the listing against the
+//! fingerprint kept in `control.json`, so a run with nothing new needs no
+//! index read.
+//!
+//! `notify` mode never lists the source to plan: triggers record each
+//! notified object as a zero-byte inbox entry (`inbox/<key>.<size>`), a run
+//! lists the inbox, and claims each key create-only (`index/keys/<key>`), so
+//! a duplicate notification of a committed key is consumed without being
+//! processed. Every `reconcile_every` runs a run also lists the source and
+//! records, as inbox entries, the files that have neither a claim nor an
+//! entry: those whose notification was lost.
+
+mod listing;
+mod notify;
+
+pub use listing::{list_inputs, listing_state, new_inputs};
+pub use notify::{
+    ClaimStep, InboxEntry, claim_key, decide_key_claim, inbox_files, read_inbox, reconcile_due,
+    record_notified, settle_claims, unnotified,
+};
+
+#[cfg(test)]
+mod tests {
+    use crate::storage::ObjectMeta;
+
+    /// A listed object of size 1 modified at `t` (seconds).
+    pub(super) fn meta(key: &str, t: i64) -> ObjectMeta {
+        ObjectMeta {
+            key: key.into(),
+            size: 1,
+            etag: None,
+            last_modified: chrono::DateTime::from_timestamp(t, 0),
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! The commit step: check a batch's outputs, write its commit record
+//! (create-only), publish its manifest, advance the index and control; or,
+//! after a refused input, drop the batch's plan (`abandon`, `settle`).
+
+use super::context::Context;
+use super::lease::{owned_control, release, update_control};
+use super::payloads::{Refusal, RunState};
+use crate::checkpoint::{self, Commit, Durations, Manifest, RunStatus};
+use crate::discovery;
+use crate::error::{Error, ErrorClass, Result};
+use crate::operators::TaskResult;
+use crate::paths;
+use crate::pipeline::DiscoveryMode;
+use crate::storage::RequestCounts;
+
+/// Commit step: collect the task results, check the outputs, write
+/// `commits/N` (create-only), then the manifest, the index and control.
+/// Returns the commit record.
+pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit> {
+    ctx.check_spec(run)?;
+    let started = std::time::Instant::now();
+    let counts_before = ctx.counts();
+    let started_ms = ctx.now();
+    owned_control(ctx, run.epoch).await?;
+    let off = ctx.planned(batch, "at commit").await?;
+    let mut results: Vec<TaskResult> = Vec::with_capacity(off.tasks.len());
+    for t in &off.tasks {
+        let key = paths::checkpoint::work(batch, t.task, run.epoch);
+        let Some(obj) = ctx.checkpoint.store().get(&key).await? else {
+            return Err(Error::Execution {
+                pipeline: ctx.pipeline.name.clone(),
+                batch,
+                task: Some(t.task),
+                message: format!(
+                    "no result at {key}: the task did not finish under this run; run again"
+                ),
+                class: ErrorClass::Fatal,
+            });
+        };
+        results
+            .push(serde_json::from_slice(&obj.bytes).map_err(|e| ctx.broken(key, e.to_string()))?);
+    }
+    let mut outputs: Vec<_> = results.iter().flat_map(|r| r.outputs.clone()).collect();
+    outputs.sort_by(|a, b| a.key.cmp(&b.key));
+    ctx.sink.verify(batch, &outputs).await?;
+    let task_requests = results
+        .iter()
+        .fold(RequestCounts::default(), |acc, r| acc.plus(&r.requests));
+    let mut record = Commit {
+        format_version: checkpoint::FORMAT_VERSION,
+        batch,
+        epoch: run.epoch,
+        committed_ms: ctx.now(),
+        files: off.inputs.len() as u64,
+        bytes_read: off.bytes(),
+        rows_in: results.iter().map(|r| r.rows_in).sum(),
+        rows_out: results.iter().map(|r| r.rows_out).sum(),
+        outputs,
+        durations: Durations {
+            plan_ms: off.plan_ms,
+            operate_ms: (started_ms - off.planned_ms).max(0) as u64,
+            task_max_ms: results.iter().map(|r| r.millis).max().unwrap_or(0),
+            commit_ms: 0,
+        },
+        requests: RequestCounts::default(),
+        input_keys: off.inputs.iter().map(|i| i.key.clone()).collect(),
+        trigger: run.trigger.clone(),
+        consumed: off.consumed.clone(),
+    };
+    record.durations.commit_ms = started.elapsed().as_millis() as u64;
+    // Planner, tasks and this committer, including the commit write itself.
+    let mut own = ctx.counts().since(&counts_before);
+    own.put_create += 1;
+    record.requests = off.plan_requests.plus(&task_requests).plus(&own);
+    if !ctx.checkpoint.create_commit(&record).await? {
+        // A retried commit: the record that won is the truth.
+        record = ctx.checkpoint.commit(batch).await?.ok_or_else(|| {
+            ctx.broken(
+                paths::checkpoint::commit(batch),
+                "create-only write lost, yet no record is there",
+            )
+        })?;
+    }
+    finish_commit(ctx, run, &record).await?;
+    Ok(record)
+}
+
+/// After `commits/N` exists: publish the manifest, advance the index and
+/// control, prune old records. Idempotent, so recovery can redo it.
+pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result<()> {
+    let p = &ctx.pipeline;
+    ctx.sink
+        .commit(&Manifest {
+            format_version: checkpoint::FORMAT_VERSION,
+            pipeline: p.name.clone(),
+            batch: record.batch,
+            files: record.outputs.clone(),
+            rows: record.rows_out,
+        })
+        .await?;
+    ctx.sink
+        .remove_uncommitted(record.batch, &record.outputs)
+        .await?;
+    let work = ctx.checkpoint.store();
+    for m in work
+        .list(&paths::checkpoint::work_prefix(record.batch), None)
+        .await?
+    {
+        work.delete(&m.key).await?;
+    }
+    let listing = if p.source.discovery == DiscoveryMode::Notify {
+        discovery::settle_claims(ctx.checkpoint.store(), record).await?;
+        None
+    } else {
+        let index = ctx.checkpoint.index().await?;
+        let index = index.apply(
+            record.batch,
+            &record.input_keys,
+            p.source.discovery,
+            p.source.lookback,
+        );
+        ctx.checkpoint.put_index(&index).await?;
+        Some(index.listing())
+    };
+    let now = ctx.now();
+    let spec_hash = p.spec_hash();
+    let c = update_control(ctx, run.epoch, &|c| {
+        if c.last_committed.is_some_and(|l| l >= record.batch) {
+            return;
+        }
+        c.last_committed = Some(record.batch);
+        c.last_commit_ms = Some(record.committed_ms);
+        if let Some(l) = &listing {
+            c.listing = l.clone();
+        }
+        c.heartbeat_ms = Some(now);
+        c.spec_hash = spec_hash.clone();
+        c.totals.batches += 1;
+        c.totals.files += record.files;
+        c.totals.bytes += record.bytes_read;
+        c.totals.rows_in += record.rows_in;
+        c.totals.rows_out += record.rows_out;
+    })
+    .await?;
+    let floor = checkpoint::retention_floor(record.batch, p.retain_batches);
+    if floor > 0 && c.last_committed == Some(record.batch) {
+        ctx.checkpoint.prune_below(floor).await?;
+    }
+    Ok(())
+}
+
+/// After a batch's input was refused: delete the plans of `batch` and every
+/// later planned batch (highest first, so a crash here leaves a prefix of
+/// plans that the next run resumes), remove their uncommitted output, and
+/// release the lease. The next run plans afresh from what is there then.
+pub async fn abandon(ctx: &Context, run: &RunState, batch: u64) -> Result<()> {
+    owned_control(ctx, run.epoch).await?;
+    let planned = ctx
+        .checkpoint
+        .store()
+        .list(paths::checkpoint::OFFSETS_PREFIX, None)
+        .await?;
+    let mut batches: Vec<u64> = planned
+        .iter()
+        .filter_map(|m| paths::checkpoint::batch_of(&m.key))
+        .filter(|n| *n >= batch)
+        .collect();
+    batches.sort_unstable_by(|a, b| b.cmp(a));
+    for n in batches {
+        for m in ctx
+            .sink
+            .store()
+            .list(&paths::sink::batch_prefix(n), None)
+            .await?
+        {
+            ctx.sink.store().delete(&m.key).await?;
+        }
+        ctx.checkpoint.delete_offsets(n).await?;
+    }
+    release(ctx, run, RunStatus::Idle).await
+}
+
+/// After a Distributed Map over `batch` failed: the error to end the run
+/// with. A refusal left by a task of this run abandons the batch (as the
+/// inline Map's Catch does) and is reported as `Sluice.InvalidInput`;
+/// anything else is `Sluice.Fatal` and keeps the lease for the next run.
+pub(super) async fn settle(ctx: &Context, run: &RunState, batch: u64) -> Error {
+    let found = async {
+        let suffix = format!("-e{}.json", run.epoch);
+        let listed = ctx
+            .checkpoint
+            .store()
+            .list(&paths::checkpoint::work_prefix(batch), None)
+            .await?;
+        for m in listed {
+            let name = m.key.rsplit('/').next().unwrap_or_default();
+            if name.starts_with("refused-")
+                && name.ends_with(&suffix)
+                && let Some(obj) = ctx.checkpoint.store().get(&m.key).await?
+            {
+                let r: Refusal = serde_json::from_slice(&obj.bytes)
+                    .map_err(|e| ctx.broken(m.key.clone(), e.to_string()))?;
+                return Ok(Some(r));
+            }
+        }
+        Ok::<_, Error>(None)
+    };
+    match found.await {
+        Err(e) => e,
+        Ok(Some(r)) => match abandon(ctx, run, batch).await {
+            Err(e) => e,
+            Ok(()) => Error::Execution {
+                pipeline: ctx.pipeline.name.clone(),
+                batch,
+                task: Some(r.task),
+                message: format!(
+                    "{} (the batch's plan was dropped; fix the input and run again)",
+                    r.message
+                ),
+                class: ErrorClass::InvalidInput,
+            },
+        },
+        Ok(None) => Error::Execution {
+            pipeline: ctx.pipeline.name.clone(),
+            batch,
+            task: None,
+            message: "a task of the Distributed Map failed (see its map run's failed child \
+                      executions); the lease is kept and the next run resumes this batch"
+                .into(),
+            class: ErrorClass::Fatal,
+        },
+    }
+}

@@ -1,0 +1,337 @@
+//! What a handler needs for one pipeline ([`Context`], built once per
+//! process) and, for the Lambda functions, the contexts of every pipeline
+//! registered under one checkpoint root ([`Contexts`]), kept in step with
+//! `pipeline.json`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+
+use super::payloads::RunState;
+use crate::checkpoint::owner::Owner;
+use crate::checkpoint::{Checkpoint, Offsets, PipelineRecord};
+use crate::error::{Error, ErrorClass, Result};
+use crate::pipeline::Pipeline;
+use crate::pipeline::schema::schema_of;
+use crate::sinks::ParquetSink;
+use crate::storage::{Location, RequestCounts, S3Config, Store};
+
+/// Milliseconds since the Unix epoch.
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// Whether the process named by a lease owner has exited.
+pub type OwnerGone = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// Everything a handler needs for one pipeline, built once per process.
+#[derive(Clone)]
+pub struct Context {
+    /// The pipeline.
+    pub pipeline: Arc<Pipeline>,
+    /// Where input lands.
+    pub source: Arc<dyn Store>,
+    /// The sink.
+    pub sink: ParquetSink,
+    /// The pipeline's checkpoint.
+    pub checkpoint: Checkpoint,
+    /// This process's name as a lease owner.
+    pub owner: String,
+    /// The time.
+    pub clock: Clock,
+    /// Whether the owner an `owner` field names has exited.
+    pub owner_gone: OwnerGone,
+    /// The checkpoint root shared by all pipelines (`<checkpoint uri>`),
+    /// where `register` lists the pipeline for the trigger.
+    pub registry: Option<Arc<dyn Store>>,
+    /// Notify mode: reconcile (list the source) in the next run whether or
+    /// not `reconcile_every` runs have passed (`sluice run --reconcile`).
+    pub reconcile: bool,
+    schema: Arc<tokio::sync::OnceCell<SchemaRef>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("pipeline", &self.pipeline.name)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl Context {
+    /// A context over explicit stores (tests, embedding).
+    pub fn new(
+        pipeline: Pipeline,
+        source: Arc<dyn Store>,
+        sink: Arc<dyn Store>,
+        checkpoint: Arc<dyn Store>,
+    ) -> Context {
+        let name = pipeline.name.clone();
+        Context {
+            pipeline: Arc::new(pipeline),
+            source,
+            sink: ParquetSink::new(sink, &name),
+            checkpoint: Checkpoint::new(checkpoint, &name),
+            owner: Owner::this_process().to_string(),
+            clock: Arc::new(|| chrono::Utc::now().timestamp_millis()),
+            owner_gone: Arc::new(|o| Owner::parse(o).gone()),
+            registry: None,
+            reconcile: false,
+            schema: Arc::default(),
+        }
+    }
+
+    /// This context with `registry` as the checkpoint root.
+    pub fn with_registry(mut self, registry: Arc<dyn Store>) -> Context {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// A context whose stores are opened from the pipeline's locations.
+    pub fn open(pipeline: Pipeline, s3: Option<&S3Config>) -> Result<Context> {
+        let open = |l: &crate::storage::Location| {
+            l.open(s3).map_err(|message| Error::Spec {
+                file: pipeline.name.clone(),
+                message,
+            })
+        };
+        let source = open(&pipeline.source.location)?;
+        let sink = open(&pipeline.sink)?;
+        let checkpoint = open(&pipeline.checkpoint)?;
+        let registry = open(&pipeline.checkpoint.parent())?;
+        Ok(Context::new(pipeline, source, sink, checkpoint).with_registry(registry))
+    }
+
+    /// Requests made so far through all of this pipeline's stores.
+    pub fn counts(&self) -> RequestCounts {
+        self.source
+            .counts()
+            .plus(&self.sink.store().counts())
+            .plus(&self.checkpoint.store().counts())
+    }
+
+    pub(crate) fn now(&self) -> i64 {
+        (self.clock)()
+    }
+
+    pub(crate) fn conflict(&self, message: String) -> Error {
+        Error::Conflict {
+            pipeline: self.pipeline.name.clone(),
+            message,
+        }
+    }
+
+    pub(crate) fn broken(&self, key: String, message: impl Into<String>) -> Error {
+        Error::Checkpoint {
+            pipeline: self.pipeline.name.clone(),
+            key,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) async fn planned(&self, batch: u64, when: &str) -> Result<Offsets> {
+        self.checkpoint.offsets(batch).await?.ok_or_else(|| {
+            self.broken(
+                crate::paths::checkpoint::offsets(batch),
+                format!("missing {when}"),
+            )
+        })
+    }
+
+    pub(crate) fn ttl_ms(&self) -> i64 {
+        self.pipeline.limits.lease_ttl_seconds as i64 * 1000
+    }
+
+    /// Use `schema` as the source schema (from a registered `pipeline.json`).
+    pub fn pin_schema(&self, schema: SchemaRef) {
+        let _ = self.schema.set(schema);
+    }
+
+    /// The source schema, once the plan step resolved it (or from
+    /// `pipeline.json`).
+    pub async fn schema(&self) -> Result<SchemaRef> {
+        if let Some(s) = self.schema.get() {
+            return Ok(s.clone());
+        }
+        let record = self.checkpoint.pipeline_record().await?.ok_or_else(|| {
+            self.broken(
+                "pipeline.json".into(),
+                "missing; the pipeline was never planned",
+            )
+        })?;
+        let schema = pinned_schema(&self.pipeline.name, &record)?;
+        let _ = self.schema.set(schema.clone());
+        Ok(schema)
+    }
+
+    /// The schema resolved in this process, if any.
+    pub(crate) fn known_schema(&self) -> Option<SchemaRef> {
+        self.schema.get().cloned()
+    }
+
+    /// Whether a step of the run `run` may use this context: the run's
+    /// spec is this context's (a run records the spec it planned under).
+    /// Otherwise a warm Lambda context may be older than `pipeline.json`:
+    /// [`Contexts`] reloads it and tries again.
+    pub(crate) fn check_spec(&self, run: &RunState) -> Result<()> {
+        let mine = self.pipeline.spec_hash();
+        if run.spec.is_empty() || run.spec == mine {
+            return Ok(());
+        }
+        Err(Error::StaleSpec {
+            pipeline: self.pipeline.name.clone(),
+            run: run.spec.clone(),
+            here: mine,
+        })
+    }
+}
+
+/// The schema pinned in a `pipeline.json`; a type that does not parse is a
+/// broken record, named, not a panic or a silent fallback.
+pub(crate) fn pinned_schema(pipeline: &str, record: &PipelineRecord) -> Result<SchemaRef> {
+    schema_of(&record.schema).map_err(|e| Error::Checkpoint {
+        pipeline: pipeline.to_string(),
+        key: crate::paths::checkpoint::PIPELINE.into(),
+        message: format!(
+            "pinned schema{e}; register the pipeline again (sluice register) to rewrite it"
+        ),
+    })
+}
+
+impl Context {
+    pub(crate) fn check_pipeline(&self, name: &str) -> Result<()> {
+        if name == self.pipeline.name {
+            Ok(())
+        } else {
+            Err(Error::Run {
+                pipeline: self.pipeline.name.clone(),
+                message: format!(
+                    "a request for pipeline \"{name}\" reached this pipeline's handler"
+                ),
+                class: ErrorClass::Fatal,
+            })
+        }
+    }
+}
+
+/// Contexts of the pipelines registered under one checkpoint root, built
+/// from their `pipeline.json` once per process and cached. A step whose
+/// run was planned under another spec than a cached context's (the
+/// pipeline was registered again while the container stayed warm) gets a
+/// context reloaded from `pipeline.json`, and is tried again with it.
+pub struct Contexts {
+    root: Location,
+    s3: Option<S3Config>,
+    cache: tokio::sync::Mutex<HashMap<String, Context>>,
+}
+
+impl Contexts {
+    /// Contexts of the pipelines registered under `root`.
+    pub fn new(root: Location, s3: Option<S3Config>) -> Contexts {
+        Contexts {
+            root,
+            s3,
+            cache: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Where the pipelines are registered.
+    pub fn root(&self) -> &Location {
+        &self.root
+    }
+
+    /// The store at the root (the registry lives there).
+    pub fn root_store(&self) -> Result<Arc<dyn Store>> {
+        self.root
+            .open(self.s3.as_ref())
+            .map_err(|message| Error::Spec {
+                file: self.root.display(),
+                message,
+            })
+    }
+
+    /// The context of `pipeline`, from its registered `pipeline.json`.
+    pub async fn get(&self, pipeline: &str) -> Result<Context> {
+        let mut cache = self.cache.lock().await;
+        if let Some(c) = cache.get(pipeline) {
+            return Ok(c.clone());
+        }
+        let ctx = self.load(pipeline).await?;
+        cache.insert(pipeline.to_string(), ctx.clone());
+        Ok(ctx)
+    }
+
+    /// Drop the cached context of `pipeline` and build it again.
+    pub async fn reload(&self, pipeline: &str) -> Result<Context> {
+        self.cache.lock().await.remove(pipeline);
+        self.get(pipeline).await
+    }
+
+    /// Run `step` with the context of `pipeline`. With `check_registered`
+    /// (the first Plan of an execution) the cached context is first
+    /// compared with `pipeline.json` (one read) and rebuilt if the pipeline
+    /// was registered again since. A step that finds its run planned under
+    /// another spec than its context's gets a reloaded context and runs
+    /// once more; if `pipeline.json` holds neither, the error stands (the
+    /// run was planned under a spec since replaced).
+    pub async fn dispatch<T, F>(&self, pipeline: &str, check_registered: bool, step: F) -> Result<T>
+    where
+        F: for<'a> Fn(&'a Context) -> super::HandlerFuture<'a, T>,
+    {
+        let mut ctx = self.get(pipeline).await?;
+        if check_registered {
+            let registered = ctx.checkpoint.pipeline_record().await?;
+            if registered.is_some_and(|r| r.spec_hash != ctx.pipeline.spec_hash()) {
+                tracing::info!(
+                    pipeline,
+                    "registered again since this context was built; reloading"
+                );
+                ctx = self.reload(pipeline).await?;
+            }
+        }
+        match step(&ctx).await {
+            Err(Error::StaleSpec { run, here, .. }) => {
+                tracing::info!(pipeline, run = %run, cached = %here, "the run's spec differs from this context's; reloading");
+                let fresh = self.reload(pipeline).await?;
+                step(&fresh).await
+            }
+            other => other,
+        }
+    }
+
+    async fn load(&self, pipeline: &str) -> Result<Context> {
+        let store = self
+            .root
+            .join(pipeline)
+            .open(self.s3.as_ref())
+            .map_err(|message| Error::Spec {
+                file: pipeline.to_string(),
+                message,
+            })?;
+        let record = Checkpoint::new(store, pipeline)
+            .pipeline_record()
+            .await?
+            .ok_or_else(|| Error::Spec {
+                file: pipeline.to_string(),
+                message: format!(
+                    "no pipeline \"{pipeline}\" is registered under {}; run `sluice register` \
+                     with its pipeline file first",
+                    self.root.display()
+                ),
+            })?;
+        let schema = pinned_schema(pipeline, &record)?;
+        let mut ctx = Context::open(record.pipeline, self.s3.as_ref())?;
+        // In Lambda no process outlives its invocation in a way another
+        // sandbox could see: a lease held by a function is freed by its TTL
+        // (or, for executions, by the trigger seeing the execution ended).
+        ctx.owner = Owner::Lambda(
+            std::env::var("AWS_LAMBDA_LOG_STREAM_NAME")
+                .or_else(|_| std::env::var("AWS_LAMBDA_FUNCTION_NAME"))
+                .unwrap_or_else(|_| "function".into()),
+        )
+        .to_string();
+        ctx.owner_gone = Arc::new(|_| false);
+        ctx.pin_schema(schema);
+        Ok(ctx)
+    }
+}

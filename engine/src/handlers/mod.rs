@@ -1,0 +1,91 @@
+//! The steps of a run, shared by the local runner and the Lambda
+//! functions: each entry point takes its dependencies as a [`Context`] and
+//! a request payload, and returns a payload.
+//!
+//! - [`handle_plan`] (`plan`): claim the lease, recover what a dead run
+//!   left, resume a planned batch or discover and plan new input;
+//! - [`handle_task`] (`operate`): run one task of a batch;
+//! - [`handle_commit`] (`commit`): make a batch visible and advance the
+//!   checkpoint, or abandon / settle a batch whose input was refused;
+//! - `lease`: every change of `control.json` a run makes, through one
+//!   compare-and-swap helper.
+//!
+//! Payloads between steps (`payloads`) carry references only; data and
+//! plans live in storage.
+
+mod commit;
+mod context;
+mod lease;
+mod operate;
+mod payloads;
+mod plan;
+
+pub use commit::{abandon, commit};
+pub use context::{Clock, Context, Contexts};
+pub use lease::{heartbeat, release};
+pub(crate) use lease::{swap_control, update_control};
+pub use operate::operate;
+pub use payloads::{
+    BatchRef, CommitAction, CommitRequest, CommitSummary, PlanOutcome, PlanRequest, Refusal,
+    RunState, TaskAck, TaskList, TaskRequest,
+};
+pub use plan::plan;
+pub(crate) use plan::resolve_schema;
+
+use crate::error::{ErrorClass, Result};
+use commit::settle;
+use operate::record_refusal;
+
+/// A boxed handler future. Boxing here, where lifetimes are concrete, lets
+/// callers that need `Send` for every lifetime (the state machine's task
+/// invoker) hold it: rustc cannot prove that through nested async fns.
+pub type HandlerFuture<'a, T> = futures::future::BoxFuture<'a, Result<T>>;
+
+/// The planner function's entry point.
+pub fn handle_plan(ctx: &Context, req: PlanRequest) -> HandlerFuture<'_, PlanOutcome> {
+    Box::pin(async move {
+        ctx.check_pipeline(&req.pipeline)?;
+        plan(ctx, req.run).await
+    })
+}
+
+/// The operator function's entry point.
+pub fn handle_task(ctx: &Context, req: TaskRequest) -> HandlerFuture<'_, TaskAck> {
+    Box::pin(async move {
+        ctx.check_pipeline(&req.pipeline)?;
+        let r = match operate(ctx, &req.run, req.batch, req.task).await {
+            Ok(r) => r,
+            Err(e) => {
+                if e.class() == ErrorClass::InvalidInput {
+                    record_refusal(ctx, &req, &e).await;
+                }
+                return Err(e);
+            }
+        };
+        Ok(TaskAck {
+            task: r.task,
+            rows_out: r.rows_out,
+            files: r.outputs.len() as u64,
+        })
+    })
+}
+
+/// The committer function's entry point.
+pub fn handle_commit(ctx: &Context, req: CommitRequest) -> HandlerFuture<'_, CommitSummary> {
+    Box::pin(async move {
+        ctx.check_pipeline(&req.pipeline)?;
+        match req.action {
+            CommitAction::Commit => Ok(CommitSummary::from(
+                &commit(ctx, &req.run, req.batch).await?,
+            )),
+            CommitAction::Abandon => {
+                abandon(ctx, &req.run, req.batch).await?;
+                Ok(CommitSummary {
+                    batch: req.batch,
+                    ..CommitSummary::default()
+                })
+            }
+            CommitAction::Settle => Err(settle(ctx, &req.run, req.batch).await),
+        }
+    })
+}

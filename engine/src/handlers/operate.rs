@@ -1,0 +1,78 @@
+//! The operate step: one task of a batch, its result left in the
+//! checkpoint for the committer; a refused input left where `settle` finds
+//! it.
+
+use std::sync::Arc;
+
+use super::context::Context;
+use super::payloads::{Refusal, RunState, TaskRequest};
+use crate::error::{Error, Result};
+use crate::operators::{SqlOperator, TaskResult};
+use crate::paths;
+use crate::sinks::ParquetSink;
+use crate::storage::{CountingStore, PutMode};
+
+/// Operate step: run one task of a batch, and leave its result in the
+/// checkpoint for the committer (`work/N/task-T-eE.json`).
+pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Result<TaskResult> {
+    ctx.check_spec(run)?;
+    let off = ctx
+        .planned(
+            batch,
+            &format!("while run epoch {} operates on it", run.epoch),
+        )
+        .await?;
+    let plan = off.tasks.iter().find(|t| t.task == task).ok_or_else(|| {
+        ctx.broken(
+            paths::checkpoint::offsets(batch),
+            format!("has no task {task}"),
+        )
+    })?;
+    let schema = ctx.schema().await?;
+    let op = SqlOperator::new(ctx.pipeline.clone(), schema);
+    // Views that count only this task's requests.
+    let source = CountingStore::new(ctx.source.clone());
+    let sink = ParquetSink::new(
+        Arc::new(CountingStore::new(ctx.sink.store().clone())),
+        &ctx.pipeline.name,
+    );
+    let mut result = op
+        .run(&source, &sink, run.epoch, batch, &off.inputs, plan)
+        .await?;
+    result.requests.get += 1; // the plan read above
+    result.requests.put += 1; // the result written below
+    let bytes = serde_json::to_vec(&result).expect("a task result serializes");
+    ctx.checkpoint
+        .store()
+        .put(
+            &paths::checkpoint::work(batch, task, run.epoch),
+            bytes.into(),
+            PutMode::Overwrite,
+        )
+        .await?;
+    tracing::debug!(pipeline = %ctx.pipeline.name, batch, task, rows = result.rows_out, "task done");
+    Ok(result)
+}
+
+/// Leave the refusal where `settle` finds it. Best effort: without it a
+/// Distributed Map's failure keeps the lease instead of abandoning the batch
+/// (the inline Map sees the error name itself).
+pub(super) async fn record_refusal(ctx: &Context, req: &TaskRequest, e: &Error) {
+    let r = Refusal {
+        task: req.task,
+        message: e.to_string(),
+    };
+    let key = paths::checkpoint::refusal(req.batch, req.task, req.run.epoch);
+    let put = ctx
+        .checkpoint
+        .store()
+        .put(
+            &key,
+            serde_json::to_vec(&r).expect("serialisable").into(),
+            PutMode::Overwrite,
+        )
+        .await;
+    if let Err(w) = put {
+        tracing::warn!(key, error = %w, "could not record the task's refusal");
+    }
+}

@@ -1,0 +1,242 @@
+//! The payloads between steps and of the function entry points. They carry
+//! references (pipeline, epoch, batch and task numbers), never data.
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::Commit;
+use crate::storage::{Location, RequestCounts};
+
+/// What a run carries between steps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunState {
+    /// Pipeline name.
+    pub pipeline: String,
+    /// The lease epoch this run holds.
+    pub epoch: u64,
+    /// Whether this run has discovered new input yet (AvailableNow: once).
+    pub discovered: bool,
+    /// Batches handed out by this execution (`limits.max_batches_per_execution`).
+    #[serde(default)]
+    pub batches: u64,
+    /// What started the run, recorded in its commits (`sluice history`).
+    #[serde(default)]
+    pub trigger: Option<String>,
+    /// Hash of the spec the run plans and operates under, set by its first
+    /// Plan; every later step checks its context against it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub spec: String,
+}
+
+/// Where a Distributed Map reads a batch's task list: an S3 object (on a
+/// local checkpoint, `bucket` is empty and `key` relative to the pipeline's
+/// checkpoint folder; the local runner reads it there).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskList {
+    /// Bucket.
+    pub bucket: String,
+    /// Key.
+    pub key: String,
+}
+
+impl TaskList {
+    /// The object `key` of the checkpoint at `checkpoint`.
+    pub fn of(checkpoint: &Location, key: &str) -> TaskList {
+        match checkpoint {
+            Location::S3 { bucket, prefix } => TaskList {
+                bucket: bucket.clone(),
+                key: if prefix.is_empty() {
+                    key.to_string()
+                } else {
+                    format!("{prefix}/{key}")
+                },
+            },
+            Location::Local(_) => TaskList {
+                bucket: String::new(),
+                key: key.to_string(),
+            },
+        }
+    }
+
+    /// The key relative to the checkpoint at `checkpoint` that (`bucket`,
+    /// `key`) names, if it is inside it.
+    pub fn relative(checkpoint: &Location, bucket: &str, key: &str) -> Option<String> {
+        match checkpoint {
+            Location::S3 { bucket: b, prefix } if b == bucket => {
+                if prefix.is_empty() {
+                    Some(key.to_string())
+                } else {
+                    key.strip_prefix(prefix.as_str())?
+                        .strip_prefix('/')
+                        .map(str::to_string)
+                }
+            }
+            Location::Local(_) if bucket.is_empty() => Some(key.to_string()),
+            _ => None,
+        }
+    }
+}
+
+/// A batch to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchRef {
+    /// Batch number.
+    pub batch: u64,
+    /// Task numbers (empty when `distributed`: read them from `task_list`).
+    pub tasks: Vec<u32>,
+    /// How many tasks the batch has.
+    pub task_count: u64,
+    /// More tasks than `limits.max_inline_tasks`: the state machine fans out
+    /// with a Distributed Map over `task_list`.
+    pub distributed: bool,
+    /// Where the task list is, when `distributed`.
+    pub task_list: Option<TaskList>,
+    /// Input files.
+    pub files: u64,
+    /// Input bytes.
+    pub bytes: u64,
+    /// Planned by an earlier run that did not commit it.
+    pub resumed: bool,
+}
+
+/// What the plan step decided; `kind` is what the state machine's Choice
+/// reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum PlanOutcome {
+    /// Nothing to do; no lease was taken and nothing written.
+    Idle {
+        /// Why.
+        reason: String,
+    },
+    /// Another run holds a live lease.
+    Busy {
+        /// Its owner.
+        owner: String,
+        /// Seconds since its last heartbeat.
+        heartbeat_age_s: i64,
+    },
+    /// Run this batch, then commit it and plan again.
+    Batch {
+        /// The run.
+        run: RunState,
+        /// The batch.
+        batch: BatchRef,
+    },
+    /// The run is over and the lease released.
+    Done {
+        /// The run.
+        run: RunState,
+    },
+    /// This execution used its batch budget: it released the lease with
+    /// `requested` set and hands the rest to a new execution (the state
+    /// machine's Continue step wakes the pipeline through the trigger).
+    Continue {
+        /// The run.
+        run: RunState,
+    },
+}
+
+/// Input of the planner function.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanRequest {
+    /// Pipeline name.
+    pub pipeline: String,
+    /// The run so far; `null` for the first plan of an execution.
+    #[serde(default)]
+    pub run: Option<RunState>,
+}
+
+/// Input of the operator function: one task of a planned batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRequest {
+    /// Pipeline name.
+    pub pipeline: String,
+    /// The run.
+    pub run: RunState,
+    /// Batch number.
+    pub batch: u64,
+    /// Task number.
+    pub task: u32,
+}
+
+/// Output of the operator function: an acknowledgement (the result itself
+/// stays in the checkpoint).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskAck {
+    /// Task number.
+    pub task: u32,
+    /// Rows written.
+    pub rows_out: u64,
+    /// Files written.
+    pub files: u64,
+}
+
+/// What the committer function is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CommitAction {
+    /// Commit the batch.
+    Commit,
+    /// Drop the plans from this batch on after its input was refused.
+    Abandon,
+    /// After a Distributed Map failed (it reports only that a child failed):
+    /// if a task of this run refused its input, abandon as above and fail
+    /// with that refusal (`Sluice.InvalidInput`); otherwise fail
+    /// (`Sluice.Fatal`) keeping the lease, so the next run resumes the batch.
+    Settle,
+}
+
+/// Input of the committer function.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitRequest {
+    /// Commit or abandon.
+    pub action: CommitAction,
+    /// Pipeline name.
+    pub pipeline: String,
+    /// The run.
+    pub run: RunState,
+    /// Batch number.
+    pub batch: u64,
+}
+
+/// Output of the committer function: what was committed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitSummary {
+    /// Batch number.
+    pub batch: u64,
+    /// Input files.
+    pub files: u64,
+    /// Input bytes.
+    pub bytes: u64,
+    /// Rows read.
+    pub rows_in: u64,
+    /// Rows written.
+    pub rows_out: u64,
+    /// Output files.
+    pub outputs: u64,
+    /// Requests of the batch.
+    pub requests: RequestCounts,
+}
+
+impl From<&Commit> for CommitSummary {
+    fn from(c: &Commit) -> Self {
+        CommitSummary {
+            batch: c.batch,
+            files: c.files,
+            bytes: c.bytes_read,
+            rows_in: c.rows_in,
+            rows_out: c.rows_out,
+            outputs: c.outputs.len() as u64,
+            requests: c.requests,
+        }
+    }
+}
+
+/// What a task whose input was refused leaves for the settle step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    /// The task.
+    pub task: u32,
+    /// The error, as the task reported it.
+    pub message: String,
+}

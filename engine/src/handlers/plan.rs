@@ -1,0 +1,679 @@
+//! The plan step: claim the lease, recover what a dead run left, resume a
+//! planned batch, or discover new input (AvailableNow: what is there when
+//! the run looks) and write the plans of all its batches, create-only,
+//! before any output exists.
+
+use std::collections::HashMap;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::execution::context::SessionContext;
+
+use super::commit::finish_commit;
+use super::context::Context;
+use super::lease::{continue_run, owned_control, release_idle, update_control};
+use super::payloads::{BatchRef, PlanOutcome, RunState, TaskList};
+use crate::checkpoint::owner::Owner;
+use crate::checkpoint::{
+    self, Claim, Control, Index, InputFile, Offsets, PipelineRecord, RunStatus,
+};
+use crate::discovery::{self, InboxEntry};
+use crate::error::{Error, Result};
+use crate::operators::SqlOperator;
+use crate::pipeline::DiscoveryMode;
+use crate::pipeline::schema::{columns_of, schema_change, schema_of};
+use crate::planning;
+use crate::storage::fanout::{concurrently, delete_all};
+use crate::storage::{ObjectMeta, PutMode, RequestCounts};
+
+/// Plan step. Without a run: check for new input cheaply (one control read
+/// and one listing), and only then claim the lease, recover what a dead run
+/// left, and plan the new input into batches. With a run: resume the next
+/// planned batch, or release.
+pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
+    let clock = PlanClock {
+        started: std::time::Instant::now(),
+        counts: ctx.counts(),
+    };
+    match run {
+        None => start(ctx, &clock).await,
+        Some(mut run) => {
+            // The first Plan of an execution a trigger started fixes the
+            // spec the run works under; later steps check it.
+            if run.spec.is_empty() {
+                run.spec = ctx.pipeline.spec_hash();
+            } else {
+                ctx.check_spec(&run)?;
+            }
+            let (mut control, _) = owned_control(ctx, run.epoch).await?;
+            if run.discovered {
+                // The next batch this run planned, else the end of the run.
+                if let Some(off) = ctx.checkpoint.offsets(control.next_batch()).await? {
+                    return batch_outcome(ctx, run, &off).await;
+                }
+                if release_idle(ctx, &run).await? {
+                    return Ok(PlanOutcome::Done { run });
+                }
+            } else if control.resume {
+                // A run whose lease a trigger claimed (`triggers::wake`)
+                // after a dead run, a hand-over or a cancel.
+                if let Some(off) = resume_planned(ctx, &run, control.next_batch()).await? {
+                    return batch_outcome(ctx, run, &off).await;
+                }
+                control = owned_control(ctx, run.epoch).await?.0;
+            }
+            discover_and_plan(ctx, run, &control, Seen::Nothing, &clock).await
+        }
+    }
+}
+
+/// The plan step's answer for a planned batch: the batch, or, once this
+/// execution has handed out `limits.max_batches_per_execution` batches, the
+/// hand-over to the next execution. A batch with more tasks than
+/// `limits.max_inline_tasks` goes to the Distributed Map: its task list is
+/// written to the checkpoint (idempotent: the same list on every resume) and
+/// the payload carries only where it is.
+async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Result<PlanOutcome> {
+    if run.batches >= ctx.pipeline.limits.max_batches_per_execution {
+        return continue_run(ctx, run).await;
+    }
+    let resumed = off.epoch != run.epoch;
+    run.batches += 1;
+    let tasks: Vec<u32> = off.tasks.iter().map(|t| t.task).collect();
+    let distributed = tasks.len() as u64 > ctx.pipeline.limits.max_inline_tasks;
+    let mut task_list = None;
+    if distributed {
+        let key = crate::paths::checkpoint::task_list(off.batch);
+        ctx.checkpoint
+            .store()
+            .put(
+                &key,
+                serde_json::to_vec(&tasks).expect("serialisable").into(),
+                PutMode::Overwrite,
+            )
+            .await?;
+        task_list = Some(TaskList::of(&ctx.pipeline.checkpoint, &key));
+    }
+    Ok(PlanOutcome::Batch {
+        run,
+        batch: BatchRef {
+            batch: off.batch,
+            task_count: tasks.len() as u64,
+            tasks: if distributed { Vec::new() } else { tasks },
+            distributed,
+            task_list,
+            files: off.inputs.len() as u64,
+            bytes: off.bytes(),
+            resumed,
+        },
+    })
+}
+
+/// When and with how many requests a plan step started.
+struct PlanClock {
+    started: std::time::Instant,
+    counts: RequestCounts,
+}
+
+/// The first Plan of a run that no trigger started (`sluice run`, or an
+/// execution started without a run): check for new input without writing,
+/// then claim the lease and plan (or resume).
+async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
+    let p = &ctx.pipeline;
+    let read = ctx.checkpoint.control().await?;
+    let control = read.as_ref().map(|(c, _)| c);
+    let now = ctx.now();
+    let (epoch, recover) = match may_claim(ctx, control, now) {
+        Ok(take) => take,
+        Err(outcome) => return Ok(*outcome),
+    };
+    let looked = match look(ctx, control).await? {
+        Look::Idle => return Ok(idle("no new data")),
+        Look::Maybe(l) => l,
+    };
+    // Resolve the schema and check the SQL before writing anything.
+    let Some((schema, record_current)) = checked_schema(ctx, control, &looked.listed).await? else {
+        return Ok(idle("no input files yet (and no schema declared)"));
+    };
+    // Batches may wait planned, or committed and not recorded.
+    let recover = recover || control.is_some_and(|c| c.resume);
+    // Without a dead run to recover, look for new input before writing
+    // anything: processed files deleted from the source, or a changed spec,
+    // change the listing without making work. (Notify mode looked above.)
+    let mut index = None;
+    if !recover && looked.inbox.is_none() {
+        let i = ctx.checkpoint.index().await?;
+        if discovery::new_inputs(&looked.listed, &i, p.source.discovery).is_empty() {
+            return Ok(idle("no new data"));
+        }
+        index = Some(i);
+    }
+    let next = checkpoint::claimed(control, epoch, &ctx.owner, now, "");
+    if ctx
+        .checkpoint
+        .swap_control(&next, read.as_ref().map(|(_, e)| e.as_str()))
+        .await?
+        .is_none()
+    {
+        return Ok(PlanOutcome::Busy {
+            owner: "another run (it claimed the lease first)".into(),
+            heartbeat_age_s: 0,
+        });
+    }
+    let run = RunState {
+        pipeline: p.name.clone(),
+        epoch,
+        discovered: false,
+        batches: 0,
+        trigger: Some(match Owner::parse(&ctx.owner) {
+            Owner::Local { .. } => "sluice run".into(),
+            _ => "execution input".into(),
+        }),
+        spec: p.spec_hash(),
+    };
+    tracing::info!(pipeline = %p.name, epoch, recover, "lease taken");
+    if !record_current {
+        ctx.checkpoint
+            .put_pipeline_record(&PipelineRecord {
+                format_version: checkpoint::FORMAT_VERSION,
+                spec_hash: p.spec_hash(),
+                pipeline: (**p).clone(),
+                schema: columns_of(&schema),
+            })
+            .await?;
+    }
+    let control = if recover {
+        if let Some(off) = resume_planned(ctx, &run, next.next_batch()).await? {
+            return batch_outcome(ctx, run, &off).await;
+        }
+        owned_control(ctx, epoch).await?.0
+    } else {
+        next
+    };
+    let seen = match (index, looked.inbox) {
+        (Some(i), _) => Seen::Listing(i, looked.listed),
+        (None, Some(entries)) => {
+            Seen::Inbox(entries, looked.listed_source.then_some(looked.listed))
+        }
+        (None, None) => Seen::Nothing,
+    };
+    discover_and_plan(ctx, run, &control, seen, clock).await
+}
+
+fn idle(reason: &str) -> PlanOutcome {
+    PlanOutcome::Idle {
+        reason: reason.into(),
+    }
+}
+
+/// The epoch this run may claim (and whether its holder died), or why not:
+/// paused, or a live run holds the lease.
+fn may_claim(
+    ctx: &Context,
+    control: Option<&Control>,
+    now: i64,
+) -> std::result::Result<(u64, bool), Box<PlanOutcome>> {
+    if control.is_some_and(|c| c.paused) {
+        return Err(Box::new(idle(
+            "paused: `sluice resume` lets runs start again (triggers meanwhile are recorded)",
+        )));
+    }
+    let gone = control
+        .and_then(|c| c.owner.as_deref())
+        .is_some_and(|o| (ctx.owner_gone)(o));
+    match checkpoint::decide_claim(control, now, ctx.ttl_ms(), gone) {
+        Claim::Take { epoch, recover } => Ok((epoch, recover)),
+        Claim::Busy {
+            owner,
+            heartbeat_age_ms,
+        } => Err(Box::new(PlanOutcome::Busy {
+            owner,
+            heartbeat_age_s: heartbeat_age_ms / 1000,
+        })),
+    }
+}
+
+/// What a run's first look at its input found.
+enum Look {
+    /// Nothing new, for sure: no write is needed.
+    Idle,
+    /// Maybe something.
+    Maybe(Looked),
+}
+
+/// What the first look read, handed on so discovery need not read it again.
+struct Looked {
+    /// Input files (`list`/`ordered`: after the cursor; `notify`: the
+    /// notified files, or the whole source when reconciling).
+    listed: Vec<ObjectMeta>,
+    /// `notify`: the inbox.
+    inbox: Option<Vec<InboxEntry>>,
+    /// `notify`: `listed` is a listing of the source (a reconciliation).
+    listed_source: bool,
+}
+
+/// The idle check: an idle pipeline with the registered spec and a listing
+/// equal to the processed one (notify: an empty inbox, and no
+/// reconciliation due) has nothing to do: one read and one listing.
+async fn look(ctx: &Context, control: Option<&Control>) -> Result<Look> {
+    let p = &ctx.pipeline;
+    let settled =
+        control.is_some_and(|c| c.status == RunStatus::Idle && c.spec_hash == p.spec_hash());
+    if p.source.discovery == DiscoveryMode::Notify {
+        let entries = discovery::read_inbox(ctx.checkpoint.store().as_ref()).await?;
+        let epoch = control.map_or(1, |c| c.epoch + 1);
+        let due =
+            ctx.reconcile || discovery::reconcile_due(control, epoch, p.source.reconcile_every);
+        if settled && entries.is_empty() && !due {
+            return Ok(Look::Idle);
+        }
+        // The schema is inferred from a notified file, or any file when
+        // this run lists the source anyway.
+        let listed = if due {
+            discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?
+        } else {
+            discovery::inbox_files(&entries)
+        };
+        return Ok(Look::Maybe(Looked {
+            listed,
+            inbox: Some(entries),
+            listed_source: due,
+        }));
+    }
+    let start_after = control.and_then(|c| c.listing.start_after.clone());
+    let listed =
+        discovery::list_inputs(ctx.source.as_ref(), &p.source, start_after.as_deref()).await?;
+    if let Some(c) = control
+        && settled
+        && discovery::listing_state(start_after, &listed) == c.listing
+    {
+        return Ok(Look::Idle);
+    }
+    Ok(Look::Maybe(Looked {
+        listed,
+        inbox: None,
+        listed_source: false,
+    }))
+}
+
+/// The source schema, with the SQL checked against it, and whether
+/// `pipeline.json` already holds this spec; `None` with nothing to infer
+/// the schema from. A batch committed under this very spec means
+/// `pipeline.json` holds it (a run writes it before planning); with the
+/// schema known here (declared, or pinned earlier in this process) there is
+/// nothing to read or check against it.
+async fn checked_schema(
+    ctx: &Context,
+    control: Option<&Control>,
+    listed: &[ObjectMeta],
+) -> Result<Option<(SchemaRef, bool)>> {
+    let p = &ctx.pipeline;
+    let declared = p.source.declared_schema().map_err(|e| Error::Spec {
+        file: p.name.clone(),
+        message: format!("source.schema{e}"),
+    })?;
+    let known = ctx.known_schema().or(declared);
+    let recorded =
+        control.is_some_and(|c| c.spec_hash == p.spec_hash() && c.last_committed.is_some());
+    let (schema, current) = match known {
+        Some(schema) if recorded => (schema, true),
+        _ => {
+            let record = ctx.checkpoint.pipeline_record().await?;
+            let Some(schema) = resolve_schema(ctx, record.as_ref(), listed).await? else {
+                return Ok(None);
+            };
+            (schema, record.is_some_and(|r| r.spec_hash == p.spec_hash()))
+        }
+    };
+    SqlOperator::new(p.clone(), schema.clone()).check().await?;
+    ctx.pin_schema(schema.clone());
+    Ok(Some((schema, current)))
+}
+
+/// After a dead run, a hand-over or a cancel (`control.resume`): finish the
+/// batches from `next` on that were committed but not recorded in control,
+/// and return the first batch planned and not committed, if any (two reads
+/// when there is nothing).
+async fn resume_planned(ctx: &Context, run: &RunState, next: u64) -> Result<Option<Offsets>> {
+    let mut n = next;
+    while let Some(commit) = ctx.checkpoint.commit(n).await? {
+        finish_commit(ctx, run, &commit).await?;
+        n += 1;
+    }
+    let off = ctx.checkpoint.offsets(n).await?;
+    if off.is_some() {
+        tracing::info!(pipeline = %ctx.pipeline.name, batch = n, "resuming a batch planned by an earlier run");
+    }
+    Ok(off)
+}
+
+/// What a run already read before it discovers.
+enum Seen {
+    /// Nothing: discovery reads what it needs.
+    Nothing,
+    /// `list`/`ordered`: the index and the source listing after its cursor.
+    Listing(Index, Vec<ObjectMeta>),
+    /// `notify`: the inbox, and the source listing if one was made (a
+    /// reconciliation uses it instead of listing again).
+    Inbox(Vec<InboxEntry>, Option<Vec<ObjectMeta>>),
+}
+
+/// New input, in processing order, and (notify) the inbox entries of each
+/// of its keys.
+struct Fresh {
+    inputs: Vec<InputFile>,
+    entries: HashMap<String, Vec<String>>,
+    /// Notify mode: more entries wait than one discovery takes.
+    more: bool,
+}
+
+/// Find the input no batch has taken. `list`/`ordered`: diff a listing
+/// against the index. `notify`: the inbox, after a reconciliation listing
+/// when one is due (`reconcile` allows it in this discovery), each key
+/// claimed for this run.
+async fn find_new(
+    ctx: &Context,
+    run: &RunState,
+    control: &Control,
+    seen: Seen,
+    reconcile: bool,
+) -> Result<Fresh> {
+    let p = &ctx.pipeline;
+    if p.source.discovery != DiscoveryMode::Notify {
+        let (index, listed) = match seen {
+            Seen::Listing(i, l) => (i, l),
+            _ => {
+                let index = ctx.checkpoint.index().await?;
+                let listed = discovery::list_inputs(
+                    ctx.source.as_ref(),
+                    &p.source,
+                    index.start_after.as_deref(),
+                )
+                .await?;
+                (index, listed)
+            }
+        };
+        return Ok(Fresh {
+            inputs: discovery::new_inputs(&listed, &index, p.source.discovery),
+            entries: Default::default(),
+            more: false,
+        });
+    }
+    let store = ctx.checkpoint.store().as_ref();
+    let (mut entries, source) = match seen {
+        Seen::Inbox(e, source) => (e, source),
+        _ => (discovery::read_inbox(store).await?, None),
+    };
+    let asked = ctx.reconcile && control.reconciled_epoch != Some(run.epoch);
+    if reconcile
+        && (asked || discovery::reconcile_due(Some(control), run.epoch, p.source.reconcile_every))
+    {
+        entries.extend(reconcile_inbox(ctx, run, &entries, source).await?);
+    }
+    // One discovery claims at most what one execution commits: a backlog
+    // (an outage, a long pause) is taken in slices, not claimed all at once
+    // inside one Plan step.
+    let mut files = discovery::inbox_files(&entries);
+    let cap = p
+        .limits
+        .max_files_per_batch
+        .saturating_mul(p.limits.max_batches_per_execution) as usize;
+    let more = files.len() > cap;
+    files.truncate(cap);
+    let mut by_key: HashMap<String, Vec<String>> = Default::default();
+    for e in entries {
+        by_key.entry(e.key).or_default().push(e.entry);
+    }
+    let epoch = run.epoch;
+    let claimed = concurrently(files.iter().map(|f| f.key.clone()).collect(), |k| {
+        let store = ctx.checkpoint.store().clone();
+        let pipeline = p.name.clone();
+        async move { discovery::claim_key(&store, &pipeline, &k, epoch).await }
+    })
+    .await?;
+    let mut inputs = Vec::new();
+    let mut duplicates = Vec::new();
+    for (f, fresh) in files.into_iter().zip(claimed) {
+        if fresh {
+            inputs.push(InputFile {
+                key: f.key,
+                size: f.size,
+                etag: None,
+            });
+        } else {
+            duplicates.extend(by_key.remove(&f.key).unwrap_or_default());
+        }
+    }
+    if !duplicates.is_empty() {
+        tracing::info!(pipeline = %p.name, entries = duplicates.len(), "notifications of keys already committed; consumed without processing");
+        delete_all(ctx.checkpoint.store(), duplicates).await?;
+    }
+    Ok(Fresh {
+        inputs,
+        entries: by_key,
+        more,
+    })
+}
+
+/// Notify mode's reconciliation: list the source (unless `source` is that
+/// listing already) and the claims, record the source files that have
+/// neither a claim nor an inbox entry as inbox entries (so a crash after
+/// this loses nothing), note the epoch in control, and return the new
+/// entries.
+async fn reconcile_inbox(
+    ctx: &Context,
+    run: &RunState,
+    inbox: &[InboxEntry],
+    source: Option<Vec<ObjectMeta>>,
+) -> Result<Vec<InboxEntry>> {
+    let p = &ctx.pipeline;
+    let store = ctx.checkpoint.store().as_ref();
+    let source = match source {
+        Some(s) => s,
+        None => discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?,
+    };
+    let claims = store
+        .list(crate::paths::checkpoint::CLAIMS_PREFIX, None)
+        .await?;
+    let lost = discovery::unnotified(&source, &claims, inbox);
+    let objects: Vec<(String, u64)> = lost.iter().map(|m| (m.key.clone(), m.size)).collect();
+    discovery::record_notified(ctx.checkpoint.store(), objects).await?;
+    let epoch = run.epoch;
+    update_control(ctx, epoch, &|c| c.reconciled_epoch = Some(epoch)).await?;
+    tracing::info!(pipeline = %p.name, source_files = source.len(), claims = claims.len(), unnotified = lost.len(), "reconciled the inbox with a source listing");
+    Ok(lost
+        .into_iter()
+        .map(|m| InboxEntry {
+            entry: crate::paths::checkpoint::inbox_entry(&m.key, m.size),
+            key: m.key,
+            size: m.size,
+            arrived: m.last_modified,
+        })
+        .collect())
+}
+
+/// The source schema: declared, else pinned, else inferred from the first
+/// listed input. `None` when there is nothing to infer from.
+pub(crate) async fn resolve_schema(
+    ctx: &Context,
+    record: Option<&PipelineRecord>,
+    listed: &[ObjectMeta],
+) -> Result<Option<SchemaRef>> {
+    let p = &ctx.pipeline;
+    let pinned = record
+        .map(|r| super::context::pinned_schema(&p.name, r))
+        .transpose()?;
+    if let Some(r) = record
+        && r.pipeline.source.format != p.source.format
+    {
+        return Err(Error::Incompatible {
+            pipeline: p.name.clone(),
+            message: format!(
+                "source format changed ({:?} -> {:?}); register a new pipeline (new name) or \
+                 delete its checkpoint folder to start over",
+                r.pipeline.source.format, p.source.format
+            ),
+        });
+    }
+    if let Some(r) = record
+        && let Some(message) = discovery_change(r.pipeline.source.discovery, p.source.discovery)
+    {
+        return Err(Error::Incompatible {
+            pipeline: p.name.clone(),
+            message,
+        });
+    }
+    let declared = p.source.declared_schema().map_err(|e| Error::Spec {
+        file: p.name.clone(),
+        message: format!("source.schema{e}"),
+    })?;
+    if let Some(declared) = declared {
+        if let Some(pinned) = &pinned
+            && let Some(change) = schema_change(pinned, &declared)
+        {
+            return Err(Error::Incompatible {
+                pipeline: p.name.clone(),
+                message: format!(
+                    "source schema changed ({change}); register a new pipeline (new name) or \
+                     delete its checkpoint folder to start over"
+                ),
+            });
+        }
+        return Ok(Some(declared));
+    }
+    if pinned.is_some() {
+        return Ok(pinned);
+    }
+    let Some(first) = discovery::new_inputs(listed, &Index::default(), p.source.discovery)
+        .into_iter()
+        .next()
+    else {
+        return Ok(None);
+    };
+    let access = ctx.source.scan_access()?;
+    let format = SqlOperator::format(p);
+    let session = SessionContext::new();
+    let meta = object_store::ObjectMeta {
+        location: access.path(&first.key),
+        last_modified: chrono::Utc::now(),
+        size: first.size,
+        e_tag: None,
+        version: None,
+    };
+    let schema = format
+        .infer_schema(&session.state(), &access.store, &[meta])
+        .await
+        .map_err(|e| Error::Input {
+            pipeline: p.name.clone(),
+            batch: 0,
+            key: first.key.clone(),
+            message: format!(
+                "cannot infer the source schema from it: {e}; fix the file or declare source.schema"
+            ),
+        })?;
+    // Keep only names and types: file metadata does not belong in the pin.
+    let pinned = schema_of(&columns_of(&schema)).map_err(|e| Error::Input {
+        pipeline: p.name.clone(),
+        batch: 0,
+        key: first.key.clone(),
+        message: format!(
+            "the inferred schema cannot be pinned: column{e}; declare source.schema instead"
+        ),
+    })?;
+    Ok(Some(pinned))
+}
+
+/// Why a change of discovery mode would process files again, if it would.
+/// `list` keeps every processed key and `ordered` a window of them, in
+/// `index/processed.json`; `notify` keeps one claim per key under
+/// `index/keys/`. Only `list` -> `ordered` keeps what the new mode needs.
+fn discovery_change(old: DiscoveryMode, new: DiscoveryMode) -> Option<String> {
+    use DiscoveryMode::{List, Notify, Ordered};
+    let why = match (old, new) {
+        (a, b) if a == b => return None,
+        (List, Ordered) => return None,
+        (Ordered, List) => "the processed-file index only holds the ordered lookback window",
+        (Notify, _) => "notify mode records processed files as claims, not in the index",
+        (_, Notify) => "the processed-file index holds no notify claims",
+        _ => unreachable!("all pairs covered"),
+    };
+    Some(format!(
+        "discovery changed from {} to {}: {why}, so the new mode would process older files \
+         again; keep discovery = \"{}\", or delete the checkpoint folder to start over",
+        old.name(),
+        new.name(),
+        old.name()
+    ))
+}
+
+/// Discover new input (AvailableNow: what is there now) and write the plans
+/// of all its batches, create-only, before any output exists.
+async fn discover_and_plan(
+    ctx: &Context,
+    mut run: RunState,
+    control: &Control,
+    seen: Seen,
+    clock: &PlanClock,
+) -> Result<PlanOutcome> {
+    let p = &ctx.pipeline;
+    let mut seen = Some(seen);
+    let mut first_look = true;
+    let Fresh {
+        inputs: fresh,
+        entries,
+        more,
+    } = loop {
+        let seen = seen.take().unwrap_or(Seen::Nothing);
+        let found = find_new(ctx, &run, control, seen, first_look).await?;
+        first_look = false;
+        run.discovered = true;
+        if !found.inputs.is_empty() {
+            break found;
+        }
+        // A slice of duplicates only: take the next slice.
+        if !found.more && release_idle(ctx, &run).await? {
+            return Ok(PlanOutcome::Done { run });
+        }
+    };
+    if more {
+        // What this slice left in the inbox is discovered at the end of the
+        // run (or by the execution that continues it).
+        update_control(ctx, run.epoch, &|c| c.requested = true).await?;
+    }
+    let first = control.next_batch();
+    let now = ctx.now();
+    let mut plans = Vec::new();
+    for (i, inputs) in planning::split_batches(&fresh, &p.limits)
+        .into_iter()
+        .enumerate()
+    {
+        let tasks = planning::split_tasks(&inputs, p.limits.max_bytes_per_task);
+        let consumed = inputs
+            .iter()
+            .flat_map(|f| entries.get(&f.key).cloned().unwrap_or_default())
+            .collect();
+        plans.push(Offsets {
+            format_version: checkpoint::FORMAT_VERSION,
+            batch: first + i as u64,
+            epoch: run.epoch,
+            planned_ms: now,
+            inputs,
+            tasks,
+            consumed,
+            plan_ms: 0,
+            plan_requests: RequestCounts::default(),
+        });
+    }
+    let plan_ms = clock.started.elapsed().as_millis() as u64;
+    let mut plan_requests = ctx.counts().since(&clock.counts);
+    // Each plan's own create-only write is counted once, in its batch.
+    plan_requests.put_create += 1;
+    for off in &mut plans {
+        off.plan_ms = plan_ms;
+        off.plan_requests = plan_requests;
+    }
+    for off in &plans {
+        ctx.checkpoint.create_offsets(off).await?;
+    }
+    tracing::info!(pipeline = %p.name, files = fresh.len(), batches = plans.len(), "planned new input");
+    batch_outcome(ctx, run, &plans[0]).await
+}

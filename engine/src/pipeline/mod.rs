@@ -1,0 +1,257 @@
+//! The pipeline: what the user writes (TOML, parsed strictly in `parse`
+//! and resolved into a [`Pipeline`] before anything runs) and its source
+//! schema ([`schema`]).
+
+use std::path::{Path, PathBuf};
+
+use datafusion::arrow::datatypes::SchemaRef;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::storage::Location;
+
+mod parse;
+pub mod schema;
+
+/// File format of the source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceFormat {
+    /// Apache Parquet.
+    Parquet,
+    /// Comma-separated values with a header line.
+    Csv,
+    /// One JSON object per line.
+    Jsonl,
+}
+
+/// Whole-file compression of a CSV or JSON Lines source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// gzip (`.gz`).
+    Gzip,
+    /// Zstandard (`.zst`).
+    Zstd,
+}
+
+/// How new input is found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiscoveryMode {
+    /// List the whole prefix and diff against every processed key.
+    List,
+    /// Keys sort by arrival: list after a cursor, remember only a window.
+    Ordered,
+    /// Triggers record S3/SNS notifications in an inbox; runs read the inbox
+    /// without listing the source, and list it every `reconcile_every` runs
+    /// to find files whose notification was lost.
+    Notify,
+}
+
+impl DiscoveryMode {
+    /// The name as written in a pipeline file.
+    pub fn name(self) -> &'static str {
+        match self {
+            DiscoveryMode::List => "list",
+            DiscoveryMode::Ordered => "ordered",
+            DiscoveryMode::Notify => "notify",
+        }
+    }
+}
+
+/// A column of a declared source schema.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnSpec {
+    /// Column name.
+    pub name: String,
+    /// Arrow type as Arrow prints it: `Int64`, `Float64`, `Utf8`,
+    /// `Timestamp(Microsecond, None)`.
+    #[serde(rename = "type")]
+    pub data_type: String,
+    /// Whether nulls may appear (default true).
+    #[serde(default = "yes")]
+    pub nullable: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_reconcile_every() -> u64 {
+    10
+}
+
+fn is_default_reconcile_every(n: &u64) -> bool {
+    *n == default_reconcile_every()
+}
+
+/// The source of a pipeline, resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Source {
+    /// Where input files land.
+    #[serde(with = "location_serde")]
+    pub location: Location,
+    /// File format.
+    pub format: SourceFormat,
+    /// Whole-file compression (CSV and JSON Lines).
+    pub compression: Option<Compression>,
+    /// SQL name of the input table.
+    pub table: String,
+    /// Declared schema, if any (otherwise inferred and pinned).
+    pub schema: Option<Vec<ColumnSpec>>,
+    /// Discovery mode.
+    pub discovery: DiscoveryMode,
+    /// Ordered mode: how many most recent keys to remember for late arrivals.
+    pub lookback: u64,
+    /// Notify mode: list the source to reconcile every this many runs.
+    #[serde(
+        default = "default_reconcile_every",
+        skip_serializing_if = "is_default_reconcile_every"
+    )]
+    pub reconcile_every: u64,
+    /// CSV: whether the first line is a header.
+    pub header: bool,
+    /// CSV: field delimiter.
+    pub delimiter: u8,
+}
+
+impl Source {
+    /// The file-name ending that marks an input file of this source.
+    pub fn extension(&self) -> String {
+        let base = match self.format {
+            SourceFormat::Parquet => ".parquet",
+            SourceFormat::Csv => ".csv",
+            SourceFormat::Jsonl => ".jsonl",
+        };
+        match self.compression {
+            None => base.to_string(),
+            Some(Compression::Gzip) => format!("{base}.gz"),
+            Some(Compression::Zstd) => format!("{base}.zst"),
+        }
+    }
+
+    /// Whether `key` names an input file: the right ending, and no hidden or
+    /// underscore-prefixed segment (temporary files, markers, metadata).
+    pub fn is_input(&self, key: &str) -> bool {
+        key.ends_with(&self.extension())
+            && !key
+                .split('/')
+                .any(|s| s.starts_with('.') || s.starts_with('_'))
+    }
+
+    /// The declared schema as Arrow, if declared. A spec read back from a
+    /// checkpoint was not parsed from a file, so its types are checked here
+    /// too.
+    pub fn declared_schema(&self) -> std::result::Result<Option<SchemaRef>, schema::BadColumn> {
+        self.schema.as_deref().map(schema::schema_of).transpose()
+    }
+}
+
+/// Batch and task bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// A batch takes at most this many files (and at least one).
+    pub max_files_per_batch: u64,
+    /// A batch takes at most this many bytes (but at least one file).
+    pub max_bytes_per_batch: u64,
+    /// A task (one operator invocation) takes at most this many bytes (but at
+    /// least one file).
+    pub max_bytes_per_task: u64,
+    /// A run whose heartbeat is older than this has lost its lease.
+    pub lease_ttl_seconds: u64,
+    /// A batch with more tasks than this fans out through a Distributed Map
+    /// that reads the task list from the checkpoint (S3), so neither the
+    /// payload nor the execution history grows with the task count.
+    #[serde(default = "default_max_inline_tasks")]
+    pub max_inline_tasks: u64,
+    /// An execution hands the rest of its run to a new execution after this
+    /// many batches, so it stays inside Step Functions' 25,000-event history
+    /// (an inline batch of 40 tasks is about 300 events).
+    #[serde(default = "default_max_batches_per_execution")]
+    pub max_batches_per_execution: u64,
+}
+
+fn default_max_inline_tasks() -> u64 {
+    40
+}
+
+fn default_max_batches_per_execution() -> u64 {
+    50
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_files_per_batch: 1000,
+            max_bytes_per_batch: 1 << 30,
+            max_bytes_per_task: 256 << 20,
+            lease_ttl_seconds: 900,
+            max_inline_tasks: default_max_inline_tasks(),
+            max_batches_per_execution: default_max_batches_per_execution(),
+        }
+    }
+}
+
+/// A pipeline, parsed, validated and with its locations resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pipeline {
+    /// Pipeline id: names its checkpoint folder and its executions.
+    pub name: String,
+    /// Input.
+    pub source: Source,
+    /// The continuous query, over `source.table`.
+    pub sql: String,
+    /// Where output Parquet files and manifests go.
+    #[serde(with = "location_serde")]
+    pub sink: Location,
+    /// The checkpoint folder of this pipeline (`<checkpoint uri>/<name>`).
+    #[serde(with = "location_serde")]
+    pub checkpoint: Location,
+    /// How many committed batches keep their offsets and commit records.
+    pub retain_batches: u64,
+    /// Batch and task bounds.
+    pub limits: Limits,
+}
+
+mod location_serde {
+    use super::Location;
+
+    pub fn serialize<S: serde::Serializer>(l: &Location, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&l.display())
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Location, D::Error> {
+        let s: String = serde::Deserialize::deserialize(d)?;
+        Location::parse(&s, std::path::Path::new("/")).map_err(serde::de::Error::custom)
+    }
+}
+
+impl Pipeline {
+    /// Read and validate a pipeline file. Relative paths resolve against the
+    /// file's folder.
+    pub fn load(path: &Path) -> Result<Pipeline> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Spec {
+            file: file.clone(),
+            message: format!("cannot read the pipeline file: {e}"),
+        })?;
+        let base = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let base = std::path::absolute(&base).map_err(|e| Error::Spec {
+            file: file.clone(),
+            message: format!("cannot resolve the folder of the pipeline file: {e}"),
+        })?;
+        Pipeline::parse(&text, &file, &base)
+    }
+
+    /// A stable hash of the resolved spec: equal hashes mean the spec that
+    /// was validated and registered is the one being run.
+    pub fn spec_hash(&self) -> String {
+        let json = serde_json::to_vec(self).expect("a pipeline serializes");
+        format!("{:016x}", crate::hash::fnv1a(&json))
+    }
+}

@@ -1,0 +1,415 @@
+//! Parsing and validating the pipeline file (TOML): every field checked,
+//! every error naming the file, line and field and saying what to write.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::{ColumnSpec, Compression, DiscoveryMode, Limits, Pipeline, Source, SourceFormat};
+use crate::error::{Error, Result};
+use crate::storage::Location;
+
+/// A byte size written as a number or a string with a unit (`"256 MiB"`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+enum ByteSize {
+    Number(u64),
+    Text(String),
+}
+
+/// `[source]` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SourceFile {
+    uri: String,
+    format: SourceFormat,
+    compression: Option<Compression>,
+    table: String,
+    schema: Option<Vec<ColumnSpec>>,
+    discovery: Option<DiscoveryMode>,
+    lookback: Option<u64>,
+    reconcile_every: Option<u64>,
+    header: Option<bool>,
+    delimiter: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueryFile {
+    sql: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SinkFile {
+    uri: String,
+    format: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckpointFile {
+    uri: String,
+    retain_batches: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsFile {
+    max_files_per_batch: Option<u64>,
+    max_bytes_per_batch: Option<ByteSize>,
+    max_bytes_per_task: Option<ByteSize>,
+    lease_ttl_seconds: Option<u64>,
+    max_inline_tasks: Option<u64>,
+    max_batches_per_execution: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PipelineFile {
+    name: String,
+    source: SourceFile,
+    query: QueryFile,
+    sink: SinkFile,
+    checkpoint: CheckpointFile,
+    #[serde(default)]
+    limits: LimitsFile,
+}
+
+fn toml_message(e: &toml::de::Error) -> String {
+    // toml's message names the line, column and field; keep it, one line per
+    // part, and add what to do.
+    let msg = e.to_string();
+    let msg = msg.trim_end();
+    format!("{msg}\nfix the pipeline file; see README \"Pipeline file\" for the fields")
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Whether `inner` is `outer` or below it.
+fn inside(inner: &Location, outer: &Location) -> bool {
+    match (inner, outer) {
+        (Location::Local(a), Location::Local(b)) => a.starts_with(b),
+        (
+            Location::S3 {
+                bucket: ba,
+                prefix: pa,
+            },
+            Location::S3 {
+                bucket: bb,
+                prefix: pb,
+            },
+        ) => ba == bb && (pb.is_empty() || pa == pb || pa.starts_with(&format!("{pb}/"))),
+        _ => false,
+    }
+}
+
+fn parse_bytes(b: &ByteSize) -> std::result::Result<u64, String> {
+    let text = match b {
+        ByteSize::Number(n) => return Ok(*n),
+        ByteSize::Text(t) => t.trim(),
+    };
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (num, unit) = text.split_at(split);
+    let num: f64 = num.parse().map_err(|_| {
+        format!("\"{text}\" is not a size; write e.g. 268435456, \"256 MiB\" or \"1 GB\"")
+    })?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "kib" | "k" => 1 << 10,
+        "mb" => 1_000_000,
+        "mib" | "m" => 1 << 20,
+        "gb" => 1_000_000_000,
+        "gib" | "g" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unit \"{other}\" in \"{text}\" is not known; use B, KiB, MiB, GiB, KB, MB or GB"
+            ));
+        }
+    };
+    Ok((num * mult as f64) as u64)
+}
+
+impl Pipeline {
+    /// Parse and validate pipeline TOML; `file` names it in errors and `base`
+    /// resolves relative paths.
+    pub fn parse(text: &str, file: &str, base: &Path) -> Result<Pipeline> {
+        let spec_err = |message: String| Error::Spec {
+            file: file.to_string(),
+            message,
+        };
+        let raw: PipelineFile = toml::from_str(text).map_err(|e| spec_err(toml_message(&e)))?;
+        check_name(&raw.name).map_err(spec_err)?;
+        let at = |field: &str, uri: &str| -> Result<Location> {
+            Location::parse(uri, base).map_err(|m| spec_err(format!("{field}: {m}")))
+        };
+        let source_loc = at("source.uri", &raw.source.uri)?;
+        let sink = at("sink.uri", &raw.sink.uri)?;
+        let checkpoint_root = at("checkpoint.uri", &raw.checkpoint.uri)?;
+        let source = source(&raw.source, source_loc).map_err(spec_err)?;
+        if let Some(f) = &raw.sink.format
+            && f != "parquet"
+        {
+            return Err(spec_err(format!(
+                "sink.format = \"{f}\": only \"parquet\" is supported"
+            )));
+        }
+        check_locations(&source.location, &sink, &checkpoint_root).map_err(spec_err)?;
+        let limits = limits(&raw.limits).map_err(spec_err)?;
+        let sql = raw.query.sql.trim().trim_end_matches(';').to_string();
+        if sql.is_empty() {
+            return Err(spec_err("query.sql is empty".to_string()));
+        }
+        Ok(Pipeline {
+            checkpoint: checkpoint_root.join(&raw.name),
+            name: raw.name,
+            source,
+            sql,
+            sink,
+            retain_batches: raw.checkpoint.retain_batches.unwrap_or(100).max(1),
+            limits,
+        })
+    }
+}
+
+/// The name names the checkpoint folder and the Step Functions executions.
+fn check_name(name: &str) -> std::result::Result<(), String> {
+    if name.is_empty()
+        || name.len() > 64
+        || name.starts_with(['_', '-'])
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+    {
+        return Err(format!(
+            "name = \"{name}\": use 1 to 64 characters of a-z, 0-9, - and _, starting with a \
+             letter or digit (it names the checkpoint folder and the Step Functions executions)"
+        ));
+    }
+    Ok(())
+}
+
+/// `[source]`, checked and resolved.
+fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, String> {
+    if !is_identifier(&src.table) {
+        return Err(format!(
+            "source.table = \"{}\": use a plain SQL name (letters, digits, _; not starting \
+             with a digit)",
+            src.table
+        ));
+    }
+    if src.compression.is_some() && src.format == SourceFormat::Parquet {
+        return Err(
+            "source.compression: Parquet compresses inside the file; remove compression or \
+             use format = \"csv\" or \"jsonl\""
+                .to_string(),
+        );
+    }
+    if src.format != SourceFormat::Csv && (src.header.is_some() || src.delimiter.is_some()) {
+        return Err(
+            "source.header and source.delimiter apply to format = \"csv\" only".to_string(),
+        );
+    }
+    let delimiter = match &src.delimiter {
+        None => b',',
+        Some(d) if d.len() == 1 && d.is_ascii() => d.as_bytes()[0],
+        Some(d) => {
+            return Err(format!(
+                "source.delimiter = \"{d}\": use one ASCII character, such as \",\" or \"|\""
+            ));
+        }
+    };
+    let discovery = src.discovery.unwrap_or(DiscoveryMode::List);
+    if src.lookback.is_some() && discovery != DiscoveryMode::Ordered {
+        return Err("source.lookback applies to discovery = \"ordered\" only".to_string());
+    }
+    if src.reconcile_every.is_some() && discovery != DiscoveryMode::Notify {
+        return Err("source.reconcile_every applies to discovery = \"notify\" only".to_string());
+    }
+    if src.reconcile_every == Some(0) {
+        return Err("source.reconcile_every = 0: use a positive number of runs".to_string());
+    }
+    if let Some(cols) = &src.schema {
+        if cols.is_empty() {
+            return Err(
+                "source.schema is empty; list the columns or remove it to infer".to_string(),
+            );
+        }
+        super::schema::schema_of(cols).map_err(|e| format!("source.schema{e}"))?;
+    }
+    Ok(Source {
+        location,
+        format: src.format,
+        compression: src.compression,
+        table: src.table.clone(),
+        schema: src.schema.clone(),
+        discovery,
+        lookback: src.lookback.unwrap_or(100),
+        reconcile_every: src
+            .reconcile_every
+            .unwrap_or_else(super::default_reconcile_every),
+        header: src.header.unwrap_or(true),
+        delimiter,
+    })
+}
+
+/// Sink and checkpoint may not overlap the source (output would be read
+/// back as input) nor each other.
+fn check_locations(
+    source: &Location,
+    sink: &Location,
+    checkpoint: &Location,
+) -> std::result::Result<(), String> {
+    for (field, loc) in [("sink.uri", sink), ("checkpoint.uri", checkpoint)] {
+        if inside(loc, source) || inside(source, loc) {
+            return Err(format!(
+                "{field} ({}) overlaps source.uri ({}); outputs would be read back as \
+                 input. Use separate folders or prefixes",
+                loc.display(),
+                source.display()
+            ));
+        }
+    }
+    if inside(sink, checkpoint) || inside(checkpoint, sink) {
+        return Err(format!(
+            "sink.uri ({}) and checkpoint.uri ({}) overlap; use separate folders or prefixes",
+            sink.display(),
+            checkpoint.display()
+        ));
+    }
+    Ok(())
+}
+
+/// `[limits]`, with defaults; every limit positive.
+fn limits(l: &LimitsFile) -> std::result::Result<Limits, String> {
+    let d = Limits::default();
+    let bytes = |field: &str, v: &Option<ByteSize>, default: u64| match v {
+        None => Ok(default),
+        Some(b) => parse_bytes(b).map_err(|m| format!("limits.{field}: {m}")),
+    };
+    let limits = Limits {
+        max_files_per_batch: l.max_files_per_batch.unwrap_or(d.max_files_per_batch),
+        max_bytes_per_batch: bytes(
+            "max_bytes_per_batch",
+            &l.max_bytes_per_batch,
+            d.max_bytes_per_batch,
+        )?,
+        max_bytes_per_task: bytes(
+            "max_bytes_per_task",
+            &l.max_bytes_per_task,
+            d.max_bytes_per_task,
+        )?,
+        lease_ttl_seconds: l.lease_ttl_seconds.unwrap_or(d.lease_ttl_seconds),
+        max_inline_tasks: l.max_inline_tasks.unwrap_or(d.max_inline_tasks),
+        max_batches_per_execution: l
+            .max_batches_per_execution
+            .unwrap_or(d.max_batches_per_execution),
+    };
+    for (field, v) in [
+        ("max_files_per_batch", limits.max_files_per_batch),
+        ("max_bytes_per_batch", limits.max_bytes_per_batch),
+        ("max_bytes_per_task", limits.max_bytes_per_task),
+        ("lease_ttl_seconds", limits.lease_ttl_seconds),
+        ("max_inline_tasks", limits.max_inline_tasks),
+        (
+            "max_batches_per_execution",
+            limits.max_batches_per_execution,
+        ),
+    ] {
+        if v == 0 {
+            return Err(format!("limits.{field} = 0: use a positive value"));
+        }
+    }
+    Ok(limits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "taxi"
+[source]
+uri = "data/"
+format = "parquet"
+table = "trips"
+discovery = "ordered"
+lookback = 10
+[query]
+sql = "SELECT * FROM trips;"
+[sink]
+uri = "out/sink"
+[checkpoint]
+uri = "out/checkpoint"
+[limits]
+max_files_per_batch = 3
+max_bytes_per_batch = "64 MiB"
+"#;
+
+    fn parse(text: &str) -> Result<Pipeline> {
+        Pipeline::parse(text, "p.toml", Path::new("/w"))
+    }
+
+    #[test]
+    fn parses_and_resolves() {
+        let p = parse(GOOD).unwrap();
+        assert_eq!(p.source.location, Location::Local("/w/data".into()));
+        assert_eq!(
+            p.checkpoint,
+            Location::Local("/w/out/checkpoint/taxi".into())
+        );
+        assert_eq!(p.limits.max_bytes_per_batch, 64 << 20);
+        assert_eq!(p.limits.max_files_per_batch, 3);
+        assert_eq!(p.sql, "SELECT * FROM trips");
+        assert_eq!(p.source.lookback, 10);
+        assert_eq!(p.spec_hash(), parse(GOOD).unwrap().spec_hash());
+    }
+
+    fn err(text: &str) -> String {
+        parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn names_unknown_field_with_line() {
+        let e = err(&GOOD.replace("table = \"trips\"", "table = \"trips\"\ncolour = 1"));
+        assert!(e.contains("colour"), "{e}");
+        assert!(e.contains("line 7"), "{e}");
+    }
+
+    #[test]
+    fn names_missing_field() {
+        let e = err(&GOOD.replace("table = \"trips\"\n", ""));
+        assert!(e.contains("missing field `table`"), "{e}");
+    }
+
+    #[test]
+    fn refuses_bad_values() {
+        assert!(err(&GOOD.replace("\"parquet\"", "\"xls\"")).contains("xls"));
+        assert!(
+            err(&GOOD.replace("max_files_per_batch = 3", "max_files_per_batch = 0"))
+                .contains("limits.max_files_per_batch = 0")
+        );
+        assert!(err(&GOOD.replace("\"64 MiB\"", "\"64 parsecs\"")).contains("parsecs"));
+        assert!(err(&GOOD.replace("name = \"taxi\"", "name = \"Taxi Trips\"")).contains("name ="));
+        assert!(err(&GOOD.replace("out/sink", "data/sink")).contains("overlaps source.uri"));
+        assert!(
+            err(&GOOD.replace("table = \"trips\"", "table = \"1trips\"")).contains("source.table")
+        );
+    }
+
+    #[test]
+    fn input_filter() {
+        let p = parse(GOOD).unwrap();
+        assert!(p.source.is_input("2024/01/a.parquet"));
+        assert!(!p.source.is_input("2024/01/.a.parquet.tmp"));
+        assert!(!p.source.is_input("_temporary/a.parquet"));
+        assert!(!p.source.is_input("a.csv"));
+    }
+}

@@ -1,0 +1,146 @@
+//! Triggers: every way a run starts ends here. An S3 notification (direct,
+//! or through SNS), an EventBridge schedule or S3 "Object Created" event, or
+//! a manual refresh is parsed ([`parse_event`]), routed to the registered
+//! pipelines it concerns ([`route`]), and each of them is woken ([`wake`]):
+//!
+//! - idle, or its lease expired: swap in `running` with a new epoch
+//!   (compare-and-swap on `control.json`) and start the execution
+//!   `<pipeline>-<epoch>`; a retried trigger hits the same name;
+//! - running: swap in `requested = true` and return; the run looks again
+//!   before it releases (`handlers::plan`), so no wake-up is lost.
+//!
+//! A malformed, unknown or oversized payload is refused before anything is
+//! read or written; a key outside every registered source prefix, or with
+//! path tricks, is ignored and counted.
+
+mod events;
+mod route;
+mod sfn;
+mod wake;
+
+pub use events::{Event, MAX_EVENT_BYTES, ManualRefresh, ObjectRef, Via, decode_key, parse_event};
+pub use route::{Routing, concerns, input_key, is_plain_key, route};
+pub use sfn::{ExecutionEnd, StepFunctions};
+pub use wake::{
+    ExecutionState, Executions, Started, Wake, WakeOutcome, decide_wake, execution_input,
+    execution_name, wake,
+};
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::handlers::Context;
+use crate::pipeline::{DiscoveryMode, Pipeline};
+use crate::storage::Store;
+
+/// Notify mode: record the objects of `event` that are input files of the
+/// pipeline in its inbox (the size is 0 when the notification gave none).
+async fn record_inbox(ctx: &Context, event: &Event) -> Result<()> {
+    let p = &ctx.pipeline;
+    let Event::Objects { objects, .. } = event else {
+        return Ok(());
+    };
+    if p.source.discovery != DiscoveryMode::Notify {
+        return Ok(());
+    }
+    let files: Vec<(String, u64)> = objects
+        .iter()
+        .filter_map(|o| input_key(p, o).map(|k| (k.to_string(), o.size.unwrap_or(0))))
+        .collect();
+    crate::discovery::record_notified(ctx.checkpoint.store(), files).await
+}
+
+/// The pipelines registered under a checkpoint root (`sluice register`).
+pub async fn registered_names(root: &dyn Store) -> Result<Vec<String>> {
+    let listed = root.list(crate::paths::registry::PREFIX, None).await?;
+    Ok(listed
+        .iter()
+        .filter_map(|m| crate::paths::registry::pipeline_of(&m.key))
+        .map(str::to_string)
+        .collect())
+}
+
+/// What one trigger invocation did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TriggerReport {
+    /// The event's source (`s3`, `sns`, `eventbridge-s3`, `schedule`, `manual`).
+    pub source: String,
+    /// Created objects the event carried.
+    pub objects: u64,
+    /// Records that were not object creations (test events, removals).
+    pub skipped: u64,
+    /// Objects outside every registered source, or with path tricks.
+    pub ignored: u64,
+    /// What happened to each pipeline the event concerns.
+    pub woken: BTreeMap<String, WakeOutcome>,
+}
+
+/// Route `event` to the `registered` pipelines and wake each. A pipeline
+/// whose wake fails does not stop the others; the first error is returned
+/// after all were tried, so the event is retried (waking is idempotent).
+pub async fn trigger(
+    event: &Event,
+    registered: &[Context],
+    executions: &dyn Executions,
+) -> Result<TriggerReport> {
+    let pipelines: Vec<Pipeline> = registered.iter().map(|c| (*c.pipeline).clone()).collect();
+    let routing = route(event, &pipelines)?;
+    let (objects, skipped) = match event {
+        Event::Objects {
+            objects, skipped, ..
+        } => (objects.len() as u64, *skipped),
+        _ => (0, 0),
+    };
+    let mut report = TriggerReport {
+        source: event.source().to_string(),
+        objects,
+        skipped,
+        ignored: routing.ignored,
+        woken: BTreeMap::new(),
+    };
+    let mut first_error = None;
+    for name in routing.pipelines.keys() {
+        let ctx = registered
+            .iter()
+            .find(|c| c.pipeline.name == *name)
+            .expect("routed to a registered pipeline");
+        // Notify mode: the inbox entries first, so the discovery that the
+        // wake-up below causes sees them.
+        if let Err(e) = record_inbox(ctx, event).await {
+            tracing::warn!(pipeline = %name, error = %e, "recording notifications failed");
+            first_error.get_or_insert(e);
+            continue;
+        }
+        match wake(
+            &ctx.checkpoint,
+            name,
+            &ctx.pipeline.spec_hash(),
+            ctx.now(),
+            ctx.ttl_ms(),
+            executions,
+            &event.label(),
+        )
+        .await
+        {
+            Ok(w) => {
+                report.woken.insert(name.clone(), w);
+            }
+            Err(e) => {
+                tracing::warn!(pipeline = %name, error = %e, "wake failed");
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if routing.ignored > 0 {
+        tracing::info!(
+            ignored = routing.ignored,
+            "objects outside every registered source ignored"
+        );
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(report),
+    }
+}

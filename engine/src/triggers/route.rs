@@ -1,0 +1,84 @@
+//! Which registered pipelines an event concerns.
+
+use std::collections::BTreeMap;
+
+use super::events::{Event, ObjectRef, refused};
+use crate::error::Result;
+use crate::pipeline::Pipeline;
+use crate::storage::Location;
+
+/// Whether `key` is a plain object key: no empty, `.` or `..` segment, no
+/// leading `/`, no control characters.
+pub fn is_plain_key(key: &str) -> bool {
+    !key.is_empty()
+        && !key.chars().any(char::is_control)
+        && key
+            .split('/')
+            .all(|s| !s.is_empty() && s != "." && s != "..")
+}
+
+/// Whether the created object `o` is an input file of `p`.
+pub fn concerns(p: &Pipeline, o: &ObjectRef) -> bool {
+    input_key(p, o).is_some()
+}
+
+/// The key of `o` relative to `p`'s source root, if `o` is an input file
+/// of `p`.
+pub fn input_key<'a>(p: &Pipeline, o: &'a ObjectRef) -> Option<&'a str> {
+    let Location::S3 { bucket, prefix } = &p.source.location else {
+        return None;
+    };
+    if *bucket != o.bucket || !is_plain_key(&o.key) {
+        return None;
+    }
+    let rel = if prefix.is_empty() {
+        o.key.as_str()
+    } else {
+        o.key.strip_prefix(prefix.as_str())?.strip_prefix('/')?
+    };
+    p.source.is_input(rel).then_some(rel)
+}
+
+/// Which registered pipelines an event wakes, and how many objects it
+/// carried that concern none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Routing {
+    /// Pipeline name -> objects of the event that concern it.
+    pub pipelines: BTreeMap<String, u64>,
+    /// Objects outside every registered source, or with path tricks.
+    pub ignored: u64,
+}
+
+/// Route `event` to the pipelines in `registered`.
+pub fn route(event: &Event, registered: &[Pipeline]) -> Result<Routing> {
+    let mut r = Routing::default();
+    match event {
+        Event::Objects { objects, .. } => {
+            for o in objects {
+                let mut hit = false;
+                for p in registered.iter().filter(|p| concerns(p, o)) {
+                    *r.pipelines.entry(p.name.clone()).or_default() += 1;
+                    hit = true;
+                }
+                if !hit {
+                    r.ignored += 1;
+                }
+            }
+        }
+        Event::Schedule { .. } => {
+            for p in registered {
+                r.pipelines.insert(p.name.clone(), 0);
+            }
+        }
+        Event::Manual { pipeline, .. } => {
+            if !registered.iter().any(|p| p.name == *pipeline) {
+                return Err(refused(format!(
+                    "no pipeline \"{pipeline}\" is registered; run `sluice register` with its \
+                     pipeline file first"
+                )));
+            }
+            r.pipelines.insert(pipeline.clone(), 0);
+        }
+    }
+    Ok(r)
+}

@@ -1,0 +1,305 @@
+//! The trigger's side of the lease protocol: claim and start an
+//! execution, or ask the running one to look again. The decision is pure
+//! ([`decide_wake`], driven by `tests/e2e/lease_model.rs`); [`wake`] is the
+//! I/O around it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::checkpoint::owner::Owner;
+use crate::checkpoint::{self, Checkpoint, Control, RunStatus};
+use crate::error::{Error, Result};
+use crate::handlers::RunState;
+
+/// What a trigger does to a pipeline, given its control record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wake {
+    /// Claim the lease with `epoch` and start the execution of that name.
+    Start {
+        /// The new epoch.
+        epoch: u64,
+        /// The previous holder died (its heartbeat expired).
+        recover: bool,
+    },
+    /// A live run holds the lease: ask it to look again (unless already
+    /// asked), and make sure its execution was started.
+    Request {
+        /// The running epoch.
+        epoch: u64,
+        /// The flag is already set: nothing to write.
+        already: bool,
+    },
+    /// Paused and idle: record the request, start nothing.
+    Hold {
+        /// The flag is already set: nothing to write.
+        already: bool,
+    },
+}
+
+/// The trigger's decision, a pure function of the control record and of
+/// whether the lease holder's execution has ended (a failed execution keeps
+/// the lease deliberately; once it ended, the next trigger takes over
+/// without waiting for the TTL).
+pub fn decide_wake(
+    control: Option<&Control>,
+    now_ms: i64,
+    ttl_ms: i64,
+    holder_ended: bool,
+) -> Wake {
+    // The same rule as a run's own claim: the holder's execution having
+    // ended is what a dead local process is to `sluice run`. A paused
+    // pipeline starts nothing new (a run already going carries on).
+    match checkpoint::decide_claim(control, now_ms, ttl_ms, holder_ended) {
+        checkpoint::Claim::Take { .. } if control.is_some_and(|c| c.paused) => Wake::Hold {
+            already: control.is_some_and(|c| c.requested),
+        },
+        checkpoint::Claim::Take { epoch, recover } => Wake::Start { epoch, recover },
+        checkpoint::Claim::Busy { .. } => {
+            let c = control.expect("a busy lease has a record");
+            Wake::Request {
+                epoch: c.epoch,
+                already: c.requested,
+            }
+        }
+    }
+}
+
+/// The execution name of a pipeline's run with `epoch`.
+pub fn execution_name(pipeline: &str, epoch: u64) -> String {
+    format!("{pipeline}-{epoch}")
+}
+
+/// The execution input of a run whose lease a trigger claimed: the state
+/// machine's first Plan resumes it (`run.discovered = false`). Deterministic,
+/// so a retried start of the same event with the same name is idempotent.
+pub fn execution_input(pipeline: &str, epoch: u64, trigger: &str) -> Value {
+    serde_json::json!({
+        "pipeline": pipeline,
+        "run": RunState {
+            pipeline: pipeline.to_string(),
+            epoch,
+            discovered: false,
+            batches: 0,
+            trigger: Some(trigger.to_string()),
+            spec: String::new(),
+        },
+    })
+}
+
+/// Whether `start` made a new execution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Started {
+    /// The execution's ARN (or local id).
+    pub execution: String,
+    /// False when an execution of that name already existed.
+    pub new: bool,
+}
+
+/// Where an execution is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutionState {
+    /// Still running.
+    Running,
+    /// Ended (succeeded, failed, timed out or aborted).
+    Ended,
+    /// Never started.
+    Missing,
+}
+
+/// Where executions start: Step Functions on AWS; tests record them.
+#[async_trait::async_trait]
+pub trait Executions: Send + Sync {
+    /// Start an execution named `name` with `input`; an existing execution
+    /// of that name is not an error (`new: false`).
+    async fn start(&self, name: &str, input: &Value) -> Result<Started>;
+
+    /// Whether the execution named `name` runs, ended or never started.
+    async fn state(&self, name: &str) -> Result<ExecutionState>;
+
+    /// Stop the execution named `name` (`sluice cancel`); one that already
+    /// ended or never started is not an error.
+    async fn stop(&self, name: &str, cause: &str) -> Result<()>;
+}
+
+/// What waking one pipeline did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "lowercase")]
+pub enum WakeOutcome {
+    /// A run was started with a new epoch.
+    Started {
+        /// Its epoch.
+        epoch: u64,
+        /// The execution.
+        execution: String,
+        /// The previous holder's lease had expired.
+        recover: bool,
+    },
+    /// A run holds the lease; it was asked to look again.
+    Requested {
+        /// The running epoch.
+        epoch: u64,
+    },
+    /// The pipeline is paused: the request was recorded, nothing started.
+    Held,
+}
+
+/// Apply the lease protocol to one pipeline: claim and start, or request.
+/// `spec_hash` is the registered spec's hash (a first claim writes it);
+/// `trigger` is what the run records as its cause.
+pub async fn wake(
+    checkpoint: &Checkpoint,
+    pipeline: &str,
+    spec_hash: &str,
+    now_ms: i64,
+    ttl_ms: i64,
+    executions: &dyn Executions,
+    trigger: &str,
+) -> Result<WakeOutcome> {
+    for _ in 0..16 {
+        let read = checkpoint.control().await?;
+        let control = read.as_ref().map(|(c, _)| c);
+        let etag = read.as_ref().map(|(_, e)| e.as_str());
+        let holder = live_execution(control, now_ms, ttl_ms);
+        let holder_state = match &holder {
+            Some(name) => Some(executions.state(name).await?),
+            None => None,
+        };
+        let ended = holder_state == Some(ExecutionState::Ended);
+        let done = match decide_wake(control, now_ms, ttl_ms, ended) {
+            Wake::Start { epoch, recover } => {
+                let claim = Claim {
+                    checkpoint,
+                    pipeline,
+                    epoch,
+                    before: control,
+                    etag,
+                };
+                start(claim, spec_hash, now_ms, recover, executions, trigger).await?
+            }
+            Wake::Hold { already } => {
+                let c = control.expect("a paused pipeline has a record");
+                ask(checkpoint, c, etag, already).await?.then(|| {
+                    tracing::info!(pipeline, "paused; request recorded");
+                    WakeOutcome::Held
+                })
+            }
+            Wake::Request { epoch, already } => {
+                let c = control.expect("a running lease has a record");
+                if !ask(checkpoint, c, etag, already).await? {
+                    None
+                } else {
+                    // The run's execution never started (its trigger died
+                    // between claim and start): start it now, by the same
+                    // name.
+                    let name = execution_name(pipeline, epoch);
+                    if holder_state == Some(ExecutionState::Missing) && holder == Some(name.clone())
+                    {
+                        executions
+                            .start(&name, &execution_input(pipeline, epoch, trigger))
+                            .await?;
+                    }
+                    tracing::info!(pipeline, epoch, "run in progress; asked it to look again");
+                    Some(WakeOutcome::Requested { epoch })
+                }
+            }
+        };
+        if let Some(outcome) = done {
+            return Ok(outcome);
+        }
+        // Another trigger or run changed control in between: decide again.
+    }
+    Err(Error::Conflict {
+        pipeline: pipeline.to_string(),
+        message: "control.json kept changing while the trigger decided; retry the event".into(),
+    })
+}
+
+/// The execution holding a live lease, if an execution holds it: the one
+/// case where Step Functions is asked whether it still runs.
+fn live_execution(control: Option<&Control>, now_ms: i64, ttl_ms: i64) -> Option<String> {
+    let c = control.filter(|c| {
+        c.status == RunStatus::Running && now_ms - c.heartbeat_ms.unwrap_or(i64::MIN / 2) <= ttl_ms
+    })?;
+    Owner::parse(c.owner.as_deref()?)
+        .execution()
+        .map(str::to_string)
+}
+
+/// Set `requested` on `control` (unless `already` set). `false` when
+/// another writer changed control first.
+async fn ask(
+    checkpoint: &Checkpoint,
+    control: &Control,
+    etag: Option<&str>,
+    already: bool,
+) -> Result<bool> {
+    Ok(already
+        || checkpoint
+            .swap_control(&checkpoint::requested(control), etag)
+            .await?
+            .is_some())
+}
+
+/// A lease claim a trigger is about to make.
+struct Claim<'a> {
+    checkpoint: &'a Checkpoint,
+    pipeline: &'a str,
+    epoch: u64,
+    before: Option<&'a Control>,
+    etag: Option<&'a str>,
+}
+
+/// Claim the lease for the execution `<pipeline>-<epoch>` and start it.
+/// `None` when another writer changed control first. If the start fails,
+/// the claim is given back so the retried event can start the run; if that
+/// fails too, the lease expires after its TTL.
+async fn start(
+    claim: Claim<'_>,
+    spec_hash: &str,
+    now_ms: i64,
+    recover: bool,
+    executions: &dyn Executions,
+    trigger: &str,
+) -> Result<Option<WakeOutcome>> {
+    let Claim {
+        checkpoint,
+        pipeline,
+        epoch,
+        before,
+        etag,
+    } = claim;
+    let name = execution_name(pipeline, epoch);
+    let owner = Owner::Execution(name.clone()).to_string();
+    let next = checkpoint::claimed(before, epoch, &owner, now_ms, spec_hash);
+    let Some(claimed) = checkpoint.swap_control(&next, etag).await? else {
+        return Ok(None);
+    };
+    match executions
+        .start(&name, &execution_input(pipeline, epoch, trigger))
+        .await
+    {
+        Ok(s) => {
+            tracing::info!(pipeline, epoch, execution = %s.execution, recover, "run started");
+            Ok(Some(WakeOutcome::Started {
+                epoch,
+                execution: s.execution,
+                recover,
+            }))
+        }
+        Err(e) => {
+            let back = match before {
+                Some(prev) => prev.clone(),
+                None => {
+                    let mut idle = next.clone();
+                    idle.status = RunStatus::Idle;
+                    idle
+                }
+            };
+            if let Err(undo) = checkpoint.swap_control(&back, Some(&claimed)).await {
+                tracing::warn!(pipeline, epoch, error = %undo, "could not give the claim back; it expires with its TTL");
+            }
+            Err(e)
+        }
+    }
+}
