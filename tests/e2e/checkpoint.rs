@@ -71,7 +71,7 @@ async fn spec_changes_that_would_corrupt_state_are_refused() {
     run(&local_context(&pipeline(root, &ordered)))
         .await
         .unwrap();
-    gen_files(&root.join("input"), 1, 10);
+    let newest = gen_files(&root.join("input"), 1, 10).remove(0);
 
     let to_list = pipeline(root, &ordered.replace("\"ordered\"", "\"list\""));
     let e = run(&local_context(&to_list)).await.unwrap_err().to_string();
@@ -90,30 +90,19 @@ async fn spec_changes_that_would_corrupt_state_are_refused() {
     // A compatible change (the SQL) is accepted and used from then on: the
     // new file's batch holds what the new query gives over that file alone
     // (a one-shot DataFusion query), which the old query would not.
-    let new_sql = ordered.replace("WHERE trip_distance > 1.0", "WHERE trip_distance > 2.0");
+    let new_sql = ordered.replace("WHERE trip_distance > 1.0", "WHERE trip_distance > 5.0");
     let s = run(&local_context(&pipeline(root, &new_sql)))
         .await
         .unwrap();
     assert_eq!(s.batches.len(), 1);
-    let newest = newest_file(&root.join("input"));
     let committed = batch_rows(&root.join("out/sink"), "spec", s.batches[0].batch).await;
-    let with_new = file_rows(&newest, &SQL.replace("> 1.0", "> 2.0")).await;
+    let with_new = file_rows(&newest, &SQL.replace("> 1.0", "> 5.0")).await;
     assert_eq!(committed, with_new);
     assert_ne!(
         committed,
         file_rows(&newest, SQL).await,
         "the change must matter"
     );
-}
-
-/// The input file written last (`gen_files` numbers files in order).
-fn newest_file(input: &std::path::Path) -> std::path::PathBuf {
-    let mut files: Vec<_> = std::fs::read_dir(input)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    files.pop().expect("an input file")
 }
 
 /// The rows `sql` gives over one Parquet file, by plain DataFusion.
