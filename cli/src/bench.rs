@@ -11,7 +11,8 @@ use datafusion::dataframe::DataFrameWriteOptions;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use sluice_engine::handlers::Context;
 use sluice_engine::pipeline::{Pipeline, SourceFormat};
-use sluice_engine::runner::{self, RunEnd};
+use sluice_engine::runner::{self, RunEnd, RunSummary};
+use sluice_engine::storage::RequestCounts;
 
 /// Options of `sluice bench`.
 #[derive(Args)]
@@ -88,23 +89,19 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let tmp;
     let dir = match &args.dir {
-        Some(d) => {
-            std::fs::create_dir_all(d)?;
-            d.clone()
-        }
+        Some(d) => d.clone(),
         None => {
             tmp = tempfile::tempdir()?;
             tmp.path().to_path_buf()
         }
     };
-    let input = dir.join("input");
-    if input.exists() {
-        std::fs::remove_dir_all(&input)?;
+    let (input, out) = (dir.join("input"), dir.join("out"));
+    for d in [&input, &out] {
+        if d.exists() {
+            std::fs::remove_dir_all(d)?;
+        }
     }
-    let out = dir.join("out");
-    if out.exists() {
-        std::fs::remove_dir_all(&out)?;
-    }
+    std::fs::create_dir_all(&dir)?;
     println!(
         "generating {} taxi files x {} rows (Parquet) in {}",
         args.files,
@@ -120,40 +117,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     )?;
     let total_rows = args.files * args.rows as u64;
 
-    let mut raw = Vec::new();
-    let mut ours = Vec::new();
-    let mut last_ctx = None;
-    for round in 0..args.rounds.max(1) {
-        raw.push(raw_datafusion(&input, &out.join(format!("raw-{round}"))).await?);
-        let toml = pipeline_toml(round);
-        let pipeline = Pipeline::parse(&toml, "bench.toml", &dir)?;
-        let ctx = Context::open(pipeline, None)?;
-        let started = Instant::now();
-        let summary = runner::run(&ctx, |_| {}).await?;
-        ours.push(started.elapsed().as_secs_f64());
-        anyhow::ensure!(
-            summary.end == RunEnd::Done,
-            "bench run ended {:?}",
-            summary.end
-        );
-        let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
-        anyhow::ensure!(
-            rows_in == total_rows,
-            "sluice read {rows_in} rows, expected {total_rows}"
-        );
-        last_ctx = Some(ctx);
-    }
-    let ctx = last_ctx.expect("at least one round");
-    let (raw_s, ours_s) = (median(raw), median(ours));
+    let (raw_s, ours_s, ctx) = full_runs(&args, &dir, &input, &out, total_rows).await?;
     let raw_rate = total_rows as f64 / raw_s;
     let our_rate = total_rows as f64 / ours_s;
 
     // Idle: nothing new since the last run.
-    let before = ctx.counts();
-    let started = Instant::now();
-    let idle = runner::run(&ctx, |_| {}).await?;
-    let idle_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let idle_requests = ctx.counts().since(&before);
+    let (idle, idle_ms, idle_requests) = timed_run(&ctx).await?;
     anyhow::ensure!(
         matches!(idle.end, RunEnd::Idle(_)),
         "idle run ended {:?}",
@@ -162,11 +131,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
     // Five new files.
     sluice_cli::generator::write_taxi_files(&input, 5, args.rows, SourceFormat::Parquet, None)?;
-    let before = ctx.counts();
-    let started = Instant::now();
-    let inc = runner::run(&ctx, |_| {}).await?;
-    let inc_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let inc_requests = ctx.counts().since(&before);
+    let (inc, inc_ms, inc_requests) = timed_run(&ctx).await?;
     let inc_files: u64 = inc.batches.iter().map(|b| b.files).sum();
     anyhow::ensure!(
         inc_files == 5,
@@ -200,4 +165,51 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         inc_requests.total()
     );
     Ok(())
+}
+
+/// `args.rounds` runs over all of `input`, each against a fresh checkpoint:
+/// raw DataFusion and Sluice with the same SQL. Returns the median seconds of
+/// each and the last round's Sluice context.
+async fn full_runs(
+    args: &BenchArgs,
+    dir: &Path,
+    input: &Path,
+    out: &Path,
+    total_rows: u64,
+) -> anyhow::Result<(f64, f64, Context)> {
+    let mut raw = Vec::new();
+    let mut ours = Vec::new();
+    let mut last_ctx = None;
+    for round in 0..args.rounds.max(1) {
+        raw.push(raw_datafusion(input, &out.join(format!("raw-{round}"))).await?);
+        let toml = pipeline_toml(round);
+        let pipeline = Pipeline::parse(&toml, "bench.toml", dir)?;
+        let ctx = Context::open(pipeline, None)?;
+        let started = Instant::now();
+        let summary = runner::run(&ctx, |_| {}).await?;
+        ours.push(started.elapsed().as_secs_f64());
+        anyhow::ensure!(
+            summary.end == RunEnd::Done,
+            "bench run ended {:?}",
+            summary.end
+        );
+        let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
+        anyhow::ensure!(
+            rows_in == total_rows,
+            "sluice read {rows_in} rows, expected {total_rows}"
+        );
+        last_ctx = Some(ctx);
+    }
+    let ctx = last_ctx.expect("at least one round");
+    Ok((median(raw), median(ours), ctx))
+}
+
+/// One `sluice run`: its summary, wall time in milliseconds and the storage
+/// requests it made.
+async fn timed_run(ctx: &Context) -> anyhow::Result<(RunSummary, f64, RequestCounts)> {
+    let before = ctx.counts();
+    let started = Instant::now();
+    let summary = runner::run(ctx, |_| {}).await?;
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    Ok((summary, ms, ctx.counts().since(&before)))
 }

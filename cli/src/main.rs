@@ -373,20 +373,7 @@ async fn wake_on_aws(
             std::time::Duration::from_secs(1),
         )
         .await?;
-    // The batches this run committed: the last ones, back to the first of
-    // another epoch.
-    let mut committed = Vec::new();
-    if let Some((control, _)) = ctx.checkpoint.control().await? {
-        let mut n = control.last_committed;
-        while let Some(b) = n {
-            match ctx.checkpoint.commit(b).await? {
-                Some(c) if c.epoch == epoch => committed.push(c),
-                _ => break,
-            }
-            n = b.checked_sub(1);
-        }
-    }
-    committed.reverse();
+    let committed = committed_by(ctx, epoch).await?;
     for c in &committed {
         println!(
             "  batch {}: {} files, {} rows in, {} rows out, {} output files",
@@ -412,6 +399,27 @@ async fn wake_on_aws(
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The batches the run of `epoch` committed, oldest first: the last ones,
+/// back to the first of another epoch.
+async fn committed_by(
+    ctx: &Context,
+    epoch: u64,
+) -> anyhow::Result<Vec<sluice_engine::checkpoint::Commit>> {
+    let mut committed = Vec::new();
+    if let Some((control, _)) = ctx.checkpoint.control().await? {
+        let mut n = control.last_committed;
+        while let Some(b) = n {
+            match ctx.checkpoint.commit(b).await? {
+                Some(c) if c.epoch == epoch => committed.push(c),
+                _ => break,
+            }
+            n = b.checked_sub(1);
+        }
+    }
+    committed.reverse();
+    Ok(committed)
 }
 
 async fn cancel(path: &Path, state_machine_arn: &str) -> anyhow::Result<ExitCode> {

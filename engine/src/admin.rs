@@ -42,6 +42,7 @@ pub async fn register(ctx: &Context) -> Result<PipelineRecord> {
         let entry = crate::paths::registry::Entry {
             pipeline: p.name.clone(),
             source: p.source.location.display(),
+            spec: p.spec_hash(),
         };
         registry
             .put(

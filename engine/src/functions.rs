@@ -6,18 +6,18 @@
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::handlers::{CommitRequest, Context, Contexts, HandlerFuture, PlanRequest, TaskRequest};
 use crate::storage::{Location, S3Config};
 
 /// The environment variable naming where pipelines are registered.
-pub const CHECKPOINT_ENV: &str = "SLUICE_CHECKPOINT_URI";
+pub(crate) const CHECKPOINT_ENV: &str = "SLUICE_CHECKPOINT_URI";
 
 /// The environment variable naming the state machine the trigger starts.
-pub const STATE_MACHINE_ENV: &str = "SLUICE_STATE_MACHINE_ARN";
+pub(crate) const STATE_MACHINE_ENV: &str = "SLUICE_STATE_MACHINE_ARN";
 
 /// The Step Functions view of an engine error: its class name and message.
-pub fn diagnostic(e: &Error) -> Diagnostic {
+pub(crate) fn diagnostic(e: &Error) -> Diagnostic {
     Diagnostic {
         error_type: e.class().name().to_string(),
         error_message: e.to_string(),
@@ -61,7 +61,7 @@ impl PipelineRequest for CommitRequest {
 /// The contexts of the pipelines registered under `SLUICE_CHECKPOINT_URI`;
 /// fails with a message naming the variable when it is missing or
 /// malformed.
-pub async fn contexts_from_env() -> std::result::Result<Contexts, String> {
+pub(crate) async fn contexts_from_env() -> std::result::Result<Contexts, String> {
     let uri = std::env::var(CHECKPOINT_ENV).map_err(|_| {
         format!(
             "{CHECKPOINT_ENV} is not set: set it to the checkpoint location where pipelines \
@@ -77,19 +77,8 @@ pub async fn contexts_from_env() -> std::result::Result<Contexts, String> {
     Ok(Contexts::new(root, s3))
 }
 
-/// The contexts of every pipeline registered under the root (one listing;
-/// specs are read once per process).
-pub async fn registered(contexts: &Contexts) -> Result<Vec<Context>> {
-    let root = contexts.root_store()?;
-    let mut out = Vec::new();
-    for name in crate::triggers::registered_names(root.as_ref()).await? {
-        out.push(contexts.get(&name).await?);
-    }
-    Ok(out)
-}
-
 /// JSON logs, filtered by `RUST_LOG` (default `info`).
-pub fn init_tracing() {
+pub(crate) fn init_tracing() {
     tracing_subscriber::fmt()
         .json()
         .with_env_filter(
@@ -102,7 +91,7 @@ pub fn init_tracing() {
 }
 
 /// Run one request through `handler` for the pipeline it names.
-pub async fn handle<Req, Resp>(
+pub(crate) async fn handle<Req, Resp>(
     contexts: &Contexts,
     req: Req,
     handler: impl for<'a> Fn(&'a Context, Req) -> HandlerFuture<'a, Resp>,
@@ -158,7 +147,7 @@ pub async fn serve_trigger() -> std::result::Result<(), lambda_runtime::Error> {
 }
 
 /// One trigger invocation: parse, route to the registered pipelines, wake.
-pub async fn trigger_event(
+pub(crate) async fn trigger_event(
     contexts: &Contexts,
     executions: &dyn crate::triggers::Executions,
     payload: &serde_json::Value,
@@ -166,7 +155,7 @@ pub async fn trigger_event(
     let run = async {
         let bytes = serde_json::to_vec(payload).expect("a JSON value serialises");
         let event = crate::triggers::parse_event(&bytes)?;
-        let registered = registered(contexts).await?;
+        let registered = contexts.registered().await?;
         crate::triggers::trigger(&event, &registered, executions).await
     };
     run.await.map_err(|e| {

@@ -34,7 +34,7 @@ impl Fnv {
 }
 
 /// FNV-1a of `bytes`.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h = Fnv::new();
     h.write(bytes);
     h.finish()

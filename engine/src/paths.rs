@@ -6,27 +6,27 @@ pub mod checkpoint {
     /// Spec, pinned schema and format version.
     pub const PIPELINE: &str = "pipeline.json";
     /// The run lease and the pointer to the last committed batch.
-    pub const CONTROL: &str = "control.json";
+    pub(crate) const CONTROL: &str = "control.json";
     /// Prefix of all batch plans.
-    pub const OFFSETS_PREFIX: &str = "offsets/";
+    pub(crate) const OFFSETS_PREFIX: &str = "offsets/";
     /// Prefix of all commit records.
-    pub const COMMITS_PREFIX: &str = "commits/";
+    pub(crate) const COMMITS_PREFIX: &str = "commits/";
     /// The processed-input index.
-    pub const INDEX: &str = "index/processed.json";
+    pub(crate) const INDEX: &str = "index/processed.json";
     /// Notify mode: where triggers record notified objects.
-    pub const INBOX_PREFIX: &str = "inbox/";
+    pub(crate) const INBOX_PREFIX: &str = "inbox/";
     /// Notify mode: one claim per input key taken by a run.
-    pub const CLAIMS_PREFIX: &str = "index/keys/";
+    pub(crate) const CLAIMS_PREFIX: &str = "index/keys/";
 
     /// Notify mode: the inbox entry of source key `key` of `size` bytes:
     /// the key base64url-encoded (so any key is a safe object name), then
     /// the size, so one listing of the inbox is all a plan reads.
-    pub fn inbox_entry(key: &str, size: u64) -> String {
+    pub(crate) fn inbox_entry(key: &str, size: u64) -> String {
         format!("{INBOX_PREFIX}{}.{size}", encode_key(key))
     }
 
     /// The source key and size an inbox entry names.
-    pub fn inbox_key_of(entry: &str) -> Option<(String, u64)> {
+    pub(crate) fn inbox_key_of(entry: &str) -> Option<(String, u64)> {
         let name = entry.strip_prefix(INBOX_PREFIX)?;
         let (key, size) = name.rsplit_once('.')?;
         Some((decode_key(key)?, size.parse().ok()?))
@@ -38,7 +38,7 @@ pub mod checkpoint {
     }
 
     /// The source key a claim is for.
-    pub fn claim_key_of(claim: &str) -> Option<String> {
+    pub(crate) fn claim_key_of(claim: &str) -> Option<String> {
         decode_key(claim.strip_prefix(CLAIMS_PREFIX)?)
     }
 
@@ -56,13 +56,13 @@ pub mod checkpoint {
     }
 
     /// Prefix of the task results of batch `n`.
-    pub fn work_prefix(n: u64) -> String {
+    pub(crate) fn work_prefix(n: u64) -> String {
         format!("work/{n:010}/")
     }
 
     /// The result of task `task` of batch `n` run under lease `epoch`,
     /// read by the committer (payloads between steps carry no data).
-    pub fn work(n: u64, task: u32, epoch: u64) -> String {
+    pub(crate) fn work(n: u64, task: u32, epoch: u64) -> String {
         format!("{}task-{task:05}-e{epoch}.json", work_prefix(n))
     }
 
@@ -90,7 +90,7 @@ pub mod checkpoint {
     }
 
     /// The batch number of an `offsets/` or `commits/` key.
-    pub fn batch_of(key: &str) -> Option<u64> {
+    pub(crate) fn batch_of(key: &str) -> Option<u64> {
         key.rsplit('/').next()?.strip_suffix(".json")?.parse().ok()
     }
 }
@@ -98,12 +98,12 @@ pub mod checkpoint {
 /// Keys inside the sink folder.
 pub mod sink {
     /// Prefix of the output files of batch `n`.
-    pub fn batch_prefix(n: u64) -> String {
+    pub(crate) fn batch_prefix(n: u64) -> String {
         format!("batch={n:010}/")
     }
 
     /// Prefix of the output files of task `task` of batch `n`.
-    pub fn task_prefix(n: u64, task: u32) -> String {
+    pub(crate) fn task_prefix(n: u64, task: u32) -> String {
         format!("{}part-{task:05}-", batch_prefix(n))
     }
 
@@ -116,12 +116,12 @@ pub mod sink {
     }
 
     /// The ending of every part file written under lease `epoch`.
-    pub fn epoch_suffix(epoch: u64) -> String {
+    pub(crate) fn epoch_suffix(epoch: u64) -> String {
         format!("-e{epoch}.parquet")
     }
 
     /// Prefix of the manifests.
-    pub const MANIFEST_PREFIX: &str = "_sluice/manifest/";
+    pub(crate) const MANIFEST_PREFIX: &str = "_sluice/manifest/";
 
     /// The manifest naming the committed files of batch `n`.
     pub fn manifest(n: u64) -> String {
@@ -172,7 +172,7 @@ pub mod registry {
 
     /// Prefix of the registry: one entry per registered pipeline. Pipeline
     /// names cannot start with `_`, so no pipeline folder collides with it.
-    pub const PREFIX: &str = "_registry/";
+    pub(crate) const PREFIX: &str = "_registry/";
 
     /// The entry of `pipeline`.
     pub fn entry(pipeline: &str) -> String {
@@ -180,7 +180,7 @@ pub mod registry {
     }
 
     /// The pipeline an entry key names.
-    pub fn pipeline_of(key: &str) -> Option<&str> {
+    pub(crate) fn pipeline_of(key: &str) -> Option<&str> {
         key.strip_prefix(PREFIX)?.strip_suffix(".json")
     }
 
@@ -191,5 +191,9 @@ pub mod registry {
         pub pipeline: String,
         /// Its source location, `s3://bucket/prefix/` or a local path.
         pub source: String,
+        /// Hash of the registered spec: registering a changed spec changes
+        /// the entry's bytes, so its etag too.
+        #[serde(default)]
+        pub spec: String,
     }
 }

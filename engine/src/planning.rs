@@ -7,7 +7,7 @@ use crate::pipeline::Limits;
 /// Split `files` (in processing order) into consecutive batches of at most
 /// `max_files_per_batch` files and `max_bytes_per_batch` bytes; a batch
 /// always takes at least one file, however large.
-pub fn split_batches(files: &[InputFile], limits: &Limits) -> Vec<Vec<InputFile>> {
+pub(crate) fn split_batches(files: &[InputFile], limits: &Limits) -> Vec<Vec<InputFile>> {
     let mut out: Vec<Vec<InputFile>> = Vec::new();
     let mut cur: Vec<InputFile> = Vec::new();
     let mut bytes = 0u64;
@@ -29,7 +29,7 @@ pub fn split_batches(files: &[InputFile], limits: &Limits) -> Vec<Vec<InputFile>
 
 /// Split a batch's inputs into tasks of at most `max_bytes_per_task` bytes
 /// (at least one file each), keeping input order.
-pub fn split_tasks(inputs: &[InputFile], max_bytes_per_task: u64) -> Vec<TaskPlan> {
+pub(crate) fn split_tasks(inputs: &[InputFile], max_bytes_per_task: u64) -> Vec<TaskPlan> {
     let mut tasks: Vec<TaskPlan> = Vec::new();
     for (i, f) in inputs.iter().enumerate() {
         let start_new = match tasks.last() {

@@ -104,6 +104,47 @@ async fn warm_function_contexts_run_the_spec_registered_since() {
     );
 }
 
+/// The trigger routes with the contexts of every registered pipeline: one
+/// registered again since is seen with its new spec, one unregistered is
+/// gone, one registered later appears.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_trigger_sees_pipelines_registered_again_since_it_cached_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 1, 10);
+    let toml_a = pipeline_toml("warm", "parquet", "", "");
+    admin::register(&local_context(&pipeline(root, &toml_a)))
+        .await
+        .unwrap();
+    let trigger = contexts(root);
+    let sqls = |cs: Vec<sluice_engine::handlers::Context>| -> Vec<(String, String)> {
+        cs.into_iter()
+            .map(|c| (c.pipeline.name.clone(), c.pipeline.sql.clone()))
+            .collect()
+    };
+    let first = sqls(trigger.registered().await.unwrap());
+    assert_eq!(first.len(), 1);
+    assert!(first[0].1.contains("> 1.0"), "{first:?}");
+
+    let toml_b = toml_a.replace("> 1.0", "> 2.0");
+    admin::register(&local_context(&pipeline(root, &toml_b)))
+        .await
+        .unwrap();
+    let other = pipeline_toml("other", "parquet", "", "").replace("out/sink", "out/sink2");
+    admin::register(&local_context(&pipeline(root, &other)))
+        .await
+        .unwrap();
+    let second = sqls(trigger.registered().await.unwrap());
+    let names: Vec<_> = second.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["other", "warm"]);
+    assert!(second[1].1.contains("> 2.0"), "{second:?}");
+
+    std::fs::remove_file(root.join("out/checkpoint/_registry/warm.json")).unwrap();
+    let third = sqls(trigger.registered().await.unwrap());
+    let names: Vec<_> = third.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["other"]);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_step_whose_run_spec_is_no_longer_registered_stops_with_a_conflict() {
     let dir = tempfile::tempdir().unwrap();

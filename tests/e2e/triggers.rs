@@ -14,10 +14,10 @@ use aws_lambda_events::event::sns::SnsEvent;
 use serde_json::Value;
 use sluice_engine::admin;
 use sluice_engine::checkpoint::RunStatus;
-use sluice_engine::handlers::{self, Context};
+use sluice_engine::handlers::{self, Context, Contexts};
 use sluice_engine::pipeline::Pipeline;
 use sluice_engine::runner::{self, RunEnd};
-use sluice_engine::storage::LocalStore;
+use sluice_engine::storage::{LocalStore, Location};
 use sluice_engine::triggers::{
     self, Event, ExecutionState, Executions, ObjectRef, Started, Via, WakeOutcome, execution_input,
 };
@@ -302,11 +302,15 @@ async fn a_trigger_claims_the_lease_a_second_one_requests_and_the_run_looks_agai
     );
     let ctx = local_context(&p);
     admin::register(&ctx).await.unwrap();
-    let registry = LocalStore::new(root.join("out/checkpoint"));
-    assert_eq!(
-        triggers::registered_names(&registry).await.unwrap(),
-        ["trig"]
-    );
+    let registered = Contexts::new(Location::Local(root.join("out/checkpoint")), None)
+        .registered()
+        .await
+        .unwrap();
+    let names: Vec<_> = registered
+        .iter()
+        .map(|c| c.pipeline.name.as_str())
+        .collect();
+    assert_eq!(names, ["trig"]);
     let rec = Recorder::default();
 
     // Idle: claim epoch 1 and start "trig-1".

@@ -29,7 +29,7 @@ pub use records::{
 
 /// Which batches' offsets and commits may be deleted once `last_committed`
 /// is committed, keeping `retain` batches: all below the returned number.
-pub fn retention_floor(last_committed: u64, retain: u64) -> u64 {
+pub(crate) fn retention_floor(last_committed: u64, retain: u64) -> u64 {
     (last_committed + 1).saturating_sub(retain)
 }
 
@@ -136,7 +136,7 @@ impl Checkpoint {
 
     /// Write the plan of a batch, create-only: losing means another run owns
     /// the pipeline.
-    pub async fn create_offsets(&self, offsets: &Offsets) -> Result<()> {
+    pub(crate) async fn create_offsets(&self, offsets: &Offsets) -> Result<()> {
         let key = paths::checkpoint::offsets(offsets.batch);
         let outcome = self.write(&key, offsets, PutMode::Create).await?;
         self.must_create(&key, outcome, "batch plan")
@@ -152,7 +152,7 @@ impl Checkpoint {
 
     /// Write the commit record of a batch, create-only. Returns false if it
     /// already exists (a retried commit).
-    pub async fn create_commit(&self, commit: &Commit) -> Result<bool> {
+    pub(crate) async fn create_commit(&self, commit: &Commit) -> Result<bool> {
         let key = paths::checkpoint::commit(commit.batch);
         Ok(matches!(
             self.write(&key, commit, PutMode::Create).await?,
@@ -177,14 +177,14 @@ impl Checkpoint {
     }
 
     /// Delete the plan of an uncommitted batch (after its input was refused).
-    pub async fn delete_offsets(&self, n: u64) -> Result<()> {
+    pub(crate) async fn delete_offsets(&self, n: u64) -> Result<()> {
         Ok(self.store.delete(&paths::checkpoint::offsets(n)).await?)
     }
 
     /// Delete offsets and commits of batches below `floor`, listing from the
     /// oldest kept. Best effort is not enough for correctness here, so errors
     /// propagate; nothing reads pruned records.
-    pub async fn prune_below(&self, floor: u64) -> Result<u64> {
+    pub(crate) async fn prune_below(&self, floor: u64) -> Result<u64> {
         let mut deleted = 0;
         for prefix in [
             paths::checkpoint::OFFSETS_PREFIX,

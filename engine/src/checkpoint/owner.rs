@@ -31,7 +31,7 @@ const EXECUTION: &str = "sfn:";
 
 impl Owner {
     /// This process, as a local owner.
-    pub fn this_process() -> Owner {
+    pub(crate) fn this_process() -> Owner {
         Owner::Local {
             host: hostname(),
             pid: std::process::id(),

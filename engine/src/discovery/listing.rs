@@ -8,7 +8,7 @@ use crate::storage::{ObjectMeta, Store};
 
 /// List the input files of `source` after `start_after` (one listing; pages
 /// as the store needs), keeping only keys that name input files.
-pub async fn list_inputs(
+pub(crate) async fn list_inputs(
     store: &dyn Store,
     source: &Source,
     start_after: Option<&str>,
@@ -19,14 +19,18 @@ pub async fn list_inputs(
 }
 
 /// The listing state of a listing (compare with the one in `control.json`).
-pub fn listing_state(start_after: Option<String>, listed: &[ObjectMeta]) -> ListingState {
+pub(crate) fn listing_state(start_after: Option<String>, listed: &[ObjectMeta]) -> ListingState {
     ListingState::of(start_after, listed.iter().map(|m| m.key.as_str()))
 }
 
 /// The listed files that the index does not hold, in processing order:
 /// arrival order (modification time, then key) in `list` mode, key order in
 /// `ordered` mode.
-pub fn new_inputs(listed: &[ObjectMeta], index: &Index, mode: DiscoveryMode) -> Vec<InputFile> {
+pub(crate) fn new_inputs(
+    listed: &[ObjectMeta],
+    index: &Index,
+    mode: DiscoveryMode,
+) -> Vec<InputFile> {
     let mut fresh: Vec<&ObjectMeta> = listed
         .iter()
         .filter(|m| index.keys.binary_search(&m.key).is_err())

@@ -17,11 +17,9 @@
 mod listing;
 mod notify;
 
-pub use listing::{list_inputs, listing_state, new_inputs};
-pub use notify::{
-    ClaimStep, InboxEntry, claim_key, decide_key_claim, inbox_files, read_inbox, reconcile_due,
-    record_notified, settle_claims, unnotified,
-};
+pub(crate) use listing::{list_inputs, listing_state, new_inputs};
+pub use notify::{ClaimStep, InboxEntry, decide_key_claim, read_inbox, record_notified};
+pub(crate) use notify::{claim_key, inbox_files, reconcile_due, settle_claims, unnotified};
 
 #[cfg(test)]
 mod tests {

@@ -68,7 +68,7 @@ pub async fn read_inbox(store: &dyn Store) -> Result<Vec<InboxEntry>> {
 
 /// The entries as listed objects (for schema inference and `sluice show`),
 /// one per key: the latest entry's size.
-pub fn inbox_files(entries: &[InboxEntry]) -> Vec<ObjectMeta> {
+pub(crate) fn inbox_files(entries: &[InboxEntry]) -> Vec<ObjectMeta> {
     let mut by_key: std::collections::BTreeMap<&str, &InboxEntry> = Default::default();
     for e in entries {
         by_key.insert(&e.key, e);
@@ -92,7 +92,7 @@ pub fn inbox_files(entries: &[InboxEntry]) -> Vec<ObjectMeta> {
 
 /// Whether a run with `epoch` lists the source to reconcile: the first run,
 /// then every `every` runs.
-pub fn reconcile_due(control: Option<&Control>, epoch: u64, every: u64) -> bool {
+pub(crate) fn reconcile_due(control: Option<&Control>, epoch: u64, every: u64) -> bool {
     control
         .and_then(|c| c.reconciled_epoch)
         .is_none_or(|r| epoch >= r.saturating_add(every))
@@ -101,7 +101,7 @@ pub fn reconcile_due(control: Option<&Control>, epoch: u64, every: u64) -> bool 
 /// The source files that have neither a claim nor an inbox entry: their
 /// notification was lost (or never sent). `source` is a full listing of
 /// input files, `claims` a listing of `index/keys/`.
-pub fn unnotified(
+pub(crate) fn unnotified(
     source: &[ObjectMeta],
     claims: &[ObjectMeta],
     inbox: &[InboxEntry],
@@ -156,7 +156,7 @@ pub fn decide_key_claim(written: bool, read: Option<Option<(&KeyClaim, &str)>>) 
 /// Claim source key `key` for the run with `epoch` in `pipeline`'s
 /// checkpoint `store`: `true` if this run takes it, `false` if a committed
 /// batch holds it already (a duplicate notification).
-pub async fn claim_key(
+pub(crate) async fn claim_key(
     store: &Arc<dyn Store>,
     pipeline: &str,
     key: &str,
@@ -213,7 +213,7 @@ fn record(claim: &KeyClaim) -> bytes::Bytes {
 /// After `commits/N` exists: mark the claims of its keys committed, then
 /// delete the inbox entries it consumed (in that order, so a duplicate
 /// notification arriving at any point is recognised).
-pub async fn settle_claims(store: &Arc<dyn Store>, record_: &Commit) -> Result<()> {
+pub(crate) async fn settle_claims(store: &Arc<dyn Store>, record_: &Commit) -> Result<()> {
     let done = record(&KeyClaim {
         epoch: record_.epoch,
         committed: true,

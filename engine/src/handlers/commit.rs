@@ -153,7 +153,7 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
 /// later planned batch (highest first, so a crash here leaves a prefix of
 /// plans that the next run resumes), remove their uncommitted output, and
 /// release the lease. The next run plans afresh from what is there then.
-pub async fn abandon(ctx: &Context, run: &RunState, batch: u64) -> Result<()> {
+pub(crate) async fn abandon(ctx: &Context, run: &RunState, batch: u64) -> Result<()> {
     owned_control(ctx, run.epoch).await?;
     let planned = ctx
         .checkpoint

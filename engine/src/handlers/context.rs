@@ -18,10 +18,10 @@ use crate::sinks::ParquetSink;
 use crate::storage::{Location, RequestCounts, S3Config, Store};
 
 /// Milliseconds since the Unix epoch.
-pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+pub(crate) type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
 /// Whether the process named by a lease owner has exited.
-pub type OwnerGone = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+pub(crate) type OwnerGone = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// Everything a handler needs for one pipeline, built once per process.
 #[derive(Clone)]
@@ -82,7 +82,7 @@ impl Context {
     }
 
     /// This context with `registry` as the checkpoint root.
-    pub fn with_registry(mut self, registry: Arc<dyn Store>) -> Context {
+    pub(crate) fn with_registry(mut self, registry: Arc<dyn Store>) -> Context {
         self.registry = Some(registry);
         self
     }
@@ -223,6 +223,10 @@ pub struct Contexts {
     root: Location,
     s3: Option<S3Config>,
     cache: tokio::sync::Mutex<HashMap<String, Context>>,
+    /// Per pipeline, the registry entry's etag and modification time when
+    /// its cached context was built: a listing that shows another means
+    /// the pipeline was registered again.
+    stamps: tokio::sync::Mutex<HashMap<String, String>>,
 }
 
 impl Contexts {
@@ -232,6 +236,7 @@ impl Contexts {
             root,
             s3,
             cache: tokio::sync::Mutex::new(HashMap::new()),
+            stamps: tokio::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -241,7 +246,7 @@ impl Contexts {
     }
 
     /// The store at the root (the registry lives there).
-    pub fn root_store(&self) -> Result<Arc<dyn Store>> {
+    pub(crate) fn root_store(&self) -> Result<Arc<dyn Store>> {
         self.root
             .open(self.s3.as_ref())
             .map_err(|message| Error::Spec {
@@ -261,8 +266,38 @@ impl Contexts {
         Ok(ctx)
     }
 
+    /// The contexts of every pipeline registered under the root, from one
+    /// listing of the registry: a pipeline registered again since its
+    /// context was cached (its entry's etag or modification time changed)
+    /// is reloaded, and one no longer registered leaves the cache. The
+    /// trigger routes each event with these.
+    pub async fn registered(&self) -> Result<Vec<Context>> {
+        let root = self.root_store()?;
+        let listed = root.list(crate::paths::registry::PREFIX, None).await?;
+        let mut out = Vec::new();
+        let mut names = std::collections::HashSet::new();
+        for m in &listed {
+            let Some(name) = crate::paths::registry::pipeline_of(&m.key) else {
+                continue;
+            };
+            names.insert(name.to_string());
+            let stamp = format!("{:?} {:?}", m.etag, m.last_modified);
+            let changed = self.stamps.lock().await.get(name) != Some(&stamp);
+            let ctx = if changed {
+                self.reload(name).await?
+            } else {
+                self.get(name).await?
+            };
+            self.stamps.lock().await.insert(name.to_string(), stamp);
+            out.push(ctx);
+        }
+        self.cache.lock().await.retain(|k, _| names.contains(k));
+        self.stamps.lock().await.retain(|k, _| names.contains(k));
+        Ok(out)
+    }
+
     /// Drop the cached context of `pipeline` and build it again.
-    pub async fn reload(&self, pipeline: &str) -> Result<Context> {
+    pub(crate) async fn reload(&self, pipeline: &str) -> Result<Context> {
         self.cache.lock().await.remove(pipeline);
         self.get(pipeline).await
     }

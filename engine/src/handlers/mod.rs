@@ -20,8 +20,9 @@ mod operate;
 mod payloads;
 mod plan;
 
-pub use commit::{abandon, commit};
-pub use context::{Clock, Context, Contexts};
+pub(crate) use commit::abandon;
+pub use commit::commit;
+pub use context::{Context, Contexts};
 pub use lease::{heartbeat, release};
 pub(crate) use lease::{swap_control, update_control};
 pub use operate::operate;
@@ -39,7 +40,7 @@ use operate::record_refusal;
 /// A boxed handler future. Boxing here, where lifetimes are concrete, lets
 /// callers that need `Send` for every lifetime (the state machine's task
 /// invoker) hold it: rustc cannot prove that through nested async fns.
-pub type HandlerFuture<'a, T> = futures::future::BoxFuture<'a, Result<T>>;
+pub(crate) type HandlerFuture<'a, T> = futures::future::BoxFuture<'a, Result<T>>;
 
 /// The planner function's entry point.
 pub fn handle_plan(ctx: &Context, req: PlanRequest) -> HandlerFuture<'_, PlanOutcome> {

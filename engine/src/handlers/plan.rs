@@ -19,8 +19,8 @@ use crate::checkpoint::{
 use crate::discovery::{self, InboxEntry};
 use crate::error::{Error, Result};
 use crate::operators::SqlOperator;
-use crate::pipeline::DiscoveryMode;
 use crate::pipeline::schema::{columns_of, schema_change, schema_of};
+use crate::pipeline::{DiscoveryMode, Pipeline};
 use crate::planning;
 use crate::storage::fanout::{concurrently, delete_all};
 use crate::storage::{ObjectMeta, PutMode, RequestCounts};
@@ -172,14 +172,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     };
     tracing::info!(pipeline = %p.name, epoch, recover, "lease taken");
     if !record_current {
-        ctx.checkpoint
-            .put_pipeline_record(&PipelineRecord {
-                format_version: checkpoint::FORMAT_VERSION,
-                spec_hash: p.spec_hash(),
-                pipeline: (**p).clone(),
-                schema: columns_of(&schema),
-            })
-            .await?;
+        record_spec(ctx, &schema).await?;
     }
     let control = if recover {
         if let Some(off) = resume_planned(ctx, &run, next.next_batch()).await? {
@@ -197,6 +190,20 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         (None, None) => Seen::Nothing,
     };
     discover_and_plan(ctx, run, &control, seen, clock).await
+}
+
+/// Records the spec this run plans under and the schema it pinned
+/// (`pipeline.json`), once the run holds the lease.
+async fn record_spec(ctx: &Context, schema: &SchemaRef) -> Result<()> {
+    let p = &ctx.pipeline;
+    ctx.checkpoint
+        .put_pipeline_record(&PipelineRecord {
+            format_version: checkpoint::FORMAT_VERSION,
+            spec_hash: p.spec_hash(),
+            pipeline: (**p).clone(),
+            schema: columns_of(schema),
+        })
+        .await
 }
 
 fn idle(reason: &str) -> PlanOutcome {
@@ -379,24 +386,7 @@ async fn find_new(
 ) -> Result<Fresh> {
     let p = &ctx.pipeline;
     if p.source.discovery != DiscoveryMode::Notify {
-        let (index, listed) = match seen {
-            Seen::Listing(i, l) => (i, l),
-            _ => {
-                let index = ctx.checkpoint.index().await?;
-                let listed = discovery::list_inputs(
-                    ctx.source.as_ref(),
-                    &p.source,
-                    index.start_after.as_deref(),
-                )
-                .await?;
-                (index, listed)
-            }
-        };
-        return Ok(Fresh {
-            inputs: discovery::new_inputs(&listed, &index, p.source.discovery),
-            entries: Default::default(),
-            more: false,
-        });
+        return listed_new(ctx, seen).await;
     }
     let store = ctx.checkpoint.store().as_ref();
     let (mut entries, source) = match seen {
@@ -423,7 +413,53 @@ async fn find_new(
     for e in entries {
         by_key.entry(e.key).or_default().push(e.entry);
     }
-    let epoch = run.epoch;
+    let (inputs, duplicates) = claim_files(ctx, run.epoch, files, &mut by_key).await?;
+    if !duplicates.is_empty() {
+        tracing::info!(pipeline = %p.name, entries = duplicates.len(), "notifications of keys already committed; consumed without processing");
+        delete_all(ctx.checkpoint.store(), duplicates).await?;
+    }
+    Ok(Fresh {
+        inputs,
+        entries: by_key,
+        more,
+    })
+}
+
+/// List and index modes: the listed files the index has not seen (`seen`
+/// may already hold the run's listing).
+async fn listed_new(ctx: &Context, seen: Seen) -> Result<Fresh> {
+    let p = &ctx.pipeline;
+    let (index, listed) = match seen {
+        Seen::Listing(i, l) => (i, l),
+        _ => {
+            let index = ctx.checkpoint.index().await?;
+            let listed = discovery::list_inputs(
+                ctx.source.as_ref(),
+                &p.source,
+                index.start_after.as_deref(),
+            )
+            .await?;
+            (index, listed)
+        }
+    };
+    Ok(Fresh {
+        inputs: discovery::new_inputs(&listed, &index, p.source.discovery),
+        entries: Default::default(),
+        more: false,
+    })
+}
+
+/// Claims each inbox file for this run's epoch. Returns the files claimed
+/// (the run's inputs) and the inbox entries of keys claimed before (already
+/// committed: their entries are consumed, the files not processed again);
+/// those keys leave `by_key`.
+async fn claim_files(
+    ctx: &Context,
+    epoch: u64,
+    files: Vec<ObjectMeta>,
+    by_key: &mut HashMap<String, Vec<String>>,
+) -> Result<(Vec<InputFile>, Vec<String>)> {
+    let p = &ctx.pipeline;
     let claimed = concurrently(files.iter().map(|f| f.key.clone()).collect(), |k| {
         let store = ctx.checkpoint.store().clone();
         let pipeline = p.name.clone();
@@ -443,15 +479,7 @@ async fn find_new(
             duplicates.extend(by_key.remove(&f.key).unwrap_or_default());
         }
     }
-    if !duplicates.is_empty() {
-        tracing::info!(pipeline = %p.name, entries = duplicates.len(), "notifications of keys already committed; consumed without processing");
-        delete_all(ctx.checkpoint.store(), duplicates).await?;
-    }
-    Ok(Fresh {
-        inputs,
-        entries: by_key,
-        more,
-    })
+    Ok((inputs, duplicates))
 }
 
 /// Notify mode's reconciliation: list the source (unless `source` is that
@@ -502,25 +530,8 @@ pub(crate) async fn resolve_schema(
     let pinned = record
         .map(|r| super::context::pinned_schema(&p.name, r))
         .transpose()?;
-    if let Some(r) = record
-        && r.pipeline.source.format != p.source.format
-    {
-        return Err(Error::Incompatible {
-            pipeline: p.name.clone(),
-            message: format!(
-                "source format changed ({:?} -> {:?}); register a new pipeline (new name) or \
-                 delete its checkpoint folder to start over",
-                r.pipeline.source.format, p.source.format
-            ),
-        });
-    }
-    if let Some(r) = record
-        && let Some(message) = discovery_change(r.pipeline.source.discovery, p.source.discovery)
-    {
-        return Err(Error::Incompatible {
-            pipeline: p.name.clone(),
-            message,
-        });
+    if let Some(r) = record {
+        check_source_kept(&r.pipeline, p)?;
     }
     let declared = p.source.declared_schema().map_err(|e| Error::Spec {
         file: p.name.clone(),
@@ -549,6 +560,35 @@ pub(crate) async fn resolve_schema(
     else {
         return Ok(None);
     };
+    infer_schema(ctx, &first).await.map(Some)
+}
+
+/// Refuses a change of source format or of discovery mode against the
+/// registered spec `was`: either would read the source differently from
+/// what the checkpoint recorded.
+fn check_source_kept(was: &Pipeline, p: &Pipeline) -> Result<()> {
+    if was.source.format != p.source.format {
+        return Err(Error::Incompatible {
+            pipeline: p.name.clone(),
+            message: format!(
+                "source format changed ({:?} -> {:?}); register a new pipeline (new name) or \
+                 delete its checkpoint folder to start over",
+                was.source.format, p.source.format
+            ),
+        });
+    }
+    if let Some(message) = discovery_change(was.source.discovery, p.source.discovery) {
+        return Err(Error::Incompatible {
+            pipeline: p.name.clone(),
+            message,
+        });
+    }
+    Ok(())
+}
+
+/// The schema inferred from the first new file, names and types only.
+async fn infer_schema(ctx: &Context, first: &InputFile) -> Result<SchemaRef> {
+    let p = &ctx.pipeline;
     let access = ctx.source.scan_access()?;
     let format = SqlOperator::format(p);
     let session = SessionContext::new();
@@ -579,7 +619,7 @@ pub(crate) async fn resolve_schema(
             "the inferred schema cannot be pinned: column{e}; declare source.schema instead"
         ),
     })?;
-    Ok(Some(pinned))
+    Ok(pinned)
 }
 
 /// Why a change of discovery mode would process files again, if it would.

@@ -21,7 +21,9 @@ use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::physical_plan::{ExecutionPlan, execute_stream_partitioned};
+use datafusion::physical_plan::{
+    ExecutionPlan, SendableRecordBatchStream, execute_stream_partitioned,
+};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::checkpoint::{InputFile, OutputFile, TaskPlan};
@@ -219,6 +221,30 @@ impl SqlOperator {
     /// Run one task of batch `batch` for the run holding lease `epoch`: read
     /// `task`'s inputs, run the SQL and write the result to `sink`. An input that cannot be read is named in
     /// the error.
+    /// The task's input files, looked up by the indexes its plan names; an
+    /// index past the plan's inputs means the stored plan is corrupt.
+    fn planned_inputs<'a>(
+        &self,
+        batch: u64,
+        inputs: &'a [InputFile],
+        task: &TaskPlan,
+    ) -> Result<Vec<&'a InputFile>> {
+        task.inputs
+            .iter()
+            .map(|i| inputs.get(*i as usize))
+            .collect::<Option<_>>()
+            .ok_or_else(|| Error::Checkpoint {
+                pipeline: self.pipeline.name.clone(),
+                key: crate::paths::checkpoint::offsets(batch),
+                message: format!(
+                    "task {} names an input index past the plan's {} inputs; the plan is \
+                     corrupt: delete it (and the batch's uncommitted output) to plan afresh",
+                    task.task,
+                    inputs.len()
+                ),
+            })
+    }
+
     pub async fn run(
         &self,
         source: &dyn Store,
@@ -238,21 +264,7 @@ impl SqlOperator {
         };
         let this = &op;
         let access = source.scan_access()?;
-        let planned: Vec<&InputFile> = task
-            .inputs
-            .iter()
-            .map(|i| inputs.get(*i as usize))
-            .collect::<Option<_>>()
-            .ok_or_else(|| Error::Checkpoint {
-                pipeline: self.pipeline.name.clone(),
-                key: crate::paths::checkpoint::offsets(batch),
-                message: format!(
-                    "task {} names an input index past the plan's {} inputs; the plan is \
-                     corrupt: delete it (and the batch's uncommitted output) to plan afresh",
-                    task.task,
-                    inputs.len()
-                ),
-            })?;
+        let planned = self.planned_inputs(batch, inputs, task)?;
         let mut heads = 0;
         let current;
         let files: Vec<&InputFile> = if self.pipeline.source.discovery == DiscoveryMode::Notify {
@@ -272,45 +284,13 @@ impl SqlOperator {
         let (ctx, plan) = this.plan_scan(&access, &files).await.map_err(exec)?;
         let schema = plan.schema();
         let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
-        // One tokio task per output partition, so decoding, the query and
-        // Parquet encoding of the partitions run on separate cores.
-        let task_no = task.task;
-        let writes: Vec<_> = streams
-            .into_iter()
-            .enumerate()
-            .map(|(p, stream)| {
-                let sink = sink.clone();
-                let schema = schema.clone();
-                tokio::spawn(async move {
-                    sink.write_partition(epoch, batch, task_no, p as u32, schema, stream)
-                        .await
-                })
-            })
-            .collect();
-        let mut outputs = Vec::new();
-        let mut first_err = None;
-        for w in futures::future::join_all(writes).await {
-            let w = w.unwrap_or_else(|e| {
-                Err(Error::Execution {
-                    pipeline: this.pipeline.name.clone(),
-                    batch,
-                    task: Some(task_no),
-                    message: format!("writer task failed: {e}"),
-                    class: ErrorClass::Fatal,
-                })
-            });
-            match w {
-                Ok(o) => outputs.extend(o),
-                Err(e) if first_err.is_none() => first_err = Some(e),
-                Err(_) => {}
+        let outputs = match write_partitions(sink, epoch, batch, task.task, schema, streams).await {
+            Ok(outputs) => outputs,
+            Err(e) if e.class() == ErrorClass::InvalidInput => {
+                return Err(this.attribute(&access, batch, task, &files, e).await);
             }
-        }
-        if let Some(e) = first_err {
-            return Err(match e.class() {
-                ErrorClass::InvalidInput => this.attribute(&access, batch, task, &files, e).await,
-                _ => e,
-            });
-        }
+            Err(e) => return Err(e),
+        };
         sink.remove_stale_parts(epoch, batch, task.task, &outputs)
             .await?;
         let rows_out = outputs.iter().map(|o| o.rows).sum();
@@ -396,5 +376,52 @@ fn leaf_rows(plan: &Arc<dyn ExecutionPlan>) -> u64 {
         plan.metrics().and_then(|m| m.output_rows()).unwrap_or(0) as u64
     } else {
         plan.children().into_iter().map(leaf_rows).sum()
+    }
+}
+
+/// Writes each output partition of the query from a tokio task of its own, so
+/// decoding, the query and Parquet encoding of the partitions run on separate
+/// cores. Returns every part written, or the first error.
+async fn write_partitions(
+    sink: &ParquetSink,
+    epoch: u64,
+    batch: u64,
+    task: u32,
+    schema: SchemaRef,
+    streams: Vec<SendableRecordBatchStream>,
+) -> Result<Vec<OutputFile>> {
+    let writes: Vec<_> = streams
+        .into_iter()
+        .enumerate()
+        .map(|(p, stream)| {
+            let sink = sink.clone();
+            let schema = schema.clone();
+            tokio::spawn(async move {
+                sink.write_partition(epoch, batch, task, p as u32, schema, stream)
+                    .await
+            })
+        })
+        .collect();
+    let mut outputs = Vec::new();
+    let mut first_err = None;
+    for w in futures::future::join_all(writes).await {
+        let w = w.unwrap_or_else(|e| {
+            Err(Error::Execution {
+                pipeline: sink.pipeline().to_string(),
+                batch,
+                task: Some(task),
+                message: format!("writer task failed: {e}"),
+                class: ErrorClass::Fatal,
+            })
+        });
+        match w {
+            Ok(o) => outputs.extend(o),
+            Err(e) if first_err.is_none() => first_err = Some(e),
+            Err(_) => {}
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(outputs),
     }
 }

@@ -134,7 +134,7 @@ impl Source {
 
     /// Whether `key` names an input file: the right ending, and no hidden or
     /// underscore-prefixed segment (temporary files, markers, metadata).
-    pub fn is_input(&self, key: &str) -> bool {
+    pub(crate) fn is_input(&self, key: &str) -> bool {
         key.ends_with(&self.extension())
             && !key
                 .split('/')
@@ -144,7 +144,9 @@ impl Source {
     /// The declared schema as Arrow, if declared. A spec read back from a
     /// checkpoint was not parsed from a file, so its types are checked here
     /// too.
-    pub fn declared_schema(&self) -> std::result::Result<Option<SchemaRef>, schema::BadColumn> {
+    pub(crate) fn declared_schema(
+        &self,
+    ) -> std::result::Result<Option<SchemaRef>, schema::BadColumn> {
         self.schema.as_deref().map(schema::schema_of).transpose()
     }
 }
@@ -218,11 +220,13 @@ pub struct Pipeline {
 mod location_serde {
     use super::Location;
 
-    pub fn serialize<S: serde::Serializer>(l: &Location, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: serde::Serializer>(l: &Location, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&l.display())
     }
 
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Location, D::Error> {
+    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Location, D::Error> {
         let s: String = serde::Deserialize::deserialize(d)?;
         Location::parse(&s, std::path::Path::new("/")).map_err(serde::de::Error::custom)
     }

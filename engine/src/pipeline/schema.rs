@@ -37,7 +37,7 @@ impl fmt::Display for BadColumn {
 
 /// The Arrow schema of `cols`; a type that does not parse is an error
 /// naming the column, never a silent fallback.
-pub fn schema_of(cols: &[ColumnSpec]) -> Result<SchemaRef, BadColumn> {
+pub(crate) fn schema_of(cols: &[ColumnSpec]) -> Result<SchemaRef, BadColumn> {
     let fields = cols
         .iter()
         .enumerate()
@@ -56,7 +56,7 @@ pub fn schema_of(cols: &[ColumnSpec]) -> Result<SchemaRef, BadColumn> {
 
 /// The column list of an Arrow schema (names, types, nullability only:
 /// file metadata does not belong in a pin).
-pub fn columns_of(schema: &Schema) -> Vec<ColumnSpec> {
+pub(crate) fn columns_of(schema: &Schema) -> Vec<ColumnSpec> {
     schema
         .fields()
         .iter()
@@ -69,7 +69,7 @@ pub fn columns_of(schema: &Schema) -> Vec<ColumnSpec> {
 }
 
 /// The first difference between a pinned schema and a declared one, if any.
-pub fn schema_change(old: &Schema, new: &Schema) -> Option<String> {
+pub(crate) fn schema_change(old: &Schema, new: &Schema) -> Option<String> {
     for f in old.fields() {
         match new.field_with_name(f.name()) {
             Err(_) => return Some(format!("column {} removed", f.name())),

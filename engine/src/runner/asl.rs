@@ -63,7 +63,8 @@ pub trait TaskInvoker: Send + Sync {
 }
 
 /// Waits for Retry intervals and Wait states (tests record instead).
-pub type Sleeper = Arc<dyn Fn(Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+pub(crate) type Sleeper =
+    Arc<dyn Fn(Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 /// A parsed, checked state machine.
 #[derive(Debug, Clone)]
@@ -132,100 +133,121 @@ impl StateMachine {
             return Err(err(format!("{scope}StartAt names no state: {start_at}")));
         }
         for (name, s) in &states {
-            let kind = s["Type"].as_str().unwrap_or_default();
-            let Some(extra) = allowed(kind) else {
-                return Err(err(format!(
-                    "state {scope}{name}: Type \"{kind}\" is not supported by the local runner"
-                )));
-            };
-            for field in s.as_object().into_iter().flat_map(|o| o.keys()) {
-                if !COMMON.contains(&field.as_str()) && !extra.contains(&field.as_str()) {
-                    return Err(err(format!(
-                        "state {scope}{name}: field {field} is not supported by the local runner"
-                    )));
-                }
-            }
-            if !matches!(kind, "Choice" | "Succeed" | "Fail") {
-                match (&s["Next"], &s["End"]) {
-                    (Value::String(n), Value::Null) if states.contains_key(n) => {}
-                    (Value::Null, Value::Bool(true)) => {}
-                    _ => {
-                        return Err(err(format!(
-                            "state {scope}{name}: needs Next naming a state, or End: true"
-                        )));
-                    }
-                }
-            }
-            for c in s["Catch"].as_array().into_iter().flatten() {
-                if !c["Next"].as_str().is_some_and(|n| states.contains_key(n)) {
-                    return Err(err(format!(
-                        "state {scope}{name}: a Catch has no valid Next"
-                    )));
-                }
-            }
-            if kind == "Map" {
-                let processor = if s["ItemProcessor"].is_object() {
-                    &s["ItemProcessor"]
-                } else {
-                    &s["Iterator"]
-                };
-                let config = &processor["ProcessorConfig"];
-                let distributed = match config["Mode"].as_str() {
-                    None | Some("INLINE") => false,
-                    Some("DISTRIBUTED") => true,
-                    Some(mode) => {
-                        return Err(err(format!(
-                            "state {scope}{name}: Map mode {mode} is not supported by the local runner"
-                        )));
-                    }
-                };
-                if let Some(t) = config.get("ExecutionType")
-                    && !matches!(t.as_str(), Some("STANDARD" | "EXPRESS"))
-                {
-                    return Err(err(format!(
-                        "state {scope}{name}: ExecutionType {t} is not STANDARD or EXPRESS"
-                    )));
-                }
-                if let Some(reader) = s.get("ItemReader") {
-                    if !distributed {
-                        return Err(err(format!(
-                            "state {scope}{name}: ItemReader needs ProcessorConfig Mode DISTRIBUTED"
-                        )));
-                    }
-                    for field in reader.as_object().into_iter().flat_map(|o| o.keys()) {
-                        if !["Resource", "ReaderConfig", "Parameters"].contains(&field.as_str()) {
-                            return Err(err(format!(
-                                "state {scope}{name}: ItemReader field {field} is not supported by \
-                                 the local runner"
-                            )));
-                        }
-                    }
-                    if reader["Resource"] != "arn:aws:states:::s3:getObject"
-                        || reader["ReaderConfig"] != json!({"InputType": "JSON"})
-                    {
-                        return Err(err(format!(
-                            "state {scope}{name}: the local runner reads only a JSON array \
-                             (ItemReader arn:aws:states:::s3:getObject, InputType JSON)"
-                        )));
-                    }
-                }
-                Self::from_value(processor, &format!("{scope}{name}/"))?;
-            }
-            if kind == "Choice" {
-                for c in s["Choices"].as_array().into_iter().flatten() {
-                    if !c["Next"].as_str().is_some_and(|n| states.contains_key(n)) {
-                        return Err(err(format!(
-                            "state {scope}{name}: a choice has no valid Next"
-                        )));
-                    }
-                }
-            }
+            Self::check_state(&states, scope, name, s)?;
         }
         Ok(StateMachine {
             start_at,
             states,
             timeout: v["TimeoutSeconds"].as_f64(),
         })
+    }
+
+    /// Checks one state: a type the local runner knows, only fields it
+    /// supports, and transitions (Next, Catch, Choices) naming states.
+    fn check_state(
+        states: &BTreeMap<String, Value>,
+        scope: &str,
+        name: &str,
+        s: &Value,
+    ) -> Result<(), DefinitionError> {
+        let err = |m: String| DefinitionError(m);
+        let kind = s["Type"].as_str().unwrap_or_default();
+        let Some(extra) = allowed(kind) else {
+            return Err(err(format!(
+                "state {scope}{name}: Type \"{kind}\" is not supported by the local runner"
+            )));
+        };
+        for field in s.as_object().into_iter().flat_map(|o| o.keys()) {
+            if !COMMON.contains(&field.as_str()) && !extra.contains(&field.as_str()) {
+                return Err(err(format!(
+                    "state {scope}{name}: field {field} is not supported by the local runner"
+                )));
+            }
+        }
+        if !matches!(kind, "Choice" | "Succeed" | "Fail") {
+            match (&s["Next"], &s["End"]) {
+                (Value::String(n), Value::Null) if states.contains_key(n) => {}
+                (Value::Null, Value::Bool(true)) => {}
+                _ => {
+                    return Err(err(format!(
+                        "state {scope}{name}: needs Next naming a state, or End: true"
+                    )));
+                }
+            }
+        }
+        for c in s["Catch"].as_array().into_iter().flatten() {
+            if !c["Next"].as_str().is_some_and(|n| states.contains_key(n)) {
+                return Err(err(format!(
+                    "state {scope}{name}: a Catch has no valid Next"
+                )));
+            }
+        }
+        if kind == "Map" {
+            Self::check_map(scope, name, s)?;
+        }
+        if kind == "Choice" {
+            for c in s["Choices"].as_array().into_iter().flatten() {
+                if !c["Next"].as_str().is_some_and(|n| states.contains_key(n)) {
+                    return Err(err(format!(
+                        "state {scope}{name}: a choice has no valid Next"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks a Map state: its mode, execution type and item reader, and
+    /// its processor as a state machine of its own.
+    fn check_map(scope: &str, name: &str, s: &Value) -> Result<(), DefinitionError> {
+        let err = |m: String| DefinitionError(m);
+        let processor = if s["ItemProcessor"].is_object() {
+            &s["ItemProcessor"]
+        } else {
+            &s["Iterator"]
+        };
+        let config = &processor["ProcessorConfig"];
+        let distributed = match config["Mode"].as_str() {
+            None | Some("INLINE") => false,
+            Some("DISTRIBUTED") => true,
+            Some(mode) => {
+                return Err(err(format!(
+                    "state {scope}{name}: Map mode {mode} is not supported by the local runner"
+                )));
+            }
+        };
+        if let Some(t) = config.get("ExecutionType")
+            && !matches!(t.as_str(), Some("STANDARD" | "EXPRESS"))
+        {
+            return Err(err(format!(
+                "state {scope}{name}: ExecutionType {t} is not STANDARD or EXPRESS"
+            )));
+        }
+        if let Some(reader) = s.get("ItemReader") {
+            if !distributed {
+                return Err(err(format!(
+                    "state {scope}{name}: ItemReader needs ProcessorConfig Mode DISTRIBUTED"
+                )));
+            }
+            for field in reader.as_object().into_iter().flat_map(|o| o.keys()) {
+                if !["Resource", "ReaderConfig", "Parameters"].contains(&field.as_str()) {
+                    return Err(err(format!(
+                        "state {scope}{name}: ItemReader field {field} is not supported by \
+                         the local runner"
+                    )));
+                }
+            }
+            if reader["Resource"] != "arn:aws:states:::s3:getObject"
+                || reader["ReaderConfig"] != json!({"InputType": "JSON"})
+            {
+                return Err(err(format!(
+                    "state {scope}{name}: the local runner reads only a JSON array \
+                     (ItemReader arn:aws:states:::s3:getObject, InputType JSON)"
+                )));
+            }
+        }
+        Self::from_value(processor, &format!("{scope}{name}/"))?;
+        Ok(())
     }
 
     /// Run an execution with `input` to its end.
@@ -282,15 +304,7 @@ impl StateMachine {
         let next = s["Next"].as_str().map(str::to_string);
         let kind = s["Type"].as_str().unwrap_or_default();
         if kind == "Fail" {
-            let error = match s["ErrorPath"].as_str() {
-                Some(p) => text(&get(p, &raw_input, context)?),
-                None => s["Error"].as_str().unwrap_or("States.Fail").to_string(),
-            };
-            let cause = match s["CausePath"].as_str() {
-                Some(p) => text(&get(p, &raw_input, context)?),
-                None => s["Cause"].as_str().unwrap_or_default().to_string(),
-            };
-            return Err(Failure { error, cause });
+            return Err(failure_of(s, &raw_input, context)?);
         }
         let input = match &s["InputPath"] {
             Value::Null if s.get("InputPath").is_some() => json!({}),
@@ -299,21 +313,13 @@ impl StateMachine {
         };
         let outcome: Result<(Option<String>, Value), Failure> = match kind {
             "Succeed" => return Ok((None, output(s, input, context)?)),
-            "Choice" => {
-                for rule in s["Choices"].as_array().into_iter().flatten() {
-                    if matches(rule, &input, context)? {
-                        let to = rule["Next"].as_str().map(str::to_string);
-                        return Ok((to, output(s, input, context)?));
-                    }
-                }
-                match s["Default"].as_str() {
-                    Some(d) => return Ok((Some(d.to_string()), output(s, input, context)?)),
-                    None => Err(Failure::new(
-                        "States.NoChoiceMatched",
-                        format!("state {name}: no choice matched and no Default"),
-                    )),
-                }
-            }
+            "Choice" => match choose(s, &input, context)? {
+                Some(to) => return Ok((Some(to), output(s, input, context)?)),
+                None => Err(Failure::new(
+                    "States.NoChoiceMatched",
+                    format!("state {name}: no choice matched and no Default"),
+                )),
+            },
             "Wait" => {
                 let secs = match s["SecondsPath"].as_str() {
                     Some(p) => get(p, &input, context)?.as_f64().unwrap_or(0.0),
@@ -353,16 +359,7 @@ impl StateMachine {
         };
         match outcome {
             Ok(r) => Ok(r),
-            Err(f) => {
-                for c in s["Catch"].as_array().into_iter().flatten() {
-                    if error_matches(c, &f.error) {
-                        let caught = json!({ "Error": f.error, "Cause": f.cause });
-                        let merged = place(c, &raw_input, caught)?;
-                        return Ok((c["Next"].as_str().map(str::to_string), merged));
-                    }
-                }
-                Err(f)
-            }
+            Err(f) => catch(s, &raw_input, f),
         }
     }
 
@@ -763,6 +760,44 @@ fn matches(rule: &Value, data: &Value, context: &Value) -> Result<bool, Failure>
     Err(Failure::runtime(format!(
         "choice rule on {var} has no operator"
     )))
+}
+
+/// The failure a Fail state ends the execution with (Error/ErrorPath,
+/// Cause/CausePath).
+fn failure_of(s: &Value, input: &Value, context: &Value) -> Result<Failure, Failure> {
+    let error = match s["ErrorPath"].as_str() {
+        Some(p) => text(&get(p, input, context)?),
+        None => s["Error"].as_str().unwrap_or("States.Fail").to_string(),
+    };
+    let cause = match s["CausePath"].as_str() {
+        Some(p) => text(&get(p, input, context)?),
+        None => s["Cause"].as_str().unwrap_or_default().to_string(),
+    };
+    Ok(Failure { error, cause })
+}
+
+/// The state a Choice state goes to: the first matching rule's Next, else
+/// its Default; None when neither.
+fn choose(s: &Value, input: &Value, context: &Value) -> Result<Option<String>, Failure> {
+    for rule in s["Choices"].as_array().into_iter().flatten() {
+        if matches(rule, input, context)? {
+            return Ok(rule["Next"].as_str().map(str::to_string));
+        }
+    }
+    Ok(s["Default"].as_str().map(str::to_string))
+}
+
+/// The first Catch of state `s` matching `f` goes to its Next with the
+/// error placed by its ResultPath; no match fails the execution with `f`.
+fn catch(s: &Value, raw_input: &Value, f: Failure) -> Result<(Option<String>, Value), Failure> {
+    for c in s["Catch"].as_array().into_iter().flatten() {
+        if error_matches(c, &f.error) {
+            let caught = json!({ "Error": f.error, "Cause": f.cause });
+            let merged = place(c, raw_input, caught)?;
+            return Ok((c["Next"].as_str().map(str::to_string), merged));
+        }
+    }
+    Err(f)
 }
 
 #[cfg(test)]

@@ -18,19 +18,19 @@ use crate::handlers::{self, CommitRequest, Context, PlanOutcome, PlanRequest, Ta
 use asl::{Failure, Sleeper, StateMachine, TaskInvoker};
 
 /// The state machine definition, compiled in from `statemachines/`.
-pub const DEFINITION: &str = include_str!("../../../statemachines/microbatch.asl.json");
+pub(crate) const DEFINITION: &str = include_str!("../../../statemachines/microbatch.asl.json");
 
 /// Task resources of the definition, as SAM substitutes them.
-pub const PLANNER: &str = "${PlannerFunctionArn}";
+pub(crate) const PLANNER: &str = "${PlannerFunctionArn}";
 /// The operator function's resource.
-pub const OPERATOR: &str = "${OperatorFunctionArn}";
+pub(crate) const OPERATOR: &str = "${OperatorFunctionArn}";
 /// The committer function's resource.
-pub const COMMITTER: &str = "${CommitterFunctionArn}";
+pub(crate) const COMMITTER: &str = "${CommitterFunctionArn}";
 /// The trigger function: the Continue step wakes the pipeline again when an
 /// execution used its batch budget.
-pub const TRIGGER: &str = "${TriggerFunctionArn}";
+pub(crate) const TRIGGER: &str = "${TriggerFunctionArn}";
 /// The Distributed Map's ItemReader resource (the task list in S3).
-pub const ITEM_READER: &str = "arn:aws:states:::s3:getObject";
+pub(crate) const ITEM_READER: &str = "arn:aws:states:::s3:getObject";
 
 /// One committed batch, as reported to the user.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,7 +78,7 @@ pub struct RunSummary {
 }
 
 /// A real sleep, for Retry intervals and Wait states.
-pub fn real_sleep() -> Sleeper {
+pub(crate) fn real_sleep() -> Sleeper {
     Arc::new(|d: Duration| Box::pin(tokio::time::sleep(d)))
 }
 

@@ -40,6 +40,11 @@ impl ParquetSink {
         }
     }
 
+    /// The pipeline whose output this sink holds.
+    pub fn pipeline(&self) -> &str {
+        &self.pipeline
+    }
+
     /// The underlying store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
@@ -57,7 +62,7 @@ impl ParquetSink {
 
     /// Write one output partition of a task as one or more Parquet parts.
     /// Returns the files written (none for an empty partition).
-    pub async fn write_partition(
+    pub(crate) async fn write_partition(
         &self,
         epoch: u64,
         batch: u64,
@@ -148,7 +153,7 @@ impl ParquetSink {
     /// Delete part files of a task that an earlier attempt of this run
     /// wrote and this attempt did not. Files of other runs are left alone:
     /// they may be committed (this run may have lost its lease).
-    pub async fn remove_stale_parts(
+    pub(crate) async fn remove_stale_parts(
         &self,
         epoch: u64,
         batch: u64,
@@ -171,7 +176,11 @@ impl ParquetSink {
     /// After batch `batch` is committed with `outputs`: delete every other
     /// file under the batch's folder (attempts of runs that died or lost
     /// their lease), so the folder holds exactly the committed files.
-    pub async fn remove_uncommitted(&self, batch: u64, outputs: &[OutputFile]) -> Result<()> {
+    pub(crate) async fn remove_uncommitted(
+        &self,
+        batch: u64,
+        outputs: &[OutputFile],
+    ) -> Result<()> {
         for meta in self
             .store
             .list(&paths::sink::batch_prefix(batch), None)
@@ -186,7 +195,7 @@ impl ParquetSink {
 
     /// Check that every output of a batch is present with its size, before
     /// committing it.
-    pub async fn verify(&self, batch: u64, outputs: &[OutputFile]) -> Result<()> {
+    pub(crate) async fn verify(&self, batch: u64, outputs: &[OutputFile]) -> Result<()> {
         let listed = self
             .store
             .list(&paths::sink::batch_prefix(batch), None)

@@ -11,7 +11,7 @@ use super::Store;
 use crate::error::Result;
 
 /// How many inbox or claim requests a trigger or run keeps in flight.
-pub const CONCURRENT_REQUESTS: usize = 32;
+pub(crate) const CONCURRENT_REQUESTS: usize = 32;
 
 /// Apply `op` to every item with up to [`CONCURRENT_REQUESTS`] in flight;
 /// results in input order, the first error returned.
@@ -27,7 +27,7 @@ where
 }
 
 /// Delete `keys` from `store`, concurrently.
-pub async fn delete_all(store: &Arc<dyn Store>, keys: Vec<String>) -> Result<()> {
+pub(crate) async fn delete_all(store: &Arc<dyn Store>, keys: Vec<String>) -> Result<()> {
     concurrently(keys, |key| {
         let store = store.clone();
         async move { Ok(store.delete(&key).await?) }

@@ -109,7 +109,7 @@ pub enum RequestKind {
 }
 
 /// Keys in one page of an S3 listing (ListObjectsV2's maximum).
-pub const LIST_PAGE: usize = 1000;
+pub(crate) const LIST_PAGE: usize = 1000;
 
 /// Request counters of one store, by kind.
 #[derive(Debug, Default)]
@@ -119,14 +119,14 @@ pub struct RequestCounter {
 
 impl RequestCounter {
     /// Count one request of `kind`.
-    pub fn add(&self, kind: RequestKind) {
+    pub(crate) fn add(&self, kind: RequestKind) {
         self.counts[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Count the pages S3 would return for a listing of `keys` objects
     /// (ListObjectsV2 returns at most [`LIST_PAGE`] keys a page), so stores
     /// that list in one call report what the same listing costs on S3.
-    pub fn add_listing(&self, keys: usize) {
+    pub(crate) fn add_listing(&self, keys: usize) {
         let pages = keys.div_ceil(LIST_PAGE).max(1) as u64;
         self.counts[RequestKind::List as usize].fetch_add(pages, Ordering::Relaxed);
     }
@@ -397,7 +397,11 @@ fn normalize(path: &std::path::Path) -> PathBuf {
 /// and are permanent; the rest (throttling, 5xx, timeouts, connection
 /// errors, which `object_store` has already retried with backoff) may pass
 /// and are transient. A missing object is the caller's to handle.
-pub fn object_store_error(op: &'static str, location: &str, e: &object_store::Error) -> StoreError {
+pub(crate) fn object_store_error(
+    op: &'static str,
+    location: &str,
+    e: &object_store::Error,
+) -> StoreError {
     use object_store::Error as E;
     let location = location.to_string();
     let message = e.to_string();

@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// The largest event the trigger accepts (Lambda's asynchronous limit).
-pub const MAX_EVENT_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_EVENT_BYTES: usize = 256 * 1024;
 
 /// A parsed trigger event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,29 +164,7 @@ fn parse_value(value: Value) -> Result<Event> {
             .and_then(Value::as_str)
             == Some("aws:sns");
         return if from_sns {
-            let ev: SnsEvent = typed(value, "an SNS event")?;
-            let mut objects = Vec::new();
-            let mut skipped = 0;
-            for r in &ev.records {
-                let inner: Value = serde_json::from_str(&r.sns.message).map_err(|e| {
-                    refused(format!(
-                        "SNS message {} is not JSON ({e}); expected an S3 event notification",
-                        r.sns.message_id
-                    ))
-                })?;
-                if inner.get("Event").and_then(Value::as_str) == Some("s3:TestEvent") {
-                    skipped += 1;
-                    continue;
-                }
-                let (o, s) = s3_objects(typed(inner, "an S3 event inside an SNS message")?)?;
-                objects.extend(o);
-                skipped += s;
-            }
-            Ok(Event::Objects {
-                via: Via::Sns,
-                objects,
-                skipped,
-            })
+            sns_objects(value)
         } else {
             let (objects, skipped) = s3_objects(typed(value, "an S3 event notification")?)?;
             Ok(Event::Objects {
@@ -204,31 +182,7 @@ fn parse_value(value: Value) -> Result<Event> {
         });
     }
     if obj.contains_key("detail-type") {
-        let ev: EventBridgeEvent = typed(value, "an EventBridge event")?;
-        return match (ev.source.as_str(), ev.detail_type.as_str()) {
-            ("aws.events" | "aws.scheduler", "Scheduled Event") => Ok(Event::Schedule {
-                rule: ev.resources.and_then(|r| r.into_iter().next()),
-            }),
-            ("aws.s3", "Object Created") => {
-                let d: ObjectCreatedDetail = typed(ev.detail, "an S3 Object Created detail")?;
-                // EventBridge carries keys as stored (the S3 user guide's
-                // examples show no form encoding), unlike bucket
-                // notifications.
-                Ok(Event::Objects {
-                    via: Via::EventBridge,
-                    objects: vec![ObjectRef {
-                        bucket: d.bucket.name,
-                        key: d.object.key,
-                        size: d.object.size,
-                    }],
-                    skipped: 0,
-                })
-            }
-            (source, detail_type) => Err(refused(format!(
-                "EventBridge event from \"{source}\" of type \"{detail_type}\" is not a trigger; \
-                 send \"Scheduled Event\" (aws.events) or S3 \"Object Created\" (aws.s3)"
-            ))),
-        };
+        return eventbridge(typed(value, "an EventBridge event")?);
     }
     if obj.contains_key("pipeline") {
         let m: ManualRefresh = typed(value, "a manual refresh {\"pipeline\": NAME}")?;
@@ -242,6 +196,62 @@ fn parse_value(value: Value) -> Result<Event> {
          message carrying one, an EventBridge \"Scheduled Event\" or S3 \"Object Created\" \
          event, or a manual refresh {\"pipeline\": NAME}; nothing was started",
     ))
+}
+
+/// The S3 objects of an SNS event whose messages carry S3 notifications
+/// (test events are counted as skipped).
+fn sns_objects(value: Value) -> Result<Event> {
+    let ev: SnsEvent = typed(value, "an SNS event")?;
+    let mut objects = Vec::new();
+    let mut skipped = 0;
+    for r in &ev.records {
+        let inner: Value = serde_json::from_str(&r.sns.message).map_err(|e| {
+            refused(format!(
+                "SNS message {} is not JSON ({e}); expected an S3 event notification",
+                r.sns.message_id
+            ))
+        })?;
+        if inner.get("Event").and_then(Value::as_str) == Some("s3:TestEvent") {
+            skipped += 1;
+            continue;
+        }
+        let (o, s) = s3_objects(typed(inner, "an S3 event inside an SNS message")?)?;
+        objects.extend(o);
+        skipped += s;
+    }
+    Ok(Event::Objects {
+        via: Via::Sns,
+        objects,
+        skipped,
+    })
+}
+
+/// An EventBridge schedule or S3 "Object Created" event.
+fn eventbridge(ev: EventBridgeEvent) -> Result<Event> {
+    match (ev.source.as_str(), ev.detail_type.as_str()) {
+        ("aws.events" | "aws.scheduler", "Scheduled Event") => Ok(Event::Schedule {
+            rule: ev.resources.and_then(|r| r.into_iter().next()),
+        }),
+        ("aws.s3", "Object Created") => {
+            let d: ObjectCreatedDetail = typed(ev.detail, "an S3 Object Created detail")?;
+            // EventBridge carries keys as stored (the S3 user guide's
+            // examples show no form encoding), unlike bucket
+            // notifications.
+            Ok(Event::Objects {
+                via: Via::EventBridge,
+                objects: vec![ObjectRef {
+                    bucket: d.bucket.name,
+                    key: d.object.key,
+                    size: d.object.size,
+                }],
+                skipped: 0,
+            })
+        }
+        (source, detail_type) => Err(refused(format!(
+            "EventBridge event from \"{source}\" of type \"{detail_type}\" is not a trigger; \
+             send \"Scheduled Event\" (aws.events) or S3 \"Object Created\" (aws.s3)"
+        ))),
+    }
 }
 
 fn typed<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T> {

@@ -18,8 +18,9 @@ mod route;
 mod sfn;
 mod wake;
 
-pub use events::{Event, MAX_EVENT_BYTES, ManualRefresh, ObjectRef, Via, decode_key, parse_event};
-pub use route::{Routing, concerns, input_key, is_plain_key, route};
+pub use events::{Event, ManualRefresh, ObjectRef, Via, decode_key, parse_event};
+pub(crate) use route::input_key;
+pub use route::{Routing, route};
 pub use sfn::{ExecutionEnd, StepFunctions};
 pub use wake::{
     ExecutionState, Executions, Started, Wake, WakeOutcome, decide_wake, execution_input,
@@ -33,7 +34,6 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::handlers::Context;
 use crate::pipeline::{DiscoveryMode, Pipeline};
-use crate::storage::Store;
 
 /// Notify mode: record the objects of `event` that are input files of the
 /// pipeline in its inbox (the size is 0 when the notification gave none).
@@ -50,16 +50,6 @@ async fn record_inbox(ctx: &Context, event: &Event) -> Result<()> {
         .filter_map(|o| input_key(p, o).map(|k| (k.to_string(), o.size.unwrap_or(0))))
         .collect();
     crate::discovery::record_notified(ctx.checkpoint.store(), files).await
-}
-
-/// The pipelines registered under a checkpoint root (`sluice register`).
-pub async fn registered_names(root: &dyn Store) -> Result<Vec<String>> {
-    let listed = root.list(crate::paths::registry::PREFIX, None).await?;
-    Ok(listed
-        .iter()
-        .filter_map(|m| crate::paths::registry::pipeline_of(&m.key))
-        .map(str::to_string)
-        .collect())
 }
 
 /// What one trigger invocation did.

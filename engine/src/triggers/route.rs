@@ -9,7 +9,7 @@ use crate::storage::Location;
 
 /// Whether `key` is a plain object key: no empty, `.` or `..` segment, no
 /// leading `/`, no control characters.
-pub fn is_plain_key(key: &str) -> bool {
+pub(crate) fn is_plain_key(key: &str) -> bool {
     !key.is_empty()
         && !key.chars().any(char::is_control)
         && key
@@ -18,13 +18,13 @@ pub fn is_plain_key(key: &str) -> bool {
 }
 
 /// Whether the created object `o` is an input file of `p`.
-pub fn concerns(p: &Pipeline, o: &ObjectRef) -> bool {
+pub(crate) fn concerns(p: &Pipeline, o: &ObjectRef) -> bool {
     input_key(p, o).is_some()
 }
 
 /// The key of `o` relative to `p`'s source root, if `o` is an input file
 /// of `p`.
-pub fn input_key<'a>(p: &Pipeline, o: &'a ObjectRef) -> Option<&'a str> {
+pub(crate) fn input_key<'a>(p: &Pipeline, o: &'a ObjectRef) -> Option<&'a str> {
     let Location::S3 { bucket, prefix } = &p.source.location else {
         return None;
     };
