@@ -120,6 +120,32 @@ pub mod sink {
         format!("-e{epoch}.parquet")
     }
 
+    /// Prefix under which tasks write their parts, before the commit
+    /// publishes them: readers that glob the sink (`**/*.parquet`, Hive,
+    /// Spark, Athena skip `_` folders) never see a staged part.
+    pub(crate) const STAGING_PREFIX: &str = "_sluice/staging/";
+
+    /// Where a part to be published as `part` (a key from [`part`]) is
+    /// staged. The `.staged` ending keeps it out of `*.parquet` globs.
+    pub(crate) fn staged(part: &str) -> String {
+        format!("{STAGING_PREFIX}{part}.staged")
+    }
+
+    /// The published key of staged part `staged`.
+    pub(crate) fn published(staged: &str) -> Option<&str> {
+        staged.strip_prefix(STAGING_PREFIX)?.strip_suffix(".staged")
+    }
+
+    /// The batch a staged part belongs to.
+    pub(crate) fn staged_batch(staged: &str) -> Option<u64> {
+        let rest = published(staged)?.strip_prefix("batch=")?;
+        rest.split('/').next()?.parse().ok()
+    }
+
+    /// The sink's owner record: which pipeline, and which history of it
+    /// (one checkpoint's life), writes here.
+    pub const OWNER: &str = "_sluice/sink.json";
+
     /// Prefix of the manifests.
     pub(crate) const MANIFEST_PREFIX: &str = "_sluice/manifest/";
 
@@ -143,6 +169,13 @@ mod tests {
         );
         assert!(sink::part(3, 1, 2, 7).starts_with(&sink::task_prefix(3, 1)));
         assert!(sink::part(3, 1, 2, 7).ends_with(&sink::epoch_suffix(7)));
+        let staged = sink::staged(&sink::part(3, 1, 2, 7));
+        assert!(!staged.ends_with(".parquet"), "{staged}");
+        assert_eq!(
+            sink::published(&staged),
+            Some(sink::part(3, 1, 2, 7).as_str())
+        );
+        assert_eq!(sink::staged_batch(&staged), Some(3));
     }
 
     #[test]

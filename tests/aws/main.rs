@@ -624,11 +624,17 @@ max_files_per_batch = 2
     let end = wait_execution(&sfn, &stack, "taxi", e6).await;
     // AWS reports ABORTED. moto 5.2.5 marks the execution ABORTED, but its
     // interpreter thread goes on when the held task returns and ends it
-    // FAILED with States.Runtime (AttributeError) instead; either way it
-    // must not succeed, and below it must have committed nothing.
+    // FAILED instead: with Sluice.Conflict (the task, fenced, refuses to
+    // write for a lease its run no longer holds) or States.Runtime
+    // (moto's AttributeError). Either way it must not succeed, and below
+    // it must have committed nothing.
     assert!(
         end.status == "ABORTED"
-            || (end.status == "FAILED" && end.error.as_deref() == Some("States.Runtime")),
+            || (end.status == "FAILED"
+                && matches!(
+                    end.error.as_deref(),
+                    Some("States.Runtime" | "Sluice.Conflict")
+                )),
         "{end:?}"
     );
     let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();

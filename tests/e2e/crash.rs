@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_engine::handlers::Context;
+use sluice_engine::operators::SqlOperator;
 
 use crate::support::*;
 
@@ -55,6 +56,18 @@ async fn failing_any_write_then_rerunning_gives_the_clean_output() {
         assert!(
             failed.is_err(),
             "write {k} was injected to fail, yet the run succeeded"
+        );
+        // A reader globbing the sink now sees committed rows only, each
+        // once (a batch whose publish was cut short shows some of its
+        // parts: they are committed, and recovery publishes the rest).
+        let seen = globbed_rows(&dir.path().join("out/sink")).await;
+        let reader = faulty_context(dir.path(), Arc::new(AtomicU64::new(0)), 0);
+        let committed = committed_input_rows(dir.path(), &reader).await;
+        assert!(
+            is_sub_multiset(&seen, &committed),
+            "after failing write {k}, a glob over the sink sees {} rows that are not committed \
+             rows each once",
+            seen.len()
         );
 
         let again = run(&faulty_context(dir.path(), Arc::new(AtomicU64::new(0)), 0))
@@ -181,14 +194,34 @@ async fn a_run_that_lost_its_lease_cannot_change_committed_output() {
     };
     let before = snapshot(&sink.join("batch=0000000000"));
 
-    // A wakes up: its task writes only files of its own epoch, and its
-    // commit is refused.
-    let task = handlers::operate(&a, &run_a, batch.batch, 0).await.unwrap();
-    assert!(
-        task.outputs
-            .iter()
-            .all(|o| o.key.ends_with(&format!("-e{}.parquet", run_a.epoch)))
+    // A wakes up: its task is fenced (the lease is B's) and writes nothing.
+    let fenced = handlers::operate(&a, &run_a, batch.batch, 0)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        fenced.class(),
+        sluice_engine::ErrorClass::Conflict,
+        "{fenced}"
     );
+    assert_eq!(snapshot(&sink.join("batch=0000000000")), before);
+
+    // A task of A that passed the fence before B took over and writes only
+    // now: its parts stay staged, where a glob does not look.
+    let off = a.checkpoint.offsets(batch.batch).await.unwrap().unwrap();
+    let op = SqlOperator::new(a.pipeline.clone(), a.schema().await.unwrap());
+    let late = op
+        .run(
+            a.source.as_ref(),
+            &a.sink,
+            run_a.epoch,
+            batch.batch,
+            &off.inputs,
+            &off.tasks[0],
+        )
+        .await
+        .unwrap();
+    assert!(late.rows_out > 0);
+    assert!(!staged_files(&sink).is_empty());
     let err = handlers::commit(&a, &run_a, batch.batch).await.unwrap_err();
     assert_eq!(err.class(), sluice_engine::ErrorClass::Conflict, "{err}");
     let after: Vec<_> = snapshot(&sink.join("batch=0000000000"))
@@ -198,6 +231,30 @@ async fn a_run_that_lost_its_lease_cannot_change_committed_output() {
     assert_eq!(after, before, "committed files changed");
     assert_eq!(committed_rows(&sink, "zombie").await, committed);
     assert_eq!(committed, one_shot_rows(&root.join("input")).await);
+    // Every reader sees each committed row once, globbing included.
+    let mut globbed = globbed_rows(&sink).await;
+    globbed.sort();
+    assert_eq!(globbed, committed);
+
+    // The next commit removes what A staged.
+    gen_files(&root.join("input"), 1, 50);
+    run(&local_context(&p)).await.unwrap();
+    assert_eq!(staged_files(&sink), Vec::<String>::new());
+}
+
+/// What the batches committed so far give, by DuckDB over their input
+/// files (named in the commit records).
+async fn committed_input_rows(root: &std::path::Path, ctx: &Context) -> Vec<String> {
+    let mut files = Vec::new();
+    let mut n = 0;
+    while let Some(c) = ctx.checkpoint.commit(n).await.unwrap() {
+        files.extend(c.input_keys.iter().map(|k| root.join("input").join(k)));
+        n += 1;
+    }
+    if files.is_empty() {
+        return Vec::new();
+    }
+    duckdb_rows(&files, SQL).await
 }
 
 fn walk(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
@@ -211,4 +268,45 @@ fn walk(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
             )
         })
         .collect()
+}
+
+/// Writes killed mid-way leave hidden temporary files in local folders;
+/// the run that recovers after them removes those of dead processes (and
+/// keeps a live process's).
+#[tokio::test(flavor = "multi_thread")]
+async fn recovery_removes_the_temporary_files_of_killed_writes() {
+    use sluice_engine::handlers::{self, PlanOutcome};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 2, 50);
+    let p = pipeline(root, &pipeline_toml("tmp", "parquet", "", ""));
+    // A run plans a batch and dies holding the lease.
+    let dead = local_context(&p);
+    let PlanOutcome::Batch { .. } = handlers::plan(&dead, None).await.unwrap() else {
+        panic!("a batch was planned");
+    };
+    // What its killed writes left: a staged part and a control write of a
+    // process that is gone (no pid is this large), and one of a live
+    // process (pid 1) that must stay.
+    let staging = root.join("out/sink/_sluice/staging/batch=0000000000");
+    std::fs::create_dir_all(&staging).unwrap();
+    let killed = [
+        staging.join(".part-00000-00000-e1.parquet.staged.4999999.0.tmp"),
+        root.join("out/checkpoint/tmp/.control.json.4999999.3.tmp"),
+    ];
+    let live = staging.join(".part-00000-00001-e1.parquet.staged.1.0.tmp");
+    for f in killed.iter().chain([&live]) {
+        std::fs::write(f, b"partial").unwrap();
+    }
+
+    let summary = run(&local_context(&p)).await.unwrap();
+    assert!(summary.batches[0].resumed);
+    for f in &killed {
+        assert!(!f.exists(), "{} was left", f.display());
+    }
+    assert!(live.exists(), "a live process's temporary file was removed");
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "tmp").await,
+        one_shot_rows(&root.join("input")).await
+    );
 }

@@ -169,6 +169,55 @@ async fn contract(store: Arc<dyn Store>) {
     let won = wins(swaps).await;
     assert_eq!(won, 1, "{what}: racing compare-and-swaps");
 
+    // Server-side copy: the whole object under the new key, replacing what
+    // was there; the source stays; a missing source copies nothing.
+    let puts_before = store.counts().put;
+    store
+        .put(
+            "copy/from x+y.bin",
+            Bytes::from("staged"),
+            PutMode::Overwrite,
+        )
+        .await
+        .unwrap();
+    store
+        .put("copy/to.bin", Bytes::from("old"), PutMode::Overwrite)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .copy("copy/from x+y.bin", "copy/to.bin")
+            .await
+            .unwrap(),
+        "{what}"
+    );
+    let to = store.get("copy/to.bin").await.unwrap().unwrap();
+    assert_eq!(to.bytes, Bytes::from("staged"), "{what}: copied bytes");
+    assert!(
+        store.get("copy/from x+y.bin").await.unwrap().is_some(),
+        "{what}"
+    );
+    assert!(
+        !store.copy("copy/missing", "copy/other.bin").await.unwrap(),
+        "{what}: copy of a missing key"
+    );
+    assert!(
+        store.get("copy/other.bin").await.unwrap().is_none(),
+        "{what}"
+    );
+    let listed = store.list("copy/", None).await.unwrap();
+    let keys: Vec<_> = listed.iter().map(|m| (m.key.as_str(), m.size)).collect();
+    assert_eq!(
+        keys,
+        [("copy/from x+y.bin", 6), ("copy/to.bin", 6)],
+        "{what}"
+    );
+    assert_eq!(
+        store.counts().put - puts_before,
+        4,
+        "{what}: a copy counts as a PUT"
+    );
+
     let used = store.counts().since(&before);
     assert!(
         used.get >= 6

@@ -121,6 +121,63 @@ pub async fn committed_rows(sink_dir: &Path, name: &str) -> Vec<String> {
     rows_of(&batches)
 }
 
+/// The rows a reader that globs the sink sees: DuckDB's
+/// `read_parquet('SINK/**/*.parquet')` (as Athena over the prefix or a
+/// downstream job would read it), manifests ignored.
+pub async fn globbed_rows(sink_dir: &Path) -> Vec<String> {
+    fn any_parquet(dir: &Path) -> bool {
+        std::fs::read_dir(dir).into_iter().flatten().any(|e| {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                any_parquet(&p)
+            } else {
+                p.extension().is_some_and(|x| x == "parquet")
+            }
+        })
+    }
+    if !any_parquet(sink_dir) {
+        return Vec::new();
+    }
+    let glob = sink_dir.join("**").join("*.parquet");
+    // Without Hive partitioning: the `batch=N` folders would add a column.
+    duckdb_read(
+        &[glob],
+        ", hive_partitioning = false",
+        "SELECT * FROM trips",
+    )
+    .await
+}
+
+/// Every file left under the sink's staging folder, hidden ones included.
+pub fn staged_files(sink_dir: &Path) -> Vec<String> {
+    fn walk(dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else {
+                out.push(p.display().to_string());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&sink_dir.join("_sluice/staging"), &mut out);
+    out
+}
+
+/// Whether every row of `part` is in `whole`, each at most as often.
+pub fn is_sub_multiset(part: &[String], whole: &[String]) -> bool {
+    let mut left: std::collections::HashMap<&String, i64> = Default::default();
+    for r in whole {
+        *left.entry(r).or_default() += 1;
+    }
+    part.iter().all(|r| {
+        let n = left.entry(r).or_default();
+        *n -= 1;
+        *n >= 0
+    })
+}
+
 /// Parquet files in the sink folder that no manifest names.
 pub async fn orphan_files(sink_dir: &Path, name: &str) -> Vec<String> {
     let store = Arc::new(LocalStore::new(sink_dir.to_path_buf()));
@@ -240,6 +297,19 @@ pub async fn assert_recovered(
         Vec::<String>::new(),
         "uncommitted files left after failing write {k}"
     );
+    let mut globbed = globbed_rows(&sink).await;
+    globbed.sort();
+    let mut want = expected.to_vec();
+    want.sort();
+    assert_eq!(
+        globbed, want,
+        "a glob over the sink after failing write {k}"
+    );
+    assert_eq!(
+        staged_files(&sink),
+        Vec::<String>::new(),
+        "staged parts left after failing write {k}"
+    );
 }
 
 /// A store whose reads pass through and whose writes go through `hook`
@@ -254,7 +324,8 @@ pub struct Hooked<H> {
 /// What a test store does around writes.
 #[async_trait::async_trait]
 pub trait WriteHook: Send + Sync + std::fmt::Debug {
-    /// Before a `put` or `delete` of `key` reaches the store; an error stops it.
+    /// Before a `put`, `copy` or `delete` of `key` reaches the store; an
+    /// error stops it.
     async fn before(&self, _op: &'static str, _key: &str) -> Result<(), StoreError> {
         Ok(())
     }
@@ -284,6 +355,13 @@ impl<H: WriteHook> Store for Hooked<H> {
         self.hook.before("delete", key).await?;
         self.inner.delete(key).await
     }
+    async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
+        self.hook.before("copy", to).await?;
+        self.inner.copy(from, to).await
+    }
+    async fn sweep_temp(&self, prefix: &str) -> Result<u64, StoreError> {
+        self.inner.sweep_temp(prefix).await
+    }
     fn counts(&self) -> RequestCounts {
         self.inner.counts()
     }
@@ -295,7 +373,7 @@ impl<H: WriteHook> Store for Hooked<H> {
     }
 }
 
-/// The tests' crash injector: every put and delete counts as a write; write
+/// The tests' crash injector: every put, copy and delete counts as a write; write
 /// number `fail_at` (1-based, counted across every store wrapped with the
 /// same counter) and every later one fails with a transient error before
 /// reaching the store, as if the process had died there (retries cannot get
@@ -450,6 +528,11 @@ impl WriteHook for Slow {
 /// writes its result to Parquet, which is read back only to render rows
 /// the way [`rows_of`] renders Sluice's output.
 pub async fn duckdb_rows(files: &[PathBuf], sql: &str) -> Vec<String> {
+    duckdb_read(files, "", sql).await
+}
+
+/// [`duckdb_rows`] with `options` for `read_parquet` (`, name = value`).
+async fn duckdb_read(files: &[PathBuf], options: &str, sql: &str) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("duckdb.parquet");
     let list: Vec<String> = files
@@ -459,7 +542,7 @@ pub async fn duckdb_rows(files: &[PathBuf], sql: &str) -> Vec<String> {
     let script = format!(
         "import duckdb, json, sys\n\
          con = duckdb.connect()\n\
-         con.execute('CREATE VIEW trips AS SELECT * FROM read_parquet(' + json.dumps({list:?}) + ')')\n\
+         con.execute('CREATE VIEW trips AS SELECT * FROM read_parquet(' + json.dumps({list:?}) + '{options})')\n\
          con.execute('COPY (' + sys.argv[1] + ') TO ' + json.dumps({out:?}).replace('\"', \"'\") + ' (FORMAT parquet)')\n",
         list = list,
         out = out.to_str().unwrap(),

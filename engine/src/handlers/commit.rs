@@ -85,10 +85,12 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     Ok(record)
 }
 
-/// After `commits/N` exists: publish the manifest, advance the index and
-/// control, prune old records. Idempotent, so recovery can redo it.
+/// After `commits/N` exists: publish the batch's parts and its manifest,
+/// remove what was staged for it, advance the index and control, prune old
+/// records. Idempotent, so recovery can redo it.
 pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result<()> {
     let p = &ctx.pipeline;
+    ctx.sink.publish(record.batch, &record.outputs).await?;
     ctx.sink
         .commit(&Manifest {
             format_version: checkpoint::FORMAT_VERSION,
@@ -98,9 +100,7 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
             rows: record.rows_out,
         })
         .await?;
-    ctx.sink
-        .remove_uncommitted(record.batch, &record.outputs)
-        .await?;
+    ctx.sink.remove_staged_through(record.batch).await?;
     let work = ctx.checkpoint.store();
     for m in work
         .list(&paths::checkpoint::work_prefix(record.batch), None)
@@ -167,14 +167,7 @@ pub(crate) async fn abandon(ctx: &Context, run: &RunState, batch: u64) -> Result
         .collect();
     batches.sort_unstable_by(|a, b| b.cmp(a));
     for n in batches {
-        for m in ctx
-            .sink
-            .store()
-            .list(&paths::sink::batch_prefix(n), None)
-            .await?
-        {
-            ctx.sink.store().delete(&m.key).await?;
-        }
+        ctx.sink.remove_batch(n).await?;
         ctx.checkpoint.delete_offsets(n).await?;
     }
     release(ctx, run, RunStatus::Idle).await

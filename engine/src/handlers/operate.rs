@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::context::Context;
+use super::lease::owned_control;
 use super::payloads::{Refusal, RunState, TaskRequest};
 use crate::error::{Error, Result};
 use crate::operators::{SqlOperator, TaskResult};
@@ -28,6 +29,10 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
             format!("has no task {task}"),
         )
     })?;
+    // Fenced: a run that lost its lease writes nothing more. (What a task
+    // of such a run still writes after this check stays staged, and is
+    // never published: the commit publishes only what its record names.)
+    owned_control(ctx, run.epoch).await?;
     let schema = ctx.schema().await?;
     let op = SqlOperator::new(ctx.pipeline.clone(), schema);
     // Views that count only this task's requests.
@@ -39,7 +44,7 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     let mut result = op
         .run(&source, &sink, run.epoch, batch, &off.inputs, plan)
         .await?;
-    result.requests.get += 1; // the plan read above
+    result.requests.get += 2; // the plan and control read above
     result.requests.put += 1; // the result written below
     let bytes = serde_json::to_vec(&result).expect("a task result serializes");
     ctx.checkpoint

@@ -175,6 +175,9 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         record_spec(ctx, &schema).await?;
     }
     let control = if recover {
+        // Temporary files of the dead run's killed writes.
+        ctx.sink.sweep().await?;
+        ctx.checkpoint.store().sweep_temp("").await?;
         if let Some(off) = resume_planned(ctx, &run, next.next_batch()).await? {
             return batch_outcome(ctx, run, &off).await;
         }

@@ -1,7 +1,12 @@
-//! The Parquet sink: parts under keys that are a function of (batch, task,
-//! part, epoch), so a retried task overwrites its own files, and a manifest
-//! per committed batch, `_sluice/manifest/N.json`, which names exactly the
-//! committed files.
+//! The Parquet sink. Tasks write parts under `_sluice/staging/`, where no
+//! reader that globs the sink looks, under keys that are a function of
+//! (batch, task, part, epoch), so a retried task overwrites its own files
+//! and a run that lost its lease never touches another's. The commit record
+//! names the parts; publishing copies each to its final key
+//! (`batch=N/part-...parquet`, server-side on S3, a hard link locally) and
+//! writes the manifest `_sluice/manifest/N.json`, which names exactly the
+//! committed files. Publishing is idempotent, so recovery finishes a
+//! half-done one; staged parts of committed batches are then removed.
 
 use std::sync::Arc;
 
@@ -16,6 +21,7 @@ use futures::StreamExt;
 use crate::checkpoint::{Manifest, OutputFile};
 use crate::error::{Error, ErrorClass, Result};
 use crate::paths;
+use crate::storage::fanout::{concurrently, delete_all};
 use crate::storage::{PutMode, Store};
 
 /// Roll to a new part file past this many encoded bytes.
@@ -141,7 +147,11 @@ impl ParquetSink {
         let key = paths::sink::part(batch, task, partition * PARTS_PER_PARTITION + roll, epoch);
         let size = bytes.len() as u64;
         self.store
-            .put(&key, Bytes::from(bytes), PutMode::Overwrite)
+            .put(
+                &paths::sink::staged(&key),
+                Bytes::from(bytes),
+                PutMode::Overwrite,
+            )
             .await?;
         Ok(OutputFile {
             key,
@@ -150,9 +160,9 @@ impl ParquetSink {
         })
     }
 
-    /// Delete part files of a task that an earlier attempt of this run
-    /// wrote and this attempt did not. Files of other runs are left alone:
-    /// they may be committed (this run may have lost its lease).
+    /// Delete staged parts of a task that an earlier attempt of this run
+    /// wrote and this attempt did not. Parts of other runs are left alone
+    /// (the commit publishes only the parts its record names).
     pub(crate) async fn remove_stale_parts(
         &self,
         epoch: u64,
@@ -161,67 +171,149 @@ impl ParquetSink {
         keep: &[OutputFile],
     ) -> Result<()> {
         let mine = paths::sink::epoch_suffix(epoch);
-        for meta in self
-            .store
-            .list(&paths::sink::task_prefix(batch, task), None)
-            .await?
-        {
-            if meta.key.ends_with(&mine) && !keep.iter().any(|o| o.key == meta.key) {
+        let prefix = format!(
+            "{}{}",
+            paths::sink::STAGING_PREFIX,
+            paths::sink::task_prefix(batch, task)
+        );
+        for meta in self.store.list(&prefix, None).await? {
+            let Some(part) = paths::sink::published(&meta.key) else {
+                continue;
+            };
+            if part.ends_with(&mine) && !keep.iter().any(|o| o.key == part) {
                 self.store.delete(&meta.key).await?;
             }
         }
         Ok(())
     }
 
-    /// After batch `batch` is committed with `outputs`: delete every other
-    /// file under the batch's folder (attempts of runs that died or lost
-    /// their lease), so the folder holds exactly the committed files.
-    pub(crate) async fn remove_uncommitted(
-        &self,
-        batch: u64,
-        outputs: &[OutputFile],
-    ) -> Result<()> {
-        for meta in self
+    /// Check, before committing, that every output of a batch is staged
+    /// with its size (or, for a commit retried after it published them,
+    /// published with it).
+    pub(crate) async fn verify(&self, batch: u64, outputs: &[OutputFile]) -> Result<()> {
+        let staged = self.store.list(&self.staging_prefix(batch), None).await?;
+        let missing: Vec<&OutputFile> = outputs
+            .iter()
+            .filter(|o| {
+                !staged
+                    .iter()
+                    .any(|m| paths::sink::published(&m.key) == Some(&o.key) && m.size == o.bytes)
+            })
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let published = self
             .store
             .list(&paths::sink::batch_prefix(batch), None)
-            .await?
-        {
-            if !outputs.iter().any(|o| o.key == meta.key) {
-                self.store.delete(&meta.key).await?;
+            .await?;
+        for o in missing {
+            if !published
+                .iter()
+                .any(|m| m.key == o.key && m.size == o.bytes)
+            {
+                return Err(Error::Execution {
+                    pipeline: self.pipeline.clone(),
+                    batch,
+                    task: None,
+                    message: format!(
+                        "output {} is missing or incomplete before commit; the batch will be run \
+                         again",
+                        o.key
+                    ),
+                    class: ErrorClass::Retryable,
+                });
             }
         }
         Ok(())
     }
 
-    /// Check that every output of a batch is present with its size, before
-    /// committing it.
-    pub(crate) async fn verify(&self, batch: u64, outputs: &[OutputFile]) -> Result<()> {
+    /// Publish a committed batch's parts under their final keys (copies of
+    /// the staged parts; those already there with their size are kept),
+    /// and delete anything else under the batch's folder. Idempotent:
+    /// recovery runs it again after a crash part-way.
+    pub(crate) async fn publish(&self, batch: u64, outputs: &[OutputFile]) -> Result<()> {
         let listed = self
             .store
             .list(&paths::sink::batch_prefix(batch), None)
             .await?;
-        for o in outputs {
-            match listed.iter().find(|m| m.key == o.key) {
-                Some(m) if m.size == o.bytes => {}
-                found => {
-                    return Err(Error::Execution {
-                        pipeline: self.pipeline.clone(),
-                        batch,
-                        task: None,
-                        message: format!(
-                            "output {} is {} before commit; the batch will be run again",
-                            o.key,
-                            match found {
-                                Some(m) => format!("{} bytes instead of {}", m.size, o.bytes),
-                                None => "missing".to_string(),
-                            }
-                        ),
-                        class: ErrorClass::Retryable,
-                    });
-                }
+        let todo: Vec<String> = outputs
+            .iter()
+            .filter(|o| !listed.iter().any(|m| m.key == o.key && m.size == o.bytes))
+            .map(|o| o.key.clone())
+            .collect();
+        let store = self.store.clone();
+        let copied = concurrently(todo.clone(), move |key| {
+            let store = store.clone();
+            async move {
+                let copied = store.copy(&paths::sink::staged(&key), &key).await?;
+                Ok::<_, Error>(copied)
             }
+        })
+        .await?;
+        if let Some((key, _)) = todo.iter().zip(copied).find(|(_, c)| !c) {
+            return Err(Error::Execution {
+                pipeline: self.pipeline.clone(),
+                batch,
+                task: None,
+                message: format!(
+                    "committed output {key} is neither published nor staged ({}): the sink \
+                     was changed outside Sluice; restore the file, or start over with \
+                     `sluice reset`",
+                    paths::sink::staged(key)
+                ),
+                class: ErrorClass::Fatal,
+            });
+        }
+        let stray: Vec<String> = listed
+            .into_iter()
+            .filter(|m| !outputs.iter().any(|o| o.key == m.key))
+            .map(|m| m.key)
+            .collect();
+        delete_all(&self.store, stray).await
+    }
+
+    /// Delete the staged parts of batches up to `batch` (all committed):
+    /// the published copies are the output now, and whatever a run that
+    /// lost its lease staged for them was never to be published.
+    pub(crate) async fn remove_staged_through(&self, batch: u64) -> Result<()> {
+        let done: Vec<String> = self
+            .store
+            .list(paths::sink::STAGING_PREFIX, None)
+            .await?
+            .into_iter()
+            .filter(|m| paths::sink::staged_batch(&m.key).is_none_or(|b| b <= batch))
+            .map(|m| m.key)
+            .collect();
+        delete_all(&self.store, done).await
+    }
+
+    /// Delete the staged and any published parts of batch `batch` (a batch
+    /// abandoned before its commit).
+    pub(crate) async fn remove_batch(&self, batch: u64) -> Result<()> {
+        for prefix in [self.staging_prefix(batch), paths::sink::batch_prefix(batch)] {
+            let keys = self.store.list(&prefix, None).await?;
+            delete_all(&self.store, keys.into_iter().map(|m| m.key).collect()).await?;
         }
         Ok(())
+    }
+
+    /// After a run that died: remove the temporary files its killed writes
+    /// left in the sink's own folder (staging, manifests).
+    pub(crate) async fn sweep(&self) -> Result<()> {
+        let n = self.store.sweep_temp("_sluice/").await?;
+        if n > 0 {
+            tracing::info!(pipeline = %self.pipeline, files = n, "removed temporary files of killed writes from the sink");
+        }
+        Ok(())
+    }
+
+    fn staging_prefix(&self, batch: u64) -> String {
+        format!(
+            "{}{}",
+            paths::sink::STAGING_PREFIX,
+            paths::sink::batch_prefix(batch)
+        )
     }
 
     /// Make a batch's output visible: write its manifest. Idempotent.

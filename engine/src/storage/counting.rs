@@ -55,6 +55,15 @@ impl Store for CountingStore {
         self.inner.delete(key).await
     }
 
+    async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
+        self.counter.add(RequestKind::Put);
+        self.inner.copy(from, to).await
+    }
+
+    async fn sweep_temp(&self, prefix: &str) -> Result<u64, StoreError> {
+        self.inner.sweep_temp(prefix).await
+    }
+
     fn counts(&self) -> RequestCounts {
         self.counter.snapshot()
     }

@@ -162,6 +162,46 @@ impl LocalStore {
         Ok(out)
     }
 
+    /// Remove, under `dir`, the temporary files of writes that cannot be
+    /// running any more: their process is gone (no `/proc/PID`, on Linux),
+    /// or they are over an hour old.
+    fn sweep_dir(&self, dir: &Path, removed: &mut u64) -> Result<(), StoreError> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(self.err("sweep", dir, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| self.err("sweep", dir, e))?;
+            let path = entry.path();
+            let meta = entry.metadata().map_err(|e| self.err("sweep", &path, e))?;
+            if meta.is_dir() {
+                self.sweep_dir(&path, removed)?;
+                continue;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = temp_owner(&name) else {
+                continue;
+            };
+            let old = meta
+                .modified()
+                .ok()
+                .and_then(|m| m.elapsed().ok())
+                .is_some_and(|age| age > std::time::Duration::from_secs(3600));
+            let gone = pid != std::process::id()
+                && Path::new("/proc/self").exists()
+                && !Path::new(&format!("/proc/{pid}")).exists();
+            if old || gone {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => *removed += 1,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(self.err("sweep", &path, e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn walk(
         &self,
         dir: &Path,
@@ -210,6 +250,17 @@ impl LocalStore {
         }
         Ok(())
     }
+}
+
+/// The process that wrote temporary file `name` (`.NAME.PID.N.tmp`), if
+/// it is one.
+fn temp_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    let mut parts = rest.rsplitn(3, '.');
+    let _seq: u64 = parts.next()?.parse().ok()?;
+    let pid = parts.next()?.parse().ok()?;
+    parts.next().filter(|n| !n.is_empty())?;
+    Some(pid)
 }
 
 /// The etag of local content: a 64-bit FNV-1a hash and the length. Content
@@ -284,6 +335,43 @@ impl Store for LocalStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(self.err("delete", &path, e)),
         }
+    }
+
+    async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
+        self.counter.add(RequestKind::Put);
+        let (src, dst) = (self.path_of(from)?, self.path_of(to)?);
+        let dir = dst.parent().expect("a key has a parent folder");
+        std::fs::create_dir_all(dir).map_err(|e| self.err("copy", dir, e))?;
+        let name = dst.file_name().unwrap_or_default().to_string_lossy();
+        let tmp = dir.join(format!(
+            ".{name}.{}.{}.tmp",
+            std::process::id(),
+            TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        // A hard link shares the bytes (no copy); a rename puts it in place
+        // atomically. Across file systems, copy the bytes instead.
+        let linked = match std::fs::hard_link(&src, &tmp) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(_) => std::fs::copy(&src, &tmp).map(|_| ()),
+            Ok(()) => Ok(()),
+        };
+        match linked {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(self.err("copy", &tmp, e)),
+            Ok(()) => {}
+        }
+        std::fs::rename(&tmp, &dst).map_err(|e| self.err("copy", &dst, e))?;
+        Ok(true)
+    }
+
+    async fn sweep_temp(&self, prefix: &str) -> Result<u64, StoreError> {
+        let dir = match prefix.trim_end_matches('/') {
+            "" => self.root.clone(),
+            p => self.path_of(p)?,
+        };
+        let mut removed = 0;
+        self.sweep_dir(&dir, &mut removed)?;
+        Ok(removed)
     }
 
     fn counts(&self) -> RequestCounts {

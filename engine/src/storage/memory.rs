@@ -143,6 +143,28 @@ impl Store for MemoryStore {
         }
     }
 
+    async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
+        self.counter.add(RequestKind::Put);
+        match self.inner.copy(&object_path(from), &object_path(to)).await {
+            Ok(()) => {}
+            Err(object_store::Error::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(fail("copy", to, e)),
+        }
+        let mut listing = self.listing.lock().expect("not poisoned");
+        let Some(meta) = listing.get(from).cloned() else {
+            return Ok(false);
+        };
+        listing.insert(
+            to.to_string(),
+            ObjectMeta {
+                key: to.to_string(),
+                last_modified: Some(chrono::Utc::now()),
+                ..meta
+            },
+        );
+        Ok(true)
+    }
+
     fn counts(&self) -> RequestCounts {
         self.counter.snapshot()
     }

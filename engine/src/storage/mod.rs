@@ -150,7 +150,8 @@ impl RequestCounter {
 pub struct RequestCounts {
     /// Object reads.
     pub get: u64,
-    /// Unconditional writes.
+    /// Unconditional writes and server-side copies (S3 bills a COPY as a
+    /// PUT).
     pub put: u64,
     /// Create-only writes.
     pub put_create: u64,
@@ -260,6 +261,20 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Delete an object; deleting a missing key succeeds.
     async fn delete(&self, key: &str) -> Result<(), StoreError>;
+
+    /// Copy object `from` to `to` inside the store, overwriting `to`
+    /// atomically (readers see the old object or the whole new one); on S3
+    /// a server-side CopyObject, billed and counted as a PUT. `Ok(false)`
+    /// when `from` does not exist.
+    async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError>;
+
+    /// Remove the temporary files that writes killed mid-way left under
+    /// `prefix` (a local folder's hidden `.NAME.PID.N.tmp` files of
+    /// processes no longer running). Stores whose writes leave nothing
+    /// behind have nothing to do. Returns how many were removed.
+    async fn sweep_temp(&self, _prefix: &str) -> Result<u64, StoreError> {
+        Ok(0)
+    }
 
     /// Requests made so far, by kind.
     fn counts(&self) -> RequestCounts;

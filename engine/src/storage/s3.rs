@@ -18,6 +18,15 @@ use super::{
 };
 use crate::error::StoreError;
 
+/// Characters percent-encoded in a CopySource: all but unreserved ones and
+/// the `/` separating key segments.
+const COPY_SOURCE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'/')
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 /// One S3 configuration shared by every S3 store of a process.
 #[derive(Debug, Clone)]
 pub struct S3Config {
@@ -297,6 +306,30 @@ impl Store for S3Store {
             .await
             .map_err(|e| self.classify("delete", key, &e))?;
         Ok(())
+    }
+
+    async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
+        self.counter.add(RequestKind::Put);
+        // CopySource is "bucket/key", URL-encoded.
+        let source = format!(
+            "{}/{}",
+            self.bucket,
+            percent_encoding::utf8_percent_encode(&self.full_key(from), COPY_SOURCE)
+        );
+        let resp = self
+            .config
+            .client
+            .copy_object()
+            .bucket(&self.bucket)
+            .key(self.full_key(to))
+            .copy_source(source)
+            .send()
+            .await;
+        match resp {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 404) => Ok(false),
+            Err(e) => Err(self.classify("copy", to, &e)),
+        }
     }
 
     fn counts(&self) -> RequestCounts {
