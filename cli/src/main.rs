@@ -76,6 +76,14 @@ enum Command {
         #[arg(long, env = "SLUICE_STATE_MACHINE_ARN")]
         state_machine_arn: String,
     },
+    /// Start over: delete the pipeline's output (parts, manifests) and its checkpoint, so the next run reads every source file again.
+    Reset {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// Confirm: the sink's Sluice output and the checkpoint are deleted.
+        #[arg(long)]
+        yes: bool,
+    },
     /// List committed batches, newest first: files, rows, duration and what started the run.
     History {
         /// The pipeline file.
@@ -189,6 +197,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             pipeline,
             state_machine_arn,
         } => cancel(&pipeline, &state_machine_arn).await,
+        Command::Reset { pipeline, yes } => reset(&pipeline, yes).await,
         Command::History {
             pipeline,
             limit,
@@ -219,6 +228,27 @@ async fn pause(path: &Path) -> anyhow::Result<ExitCode> {
         } else {
             ""
         }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn reset(path: &Path, yes: bool) -> anyhow::Result<ExitCode> {
+    let ctx = open(path).await?;
+    if !yes {
+        eprintln!(
+            "{}: `sluice reset` deletes the output in {} (parts and manifests) and the checkpoint \
+             in {}; the next run reads every source file again. Run it again with --yes to do so.",
+            ctx.pipeline.name,
+            ctx.sink.store().describe(),
+            ctx.checkpoint.store().describe()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    let r = admin::reset(&ctx).await?;
+    println!(
+        "{}: reset; removed {} objects from the sink and {} from the checkpoint. The next run \
+         (or `sluice register`, for AWS) starts a new history.",
+        ctx.pipeline.name, r.sink_objects, r.checkpoint_objects
     );
     Ok(ExitCode::SUCCESS)
 }

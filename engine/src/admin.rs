@@ -11,6 +11,7 @@ use crate::handlers::{Context, resolve_schema, swap_control, update_control};
 use crate::operators::SqlOperator;
 use crate::pipeline::DiscoveryMode;
 use crate::pipeline::schema::columns_of;
+use crate::storage::fanout::delete_all;
 use crate::storage::{ObjectMeta, PutMode};
 
 /// Register the pipeline: resolve its source schema (declared, pinned, or
@@ -83,6 +84,15 @@ pub async fn history(ctx: &Context, limit: usize) -> Result<Vec<Commit>> {
 /// already going finishes. Returns the record written.
 pub async fn set_paused(ctx: &Context, paused: bool) -> Result<Control> {
     swap_control(ctx, |read| {
+        if read.is_some_and(|c| c.resetting) {
+            return Err(Error::Run {
+                pipeline: ctx.pipeline.name.clone(),
+                message: "a `sluice reset` is under way (or was interrupted); run it again to \
+                          finish it"
+                    .into(),
+                class: crate::error::ErrorClass::InvalidInput,
+            });
+        }
         let mut next = read
             .cloned()
             .unwrap_or_else(|| Control::new(ctx.pipeline.spec_hash()));
@@ -154,4 +164,92 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         waiting_files: waiting.len() as u64,
         waiting_bytes: waiting.iter().map(|f| f.size).sum(),
     })
+}
+
+/// What `sluice reset` removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetReport {
+    /// Objects removed from the sink (parts, staged parts, manifests, its
+    /// owner record).
+    pub sink_objects: u64,
+    /// Objects removed from the checkpoint.
+    pub checkpoint_objects: u64,
+}
+
+/// Start the pipeline over: retire its output and forget what it
+/// processed, so the next run reads every source file again into a sink
+/// that holds nothing of the old history. Refused while a run holds the
+/// lease. First marks control `resetting` (no run starts meanwhile; the
+/// epoch moves on, fencing any run of the old one), then deletes the sink's
+/// manifests, parts, staged parts and owner record, then the checkpoint's
+/// records, `pipeline.json` included (the next run or `sluice register`
+/// records the spec again), and `control.json` last. Interrupted, it is run
+/// again to the end; until then runs refuse to start.
+pub async fn reset(ctx: &Context) -> Result<ResetReport> {
+    let now = ctx.now();
+    let ttl = ctx.ttl_ms();
+    swap_control(ctx, |read| {
+        if let Some(c) = read
+            && !c.resetting
+        {
+            let gone = c.owner.as_deref().is_some_and(|o| (ctx.owner_gone)(o));
+            if let checkpoint::Claim::Busy { owner, .. } =
+                checkpoint::decide_claim(Some(c), now, ttl, gone)
+            {
+                return Err(Error::Run {
+                    pipeline: ctx.pipeline.name.clone(),
+                    message: format!(
+                        "a run holds the lease ({owner}); cancel it or let it finish, then reset"
+                    ),
+                    class: crate::error::ErrorClass::Conflict,
+                });
+            }
+        }
+        let mut next = read
+            .cloned()
+            .unwrap_or_else(|| Control::new(ctx.pipeline.spec_hash()));
+        next.epoch += u64::from(!next.resetting);
+        next.status = RunStatus::Idle;
+        next.owner = Some(ctx.owner.clone());
+        next.resetting = true;
+        next.paused = true;
+        Ok((next, ()))
+    })
+    .await?;
+    let mut report = ResetReport::default();
+    let sink = ctx.sink.store();
+    // Manifests first (readers that follow them see nothing rather than
+    // names of deleted parts), then parts and staged parts, the owner last.
+    let listed = sink.list("", None).await?;
+    let sluice_owned = |k: &str| k.starts_with("batch=") || k.starts_with("_sluice/");
+    let mut order: Vec<Vec<String>> = vec![Vec::new(), Vec::new()];
+    for m in listed.into_iter().filter(|m| sluice_owned(&m.key)) {
+        if m.key == crate::paths::sink::OWNER {
+            continue;
+        }
+        let manifest = m.key.starts_with(crate::paths::sink::MANIFEST_PREFIX);
+        order[usize::from(!manifest)].push(m.key);
+    }
+    for keys in order {
+        report.sink_objects += keys.len() as u64;
+        delete_all(sink, keys).await?;
+    }
+    if sink.get(crate::paths::sink::OWNER).await?.is_some() {
+        sink.delete(crate::paths::sink::OWNER).await?;
+        report.sink_objects += 1;
+    }
+    sink.sweep_temp("_sluice/").await?;
+    let store = ctx.checkpoint.store();
+    let records: Vec<String> = store
+        .list("", None)
+        .await?
+        .into_iter()
+        .map(|m| m.key)
+        .filter(|k| k != crate::paths::checkpoint::CONTROL)
+        .collect();
+    report.checkpoint_objects = records.len() as u64 + 1;
+    delete_all(store, records).await?;
+    store.delete(crate::paths::checkpoint::CONTROL).await?;
+    tracing::info!(pipeline = %ctx.pipeline.name, ?report, "reset");
+    Ok(report)
 }

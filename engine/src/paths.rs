@@ -153,6 +153,14 @@ pub mod sink {
     pub fn manifest(n: u64) -> String {
         format!("{MANIFEST_PREFIX}{n:010}.json")
     }
+
+    /// The batch a manifest key names.
+    pub(crate) fn manifest_batch(key: &str) -> Option<u64> {
+        key.strip_prefix(MANIFEST_PREFIX)?
+            .strip_suffix(".json")?
+            .parse()
+            .ok()
+    }
 }
 
 #[cfg(test)]
@@ -176,6 +184,7 @@ mod tests {
             Some(sink::part(3, 1, 2, 7).as_str())
         );
         assert_eq!(sink::staged_batch(&staged), Some(3));
+        assert_eq!(sink::manifest_batch(&sink::manifest(12)), Some(12));
     }
 
     #[test]

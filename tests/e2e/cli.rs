@@ -195,3 +195,33 @@ fn pause_resume_and_history_on_the_sample() {
     assert_eq!(json.as_array().unwrap().len(), 1);
     assert_eq!(json[0]["trigger"], "sluice run");
 }
+
+/// `sluice reset` asks for --yes, then starts the sample over: the next run
+/// commits every file again, once.
+#[test]
+fn reset_asks_then_starts_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../samples/taxi");
+    copy_dir(&sample, dir.path());
+    let file = dir.path().join("pipeline.toml");
+    let file = file.to_str().unwrap();
+    let first = stdout(&sluice(&["run", file]));
+    let batches = first.lines().filter(|l| l.starts_with("batch")).count();
+    assert!(batches >= 2, "{first}");
+
+    let asked = sluice(&["reset", file]);
+    assert!(!asked.status.success());
+    let text = String::from_utf8_lossy(&asked.stderr);
+    assert!(text.contains("--yes"), "{text}");
+    let idle = stdout(&sluice(&["run", file]));
+    assert!(!idle.lines().any(|l| l.starts_with("batch")), "{idle}");
+
+    let reset = stdout(&sluice(&["reset", file, "--yes"]));
+    assert!(reset.contains("reset; removed"), "{reset}");
+    let again = stdout(&sluice(&["run", file]));
+    assert_eq!(
+        again.lines().filter(|l| l.starts_with("batch")).count(),
+        batches,
+        "{again}"
+    );
+}

@@ -15,6 +15,7 @@ mod idle;
 mod lease_model;
 mod notify;
 mod s3;
+mod sink;
 mod storage_contract;
 mod trigger_storm;
 mod triggers;

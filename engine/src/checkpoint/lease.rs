@@ -79,6 +79,14 @@ pub fn claimed(
     // A holder that died may have left batches planned or committed and
     // not recorded: whoever runs under the new epoch looks for them.
     next.resume |= next.status == RunStatus::Running;
+    if next.history.is_empty() {
+        // When and by whom the checkpoint was first claimed: distinct for
+        // every checkpoint a pipeline ever has.
+        next.history = format!(
+            "{now_ms:x}-{:08x}",
+            crate::hash::fnv1a(owner.as_bytes()) as u32
+        );
+    }
     next.status = RunStatus::Running;
     next.epoch = epoch;
     next.owner = Some(owner.to_string());

@@ -24,7 +24,7 @@ mod records;
 pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};
 pub use records::{
     Commit, Control, Durations, FORMAT_VERSION, Index, InputFile, KeyClaim, ListingState, Manifest,
-    Offsets, OutputFile, PipelineRecord, RunStatus, TaskPlan, Totals,
+    Offsets, OutputFile, PipelineRecord, RunStatus, SinkOwner, TaskPlan, Totals,
 };
 
 /// Which batches' offsets and commits may be deleted once `last_committed`
@@ -69,8 +69,8 @@ impl Checkpoint {
             pipeline: self.pipeline.clone(),
             key: format!("{}/{key}", self.store.describe()),
             message: format!(
-                "unreadable ({e}); restore it from a backup or reset the pipeline by deleting \
-                 its checkpoint folder"
+                "unreadable ({e}); restore it from a backup, or start over with `sluice reset` \
+                 on the pipeline file"
             ),
         })?;
         Ok((value, obj.etag))

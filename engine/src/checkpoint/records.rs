@@ -119,6 +119,16 @@ pub struct Control {
     /// find files whose notification was lost.
     #[serde(default)]
     pub reconciled_epoch: Option<u64>,
+    /// This checkpoint's history: set by the first claim, recorded in the
+    /// sink it writes (`_sluice/sink.json`), so a sink holding the output of
+    /// another checkpoint (an earlier one of the same pipeline, since
+    /// deleted, or another pipeline's) is refused instead of mixed.
+    #[serde(default)]
+    pub history: String,
+    /// `sluice reset` is under way (it ends by deleting this record): no
+    /// run starts until it is run again to the end.
+    #[serde(default)]
+    pub resetting: bool,
 }
 
 impl Control {
@@ -139,6 +149,8 @@ impl Control {
             totals: Totals::default(),
             resume: false,
             reconciled_epoch: None,
+            history: String::new(),
+            resetting: false,
         }
     }
 
@@ -262,6 +274,19 @@ pub struct Commit {
     /// Notify mode: the inbox entries to delete once committed (from the plan).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub consumed: Vec<String>,
+}
+
+/// `<sink>/_sluice/sink.json`: whose output the sink holds. A sink belongs
+/// to one pipeline and one history of it (one checkpoint's life).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SinkOwner {
+    /// Pipeline name.
+    pub pipeline: String,
+    /// The checkpoint history (`Control::history`) whose commits the sink
+    /// holds.
+    pub history: String,
+    /// Where that checkpoint is, for messages.
+    pub checkpoint: String,
 }
 
 /// `<sink>/_sluice/manifest/N.json`: what a reader needs to see exactly the

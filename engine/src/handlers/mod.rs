@@ -17,6 +17,7 @@ mod commit;
 mod context;
 mod lease;
 mod operate;
+mod ownership;
 mod payloads;
 mod plan;
 

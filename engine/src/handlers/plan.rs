@@ -10,7 +10,8 @@ use datafusion::execution::context::SessionContext;
 
 use super::commit::finish_commit;
 use super::context::Context;
-use super::lease::{continue_run, owned_control, release_idle, update_control};
+use super::lease::{continue_run, owned_control, release, release_idle, update_control};
+use super::ownership::{self, SinkCheck};
 use super::payloads::{BatchRef, PlanOutcome, RunState, TaskList};
 use crate::checkpoint::owner::Owner;
 use crate::checkpoint::{
@@ -39,12 +40,16 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
         Some(mut run) => {
             // The first Plan of an execution a trigger started fixes the
             // spec the run works under; later steps check it.
-            if run.spec.is_empty() {
+            let first = run.spec.is_empty();
+            if first {
                 run.spec = ctx.pipeline.spec_hash();
             } else {
                 ctx.check_spec(&run)?;
             }
             let (mut control, _) = owned_control(ctx, run.epoch).await?;
+            if first {
+                own_sink(ctx, &run, &control).await?;
+            }
             if run.discovered {
                 // The next batch this run planned, else the end of the run.
                 if let Some(off) = ctx.checkpoint.offsets(control.next_batch()).await? {
@@ -121,6 +126,9 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     let p = &ctx.pipeline;
     let read = ctx.checkpoint.control().await?;
     let control = read.as_ref().map(|(c, _)| c);
+    if control.is_some_and(|c| c.resetting) {
+        return Err(resetting(ctx));
+    }
     let now = ctx.now();
     let (epoch, recover) = match may_claim(ctx, control, now) {
         Ok(take) => take,
@@ -147,6 +155,8 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         }
         index = Some(i);
     }
+    // Before anything is written: is the sink this checkpoint's?
+    let sink = ownership::check_sink(ctx, control).await?;
     let next = checkpoint::claimed(control, epoch, &ctx.owner, now, "");
     if ctx
         .checkpoint
@@ -171,6 +181,15 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         spec: p.spec_hash(),
     };
     tracing::info!(pipeline = %p.name, epoch, recover, "lease taken");
+    let owned = match sink {
+        SinkCheck::Ours => Ok(()),
+        SinkCheck::Unclaimed => ownership::claim_sink(ctx, &next.history).await,
+        SinkCheck::Earlier(o) => Err(ownership::earlier_history(ctx, &o, &next.history)),
+    };
+    if let Err(e) = owned {
+        release(ctx, &run, RunStatus::Idle).await?;
+        return Err(e);
+    }
     if !record_current {
         record_spec(ctx, &schema).await?;
     }
@@ -207,6 +226,34 @@ async fn record_spec(ctx: &Context, schema: &SchemaRef) -> Result<()> {
             schema: columns_of(schema),
         })
         .await
+}
+
+/// The first Plan of an execution a trigger started (the trigger claimed
+/// the lease): check the sink is this checkpoint's and record it if it has
+/// no owner yet; if not, give the lease back and stop.
+async fn own_sink(ctx: &Context, run: &RunState, control: &Control) -> Result<()> {
+    let owned = match ownership::check_sink(ctx, Some(control)).await {
+        Ok(SinkCheck::Ours) => Ok(()),
+        Ok(SinkCheck::Unclaimed) => ownership::claim_sink(ctx, &control.history).await,
+        Ok(SinkCheck::Earlier(o)) => Err(ownership::earlier_history(ctx, &o, &control.history)),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = owned {
+        release(ctx, run, RunStatus::Idle).await?;
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// A run found `sluice reset` part-way.
+fn resetting(ctx: &Context) -> Error {
+    Error::Run {
+        pipeline: ctx.pipeline.name.clone(),
+        message: "a `sluice reset` is under way (or was interrupted); run it again to finish \
+                  it before any run starts"
+            .into(),
+        class: crate::error::ErrorClass::InvalidInput,
+    }
 }
 
 fn idle(reason: &str) -> PlanOutcome {
@@ -548,7 +595,7 @@ pub(crate) async fn resolve_schema(
                 pipeline: p.name.clone(),
                 message: format!(
                     "source schema changed ({change}); register a new pipeline (new name) or \
-                     delete its checkpoint folder to start over"
+                     run `sluice reset` on the pipeline file to start over"
                 ),
             });
         }
@@ -575,7 +622,7 @@ fn check_source_kept(was: &Pipeline, p: &Pipeline) -> Result<()> {
             pipeline: p.name.clone(),
             message: format!(
                 "source format changed ({:?} -> {:?}); register a new pipeline (new name) or \
-                 delete its checkpoint folder to start over",
+                 run `sluice reset` on the pipeline file to start over",
                 was.source.format, p.source.format
             ),
         });
@@ -641,7 +688,7 @@ fn discovery_change(old: DiscoveryMode, new: DiscoveryMode) -> Option<String> {
     };
     Some(format!(
         "discovery changed from {} to {}: {why}, so the new mode would process older files \
-         again; keep discovery = \"{}\", or delete the checkpoint folder to start over",
+         again; keep discovery = \"{}\", or run `sluice reset` on the pipeline file to start over",
         old.name(),
         new.name(),
         old.name()

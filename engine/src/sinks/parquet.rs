@@ -18,11 +18,11 @@ use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
 use futures::StreamExt;
 
-use crate::checkpoint::{Manifest, OutputFile};
+use crate::checkpoint::{Manifest, OutputFile, SinkOwner};
 use crate::error::{Error, ErrorClass, Result};
 use crate::paths;
 use crate::storage::fanout::{concurrently, delete_all};
-use crate::storage::{PutMode, Store};
+use crate::storage::{PutMode, PutOutcome, Store};
 
 /// Roll to a new part file past this many encoded bytes.
 const TARGET_PART_BYTES: usize = 256 << 20;
@@ -327,6 +327,64 @@ impl ParquetSink {
             )
             .await?;
         Ok(())
+    }
+
+    /// The sink's owner record, if it has one.
+    pub async fn owner(&self) -> Result<Option<SinkOwner>> {
+        let Some(obj) = self.store.get(paths::sink::OWNER).await? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&obj.bytes)
+            .map(Some)
+            .map_err(|e| Error::Checkpoint {
+                pipeline: self.pipeline.clone(),
+                key: format!("{}/{}", self.store.describe(), paths::sink::OWNER),
+                message: format!("unreadable sink owner record: {e}"),
+            })
+    }
+
+    /// Record `owner` as the sink's owner, create-only. Returns the record
+    /// that is there after (ours, or one written first by someone else).
+    pub(crate) async fn claim(&self, owner: &SinkOwner) -> Result<SinkOwner> {
+        let bytes = serde_json::to_vec_pretty(owner).expect("an owner serializes");
+        match self
+            .store
+            .put(paths::sink::OWNER, Bytes::from(bytes), PutMode::Create)
+            .await?
+        {
+            PutOutcome::Written(_) => Ok(owner.clone()),
+            PutOutcome::Conflict => self.owner().await?.ok_or_else(|| Error::Checkpoint {
+                pipeline: self.pipeline.clone(),
+                key: paths::sink::OWNER.into(),
+                message: "create-only write lost, yet no record is there".into(),
+            }),
+        }
+    }
+
+    /// The batch numbers of the manifests in the sink, ascending.
+    pub(crate) async fn manifest_batches(&self) -> Result<Vec<u64>> {
+        Ok(self
+            .store
+            .list(paths::sink::MANIFEST_PREFIX, None)
+            .await?
+            .iter()
+            .filter_map(|m| paths::sink::manifest_batch(&m.key))
+            .collect())
+    }
+
+    /// The manifest of batch `batch`, if there is one.
+    pub(crate) async fn manifest(&self, batch: u64) -> Result<Option<Manifest>> {
+        let key = paths::sink::manifest(batch);
+        let Some(obj) = self.store.get(&key).await? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&obj.bytes)
+            .map(Some)
+            .map_err(|e| Error::Checkpoint {
+                pipeline: self.pipeline.clone(),
+                key,
+                message: format!("unreadable manifest: {e}"),
+            })
     }
 
     /// Read the manifests of all committed batches, in batch order.

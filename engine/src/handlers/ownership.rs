@@ -1,0 +1,128 @@
+//! A sink belongs to one pipeline and one history of it (one checkpoint's
+//! life), recorded in `_sluice/sink.json` by the first run that writes
+//! there. A run checks it before it writes anything, so output of another
+//! pipeline, or of an earlier checkpoint of the same pipeline (deleted to
+//! start over), is never mixed with, overwritten or deleted by this one.
+
+use super::context::Context;
+use crate::checkpoint::{Control, SinkOwner};
+use crate::error::{Error, ErrorClass, Result};
+
+/// What the check before the claim found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum SinkCheck {
+    /// The sink records this pipeline and this checkpoint's history.
+    Ours,
+    /// The sink has no owner record (new, or written by a Sluice that kept
+    /// none) and nothing in it contradicts this checkpoint: the run records
+    /// itself once it holds the lease.
+    Unclaimed,
+    /// The sink records this pipeline, and this checkpoint has no history
+    /// yet: either it was deleted since (the sink holds an earlier history:
+    /// refused once this run's claim gives it a history of its own), or a
+    /// concurrent first run claimed the lease and the sink just now (this
+    /// run's claim then fails and it stops as busy).
+    Earlier(SinkOwner),
+}
+
+/// Before the lease is taken: may this checkpoint (`control`, none for a
+/// pipeline that never ran) write into the sink? One read; one listing
+/// more while the sink has no owner record.
+pub(super) async fn check_sink(ctx: &Context, control: Option<&Control>) -> Result<SinkCheck> {
+    let history = control
+        .map(|c| c.history.as_str())
+        .filter(|h| !h.is_empty());
+    match ctx.sink.owner().await? {
+        Some(o) if o.pipeline != ctx.pipeline.name => Err(refused(
+            ctx,
+            format!(
+                "it holds the output of pipeline \"{}\" (checkpoint {}); a sink belongs to one \
+                 pipeline: give this one its own sink.uri",
+                o.pipeline, o.checkpoint
+            ),
+        )),
+        Some(o) if Some(o.history.as_str()) == history => Ok(SinkCheck::Ours),
+        Some(o) if history.is_none() => Ok(SinkCheck::Earlier(o)),
+        Some(o) => Err(earlier_history(ctx, &o, history.unwrap_or_default())),
+        None => unclaimed(ctx, control).await,
+    }
+}
+
+/// The refusal of a sink that holds output of another history `o` of this
+/// pipeline than `history`, this checkpoint's.
+pub(super) fn earlier_history(ctx: &Context, o: &SinkOwner, history: &str) -> Error {
+    refused(
+        ctx,
+        format!(
+            "it holds the output of another history of this pipeline (checkpoint {}, history \
+             {}; this checkpoint's is {history}): the checkpoint was deleted or replaced since. \
+             Run `sluice reset` on the pipeline file to retire that output and start over, or \
+             point sink.uri at a new folder",
+            o.checkpoint, o.history
+        ),
+    )
+}
+
+/// A sink without an owner record: fine if it holds no manifests, or only
+/// manifests of this pipeline's batches this checkpoint committed.
+async fn unclaimed(ctx: &Context, control: Option<&Control>) -> Result<SinkCheck> {
+    let batches = ctx.sink.manifest_batches().await?;
+    let (Some(first), Some(last)) = (batches.first(), batches.last()) else {
+        return Ok(SinkCheck::Unclaimed);
+    };
+    let committed = control.and_then(|c| c.last_committed);
+    let known = committed.is_some_and(|l| *last <= l)
+        && ctx
+            .sink
+            .manifest(*last)
+            .await?
+            .is_some_and(|m| m.pipeline == ctx.pipeline.name);
+    if known {
+        return Ok(SinkCheck::Unclaimed);
+    }
+    Err(refused(
+        ctx,
+        format!(
+            "it holds manifests of batches {first}..={last} that this checkpoint did not commit \
+             ({}); reading them with this pipeline's would mix two histories. Run `sluice \
+             reset` on the pipeline file to retire them and start over, or point sink.uri at a \
+             new folder",
+            match committed {
+                Some(l) => format!("it committed batches up to {l}"),
+                None => "it committed none".into(),
+            }
+        ),
+    ))
+}
+
+/// Once this run holds the lease of `history`: record it as the sink's
+/// owner (create-only; a record written first by another must be ours).
+pub(super) async fn claim_sink(ctx: &Context, history: &str) -> Result<()> {
+    let mine = SinkOwner {
+        pipeline: ctx.pipeline.name.clone(),
+        history: history.to_string(),
+        checkpoint: ctx.checkpoint.store().describe(),
+    };
+    let there = ctx.sink.claim(&mine).await?;
+    if there.pipeline != mine.pipeline || there.history != mine.history {
+        return Err(refused(
+            ctx,
+            format!(
+                "pipeline \"{}\" (checkpoint {}, history {}) claimed it first",
+                there.pipeline, there.checkpoint, there.history
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn refused(ctx: &Context, why: String) -> Error {
+    Error::Run {
+        pipeline: ctx.pipeline.name.clone(),
+        message: format!(
+            "sink {} is not this pipeline's to write: {why}; nothing was written",
+            ctx.sink.store().describe()
+        ),
+        class: ErrorClass::InvalidInput,
+    }
+}
