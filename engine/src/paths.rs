@@ -1,6 +1,16 @@
 //! Every object key Sluice writes, built in one place. Batch numbers are
 //! zero-padded so lexicographic order is numeric order.
 
+/// Whether `key` is a plain object key: no empty, `.` or `..` segment, no
+/// leading `/`, no control characters.
+pub fn is_plain_key(key: &str) -> bool {
+    !key.is_empty()
+        && !key.chars().any(char::is_control)
+        && key
+            .split('/')
+            .all(|s| !s.is_empty() && s != "." && s != "..")
+}
+
 /// Keys inside one pipeline's checkpoint folder (`<checkpoint>/<pipeline>/`).
 pub mod checkpoint {
     /// Spec, pinned schema and format version.

@@ -130,3 +130,30 @@ async fn a_csv_line_that_does_not_fit_the_schema_names_the_file() {
     let err = run(&local_context(&p)).await.unwrap_err().to_string();
     assert!(err.contains("trips-000002.csv"), "{err}");
 }
+
+/// The review's case: a local file name with a tab, or one that is not
+/// UTF-8, was listed under a mangled key, then "not found" on every run for
+/// ever. Such files are skipped with a warning; the rest is processed.
+#[tokio::test(flavor = "multi_thread")]
+async fn files_whose_names_cannot_be_keys_are_skipped_not_failed_on() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    let files = gen_files(&input, 2, 100);
+    let tab = input.join("with\ttab.parquet");
+    std::fs::copy(&files[0], &tab).unwrap();
+    let bad_utf8 = input.join(std::ffi::OsStr::from_bytes(b"latin1-\xe9t\xe9.parquet"));
+    std::fs::copy(&files[1], &bad_utf8).unwrap();
+
+    let p = pipeline(root, &pipeline_toml("odd", "parquet", "", ""));
+    let summary = run(&local_context(&p)).await.unwrap();
+    assert_eq!(summary.batches.iter().map(|b| b.files).sum::<u64>(), 2);
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "odd").await,
+        duckdb_rows(&files, SQL).await
+    );
+    // And the next run is idle, not failing on them.
+    let again = run(&local_context(&p)).await.unwrap();
+    assert!(again.batches.is_empty(), "{again:?}");
+}

@@ -15,6 +15,23 @@ pub(crate) async fn list_inputs(
 ) -> Result<Vec<ObjectMeta>> {
     let mut listed = store.list("", start_after).await?;
     listed.retain(|m| source.is_input(&m.key));
+    // A key with a control character (a tab, a newline) names no object a
+    // scan can open (object paths refuse them): skipped with a warning,
+    // never planned and failed for ever.
+    let unreadable: Vec<String> = listed
+        .iter()
+        .filter(|m| !crate::paths::is_plain_key(&m.key))
+        .map(|m| format!("{:?}", m.key))
+        .collect();
+    if !unreadable.is_empty() {
+        tracing::warn!(
+            source = %store.describe(),
+            skipped = unreadable.len(),
+            files = %unreadable.join(", "),
+            "input files skipped: their names hold control characters; rename them to read them"
+        );
+        listed.retain(|m| crate::paths::is_plain_key(&m.key));
+    }
     Ok(listed)
 }
 

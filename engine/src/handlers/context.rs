@@ -139,7 +139,11 @@ impl Context {
     }
 
     pub(crate) fn ttl_ms(&self) -> i64 {
-        self.pipeline.limits.lease_ttl_seconds as i64 * 1000
+        // Saturating: a spec read from a stored record was not bounded by
+        // the parser.
+        i64::try_from(self.pipeline.limits.lease_ttl_seconds)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(1000)
     }
 
     /// Use `schema` as the source schema (from a registered `pipeline.json`).

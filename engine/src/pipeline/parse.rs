@@ -163,6 +163,9 @@ impl Pipeline {
         }
         check_locations(&source.location, &sink, &checkpoint_root).map_err(spec_err)?;
         let limits = limits(&raw.limits).map_err(spec_err)?;
+        if let Some(n) = raw.checkpoint.retain_batches {
+            check_count("checkpoint.retain_batches", n, MAX_WINDOW).map_err(spec_err)?;
+        }
         let sql = raw.query.sql.trim().trim_end_matches(';').to_string();
         if sql.is_empty() {
             return Err(spec_err("query.sql is empty".to_string()));
@@ -173,7 +176,7 @@ impl Pipeline {
             source,
             sql,
             sink,
-            retain_batches: raw.checkpoint.retain_batches.unwrap_or(100).max(1),
+            retain_batches: raw.checkpoint.retain_batches.unwrap_or(100),
             limits,
         })
     }
@@ -233,8 +236,11 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
     if src.reconcile_every.is_some() && discovery != DiscoveryMode::Notify {
         return Err("source.reconcile_every applies to discovery = \"notify\" only".to_string());
     }
-    if src.reconcile_every == Some(0) {
-        return Err("source.reconcile_every = 0: use a positive number of runs".to_string());
+    if let Some(n) = src.reconcile_every {
+        check_count("source.reconcile_every", n, MAX_WINDOW)?;
+    }
+    if let Some(n) = src.lookback {
+        check_count("source.lookback", n, MAX_WINDOW)?;
     }
     if let Some(cols) = &src.schema {
         if cols.is_empty() {
@@ -267,6 +273,10 @@ fn check_locations(
     sink: &Location,
     checkpoint: &Location,
 ) -> std::result::Result<(), String> {
+    // Compared as the file system resolves them: a sink reached through a
+    // symlink inside the source is inside the source.
+    let (source_r, sink_r, checkpoint_r) = (resolved(source), resolved(sink), resolved(checkpoint));
+    let (source, sink, checkpoint) = (&source_r, &sink_r, &checkpoint_r);
     for (field, loc) in [("sink.uri", sink), ("checkpoint.uri", checkpoint)] {
         if inside(loc, source) || inside(source, loc) {
             return Err(format!(
@@ -285,6 +295,31 @@ fn check_locations(
         ));
     }
     Ok(())
+}
+
+/// A local location with its symlinks resolved: the longest part of the
+/// path that exists, canonicalised, then the rest (which does not exist
+/// yet, so holds no link). S3 locations are themselves.
+fn resolved(loc: &Location) -> Location {
+    let Location::Local(path) = loc else {
+        return loc.clone();
+    };
+    let mut existing = path.as_path();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(existing) {
+            let mut out = real;
+            out.extend(rest.iter().rev());
+            return Location::Local(out);
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                existing = parent;
+            }
+            _ => return loc.clone(),
+        }
+    }
 }
 
 /// `[limits]`, with defaults; every limit positive.
@@ -312,22 +347,54 @@ fn limits(l: &LimitsFile) -> std::result::Result<Limits, String> {
             .max_batches_per_execution
             .unwrap_or(d.max_batches_per_execution),
     };
-    for (field, v) in [
-        ("max_files_per_batch", limits.max_files_per_batch),
-        ("max_bytes_per_batch", limits.max_bytes_per_batch),
-        ("max_bytes_per_task", limits.max_bytes_per_task),
-        ("lease_ttl_seconds", limits.lease_ttl_seconds),
-        ("max_inline_tasks", limits.max_inline_tasks),
+    for (field, v, max) in [
+        (
+            "max_files_per_batch",
+            limits.max_files_per_batch,
+            MAX_FILES_PER_BATCH,
+        ),
+        ("max_bytes_per_batch", limits.max_bytes_per_batch, MAX_BYTES),
+        ("max_bytes_per_task", limits.max_bytes_per_task, MAX_BYTES),
+        (
+            "lease_ttl_seconds",
+            limits.lease_ttl_seconds,
+            MAX_LEASE_TTL_SECONDS,
+        ),
+        (
+            "max_inline_tasks",
+            limits.max_inline_tasks,
+            MAX_INLINE_TASKS,
+        ),
         (
             "max_batches_per_execution",
             limits.max_batches_per_execution,
+            MAX_BATCHES_PER_EXECUTION,
         ),
     ] {
-        if v == 0 {
-            return Err(format!("limits.{field} = 0: use a positive value"));
-        }
+        check_count(&format!("limits.{field}"), v, max)?;
     }
     Ok(limits)
+}
+
+/// Upper bounds of the numeric settings: past them a value is a typo or
+/// would overflow (a TTL in milliseconds), exceed what one plan record or
+/// one execution's history holds, or make a run that never ends.
+const MAX_FILES_PER_BATCH: u64 = 100_000;
+const MAX_BYTES: u64 = 1 << 50; // 1 PiB
+const MAX_LEASE_TTL_SECONDS: u64 = 7 * 24 * 3600;
+const MAX_INLINE_TASKS: u64 = 1_000;
+const MAX_BATCHES_PER_EXECUTION: u64 = 1_000;
+const MAX_WINDOW: u64 = 10_000_000;
+
+/// A count setting must be positive and at most `max`.
+fn check_count(field: &str, v: u64, max: u64) -> std::result::Result<(), String> {
+    if v == 0 {
+        return Err(format!("{field} = 0: use a positive value"));
+    }
+    if v > max {
+        return Err(format!("{field} = {v} is too large: at most {max}"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -402,6 +469,70 @@ max_bytes_per_batch = "64 MiB"
         assert!(
             err(&GOOD.replace("table = \"trips\"", "table = \"1trips\"")).contains("source.table")
         );
+    }
+
+    /// The review's case: a TTL of 10^16 s overflowed to a negative TTL in
+    /// milliseconds, so any run took a live lease. Every count is bounded.
+    #[test]
+    fn refuses_numbers_out_of_bounds() {
+        let limits = |line: &str| err(&format!("{GOOD}{line}\n"));
+        let e = limits("lease_ttl_seconds = 10000000000000000");
+        assert!(
+            e.contains("limits.lease_ttl_seconds = 10000000000000000 is too large: at most 604800"),
+            "{e}"
+        );
+        assert!(limits("max_inline_tasks = 1001").contains("limits.max_inline_tasks"));
+        assert!(
+            limits("max_batches_per_execution = 0")
+                .contains("limits.max_batches_per_execution = 0")
+        );
+        assert!(limits("max_bytes_per_task = \"2 PiB\"").contains("limits.max_bytes_per_task"));
+        assert!(
+            err(&GOOD.replace("max_files_per_batch = 3", "max_files_per_batch = 100001"))
+                .contains("at most 100000")
+        );
+        assert!(
+            err(&GOOD.replace("lookback = 10", "lookback = 0")).contains("source.lookback = 0")
+        );
+        assert!(
+            err(&GOOD.replace(
+                "uri = \"out/checkpoint\"",
+                "uri = \"out/checkpoint\"\nretain_batches = 0"
+            ))
+            .contains("checkpoint.retain_batches = 0")
+        );
+        // At the bounds: accepted.
+        assert!(
+            parse(&format!(
+                "{GOOD}lease_ttl_seconds = 604800\nmax_inline_tasks = 1000\n"
+            ))
+            .is_ok()
+        );
+    }
+
+    /// The review's case: `ln -s data/outdir sinklink`, `sink.uri =
+    /// "sinklink/"` passed the overlap check and every run read its own
+    /// output back. Locations are compared resolved.
+    #[test]
+    fn a_sink_reached_through_a_symlink_into_the_source_overlaps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("data/outdir")).unwrap();
+        std::os::unix::fs::symlink(root.join("data/outdir"), root.join("sinklink")).unwrap();
+        let text = GOOD.replace("uri = \"out/sink\"", "uri = \"sinklink/\"");
+        let e = Pipeline::parse(&text, "p.toml", root)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("sink.uri") && e.contains("overlaps source.uri"),
+            "{e}"
+        );
+        // A link to a folder outside the source is fine, as is a sink
+        // folder that does not exist yet.
+        std::fs::create_dir_all(root.join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(root.join("elsewhere"), root.join("outlink")).unwrap();
+        let ok = GOOD.replace("uri = \"out/sink\"", "uri = \"outlink/new/sink\"");
+        assert!(Pipeline::parse(&ok, "p.toml", root).is_ok());
     }
 
     #[test]

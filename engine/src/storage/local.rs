@@ -217,7 +217,14 @@ impl LocalStore {
         };
         for entry in entries {
             let entry = entry.map_err(|e| self.err("list", dir, e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                // Keys are UTF-8; a name that is not cannot be one.
+                tracing::warn!(
+                    file = %entry.path().display(),
+                    "not listed: the file name is not UTF-8; rename it to read it"
+                );
+                continue;
+            };
             if name.starts_with('.') {
                 continue;
             }

@@ -4,18 +4,9 @@ use std::collections::BTreeMap;
 
 use super::events::{Event, ObjectRef, refused};
 use crate::error::Result;
+use crate::paths::is_plain_key;
 use crate::pipeline::Pipeline;
 use crate::storage::Location;
-
-/// Whether `key` is a plain object key: no empty, `.` or `..` segment, no
-/// leading `/`, no control characters.
-pub(crate) fn is_plain_key(key: &str) -> bool {
-    !key.is_empty()
-        && !key.chars().any(char::is_control)
-        && key
-            .split('/')
-            .all(|s| !s.is_empty() && s != "." && s != "..")
-}
 
 /// Whether the created object `o` is an input file of `p`.
 pub(crate) fn concerns(p: &Pipeline, o: &ObjectRef) -> bool {
