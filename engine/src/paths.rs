@@ -28,28 +28,55 @@ pub mod checkpoint {
     /// Notify mode: one claim per input key taken by a run.
     pub(crate) const CLAIMS_PREFIX: &str = "index/keys/";
 
-    /// Notify mode: the inbox entry of source key `key` of `size` bytes:
-    /// the key base64url-encoded (so any key is a safe object name), then
-    /// the size, so one listing of the inbox is all a plan reads.
-    pub(crate) fn inbox_entry(key: &str, size: u64) -> String {
-        format!("{INBOX_PREFIX}{}.{size}", encode_key(key))
+    /// Longest encoded key kept in an entry or claim name: with the
+    /// `.size` ending it stays inside a local file name's 255 bytes, and
+    /// with the checkpoint prefix inside S3's 1,024-byte keys.
+    const MAX_ENCODED: usize = 180;
+
+    /// The name part for source key `key`: the key base64url-encoded (so
+    /// any key is a safe object name) when that is short enough, else
+    /// `~` and a 128-bit hash of it (the key is then in the object's body).
+    fn key_name(key: &str) -> String {
+        let encoded = encode_key(key);
+        if encoded.len() <= MAX_ENCODED {
+            return encoded;
+        }
+        let mut second = crate::hash::Fnv::new();
+        second.write(b"sluice-long-key");
+        second.write(key.as_bytes());
+        format!(
+            "~{:016x}{:016x}",
+            crate::hash::fnv1a(key.as_bytes()),
+            second.finish()
+        )
     }
 
-    /// The source key and size an inbox entry names.
-    pub(crate) fn inbox_key_of(entry: &str) -> Option<(String, u64)> {
+    /// Notify mode: the inbox entry of source key `key` of `size` bytes:
+    /// the key's name part, then the size, so one listing of the inbox is
+    /// all a plan reads (but for keys too long to name, whose entry holds
+    /// the key: [`inbox_key_of`] gives `None` for them).
+    pub(crate) fn inbox_entry(key: &str, size: u64) -> String {
+        format!("{INBOX_PREFIX}{}.{size}", key_name(key))
+    }
+
+    /// The source key (when the name holds it) and size an inbox entry
+    /// names.
+    pub(crate) fn inbox_key_of(entry: &str) -> Option<(Option<String>, u64)> {
         let name = entry.strip_prefix(INBOX_PREFIX)?;
         let (key, size) = name.rsplit_once('.')?;
-        Some((decode_key(key)?, size.parse().ok()?))
+        let size = size.parse().ok()?;
+        match key.strip_prefix('~') {
+            Some(hash) if hash.len() == 32 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                Some((None, size))
+            }
+            Some(_) => None,
+            None => Some((Some(decode_key(key)?), size)),
+        }
     }
 
     /// Notify mode: the claim of source key `key`.
     pub fn claim(key: &str) -> String {
-        format!("{CLAIMS_PREFIX}{}", encode_key(key))
-    }
-
-    /// The source key a claim is for.
-    pub(crate) fn claim_key_of(claim: &str) -> Option<String> {
-        decode_key(claim.strip_prefix(CLAIMS_PREFIX)?)
+        format!("{CLAIMS_PREFIX}{}", key_name(key))
     }
 
     fn encode_key(key: &str) -> String {
@@ -199,22 +226,38 @@ mod tests {
 
     #[test]
     fn inbox_entries_and_claims_name_any_key() {
+        let long = "d/".repeat(400) + "x.csv"; // 805 bytes
         for key in [
             "a.csv",
             "2026/11/30/x y+z%41.csv",
             "ünï/cödé #().csv",
             "a.b.c",
+            &"k".repeat(190),
+            &long,
         ] {
             let e = checkpoint::inbox_entry(key, 1234);
             assert!(e.starts_with(checkpoint::INBOX_PREFIX));
-            assert!(!e[checkpoint::INBOX_PREFIX.len()..].contains('/'), "{e}");
-            assert_eq!(checkpoint::inbox_key_of(&e), Some((key.to_string(), 1234)));
+            let name = &e[checkpoint::INBOX_PREFIX.len()..];
+            assert!(!name.contains('/'), "{e}");
+            assert!(name.len() <= 200, "{} bytes", name.len());
+            let (named, size) = checkpoint::inbox_key_of(&e).unwrap();
+            assert_eq!(size, 1234);
+            if key.len() < 100 {
+                assert_eq!(named.as_deref(), Some(key));
+            } else {
+                assert_eq!(named, None, "a long key is in the entry's body");
+            }
             let c = checkpoint::claim(key);
-            assert_eq!(checkpoint::claim_key_of(&c).as_deref(), Some(key));
+            assert!(c.len() - checkpoint::CLAIMS_PREFIX.len() <= 200);
         }
+        assert_ne!(
+            checkpoint::claim(&long),
+            checkpoint::claim(&long.replace("x.csv", "y.csv"))
+        );
         assert_eq!(checkpoint::inbox_key_of("inbox/not base64!.1"), None);
         assert_eq!(checkpoint::inbox_key_of("inbox/YQ.x"), None);
         assert_eq!(checkpoint::inbox_key_of("inbox/YQ"), None);
+        assert_eq!(checkpoint::inbox_key_of("inbox/~abc.1"), None);
     }
 }
 

@@ -346,3 +346,62 @@ impl triggers::Executions for NoExecutions {
         Ok(())
     }
 }
+
+/// The review's case: a 190-character key made the base64 inbox entry's
+/// local file name too long; every reconciliation failed and the file was
+/// never processed. Entries and claims work for any key length S3 allows:
+/// a 190-character name and an 805-byte key, notified, then duplicated.
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_too_long_to_name_an_entry_are_notified_claimed_and_processed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    let made = gen_files(&input, 2, 60);
+    let long_name = input.join(format!("{}.parquet", "n".repeat(182)));
+    let deep = input.join(format!("{}x.parquet", "d/".repeat(400)));
+    std::fs::create_dir_all(deep.parent().unwrap()).unwrap();
+    std::fs::rename(&made[0], &long_name).unwrap();
+    std::fs::rename(&made[1], &deep).unwrap();
+    let files = vec![long_name.clone(), deep.clone()];
+    let rel = |p: &Path| {
+        p.strip_prefix(&input)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    let objects: Vec<(String, u64)> = files
+        .iter()
+        .map(|f| (rel(f), std::fs::metadata(f).unwrap().len()))
+        .collect();
+    assert!(objects[1].0.len() > 800);
+
+    let toml = pipeline_toml("lng", "parquet", NOTIFY, "max_files_per_batch = 1");
+    let ctx = local_context(&pipeline(root, &toml));
+    let store = ctx.checkpoint.store().clone();
+    discovery::record_notified(&store, objects.clone())
+        .await
+        .unwrap();
+    let mut listed = inbox(&ctx).await;
+    listed.sort();
+    let mut want: Vec<String> = objects.iter().map(|(k, _)| k.clone()).collect();
+    want.sort();
+    assert_eq!(listed, want);
+
+    let s = run(&ctx).await.unwrap();
+    assert_eq!(files_of(&s), 2);
+    // A duplicate notification of both is consumed without processing.
+    discovery::record_notified(&store, objects).await.unwrap();
+    let again = run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    assert_eq!(files_of(&again), 0);
+    assert!(inbox(&ctx).await.is_empty());
+    // A reconciliation finds nothing unclaimed.
+    let mut asked = local_context(&pipeline(root, &toml));
+    asked.reconcile = true;
+    let reconciled = run(&asked).await.unwrap();
+    assert_eq!(files_of(&reconciled), 0);
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "lng").await,
+        duckdb_rows(&files, SQL).await
+    );
+}

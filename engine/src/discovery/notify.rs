@@ -28,15 +28,17 @@ pub struct InboxEntry {
 
 /// Record notified source objects (`(relative key, size)`) in the inbox of
 /// the checkpoint `store`. Idempotent: a repeated notification rewrites the
-/// same empty entry.
+/// same entry.
 pub async fn record_notified(store: &Arc<dyn Store>, objects: Vec<(String, u64)>) -> Result<()> {
     concurrently(objects, |(key, size)| {
         let store = store.clone();
         async move {
+            // The body holds the key: the name does too, but for keys too
+            // long to name.
             store
                 .put(
                     &ck::inbox_entry(&key, size),
-                    bytes::Bytes::new(),
+                    bytes::Bytes::from(key.into_bytes()),
                     PutMode::Overwrite,
                 )
                 .await?;
@@ -51,15 +53,36 @@ pub async fn record_notified(store: &Arc<dyn Store>, objects: Vec<(String, u64)>
 /// (not written by Sluice) are skipped with a warning.
 pub async fn read_inbox(store: &dyn Store) -> Result<Vec<InboxEntry>> {
     let mut out: Vec<InboxEntry> = Vec::new();
+    let mut long = Vec::new();
     for m in store.list(ck::INBOX_PREFIX, None).await? {
         match ck::inbox_key_of(&m.key) {
-            Some((key, size)) => out.push(InboxEntry {
+            Some((Some(key), size)) => out.push(InboxEntry {
                 entry: m.key,
                 key,
                 size,
                 arrived: m.last_modified,
             }),
+            Some((None, size)) => long.push((m, size)),
             None => tracing::warn!(entry = %m.key, "not an inbox entry Sluice wrote; ignored"),
+        }
+    }
+    // Keys too long to name an entry are in its body: one read each.
+    let read = concurrently(long, |(m, size)| async move {
+        let body = store.get(&m.key).await?;
+        Ok::<_, Error>(body.map(|b| (m, size, b.bytes)))
+    })
+    .await?;
+    for (m, size, bytes) in read.into_iter().flatten() {
+        match String::from_utf8(bytes.to_vec()) {
+            Ok(key) if ck::inbox_entry(&key, size) == m.key => out.push(InboxEntry {
+                entry: m.key,
+                key,
+                size,
+                arrived: m.last_modified,
+            }),
+            _ => {
+                tracing::warn!(entry = %m.key, "an inbox entry whose body is not its key; ignored")
+            }
         }
     }
     out.sort_by(|a, b| a.arrived.cmp(&b.arrived).then(a.key.cmp(&b.key)));
@@ -106,14 +129,13 @@ pub(crate) fn unnotified(
     claims: &[ObjectMeta],
     inbox: &[InboxEntry],
 ) -> Vec<ObjectMeta> {
-    let mut known: std::collections::HashSet<String> = claims
-        .iter()
-        .filter_map(|m| ck::claim_key_of(&m.key))
-        .collect();
-    known.extend(inbox.iter().map(|e| e.key.clone()));
+    let claimed: std::collections::HashSet<&str> = claims.iter().map(|m| m.key.as_str()).collect();
+    let notified: std::collections::HashSet<&str> = inbox.iter().map(|e| e.key.as_str()).collect();
     source
         .iter()
-        .filter(|m| !known.contains(&m.key))
+        .filter(|m| {
+            !notified.contains(m.key.as_str()) && !claimed.contains(ck::claim(&m.key).as_str())
+        })
         .cloned()
         .collect()
 }
