@@ -295,9 +295,19 @@ async fn recovery_removes_the_temporary_files_of_killed_writes() {
         root.join("out/checkpoint/tmp/.control.json.4999999.3.tmp"),
     ];
     let live = staging.join(".part-00000-00001-e1.parquet.staged.1.0.tmp");
+    let two_minutes_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
     for f in killed.iter().chain([&live]) {
         std::fs::write(f, b"partial").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(f)
+            .unwrap()
+            .set_modified(two_minutes_ago)
+            .unwrap();
     }
+    // A fresh one of an absent pid may be a writer in another container.
+    let fresh = staging.join(".part-00000-00002-e1.parquet.staged.4999999.1.tmp");
+    std::fs::write(&fresh, b"partial").unwrap();
 
     let summary = run(&local_context(&p)).await.unwrap();
     assert!(summary.batches[0].resumed);
@@ -305,6 +315,7 @@ async fn recovery_removes_the_temporary_files_of_killed_writes() {
         assert!(!f.exists(), "{} was left", f.display());
     }
     assert!(live.exists(), "a live process's temporary file was removed");
+    assert!(fresh.exists(), "a fresh temporary file was removed");
     assert_eq!(
         committed_rows(&root.join("out/sink"), "tmp").await,
         one_shot_rows(&root.join("input")).await

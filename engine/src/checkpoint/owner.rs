@@ -1,7 +1,11 @@
 //! Who holds a lease, as written in `control.json`'s `owner`: a local
-//! process (`local:<host>:<pid>`), a Lambda function (`lambda:<log
-//! stream>`) or a Step Functions execution (`sfn:<execution name>`). Only
-//! a local process on this host can be seen to have exited; every other
+//! process (`local:<host>:<pid>/<namespace>/<start>`), a Lambda function
+//! (`lambda:<log stream>`) or a Step Functions execution (`sfn:<execution
+//! name>`). A local process is identified by its host, pid, a hash of the
+//! boot id and pid namespace it runs in, and its start time, so a process
+//! in another container with the same host name, or a later process that
+//! reuses the pid, is never taken for it. Only a local process in this
+//! host's boot and pid namespace can be seen to have exited; every other
 //! owner's lease ends by release or by its TTL (an execution's also when
 //! Step Functions says it ended).
 
@@ -16,6 +20,10 @@ pub enum Owner {
         host: String,
         /// Process id.
         pid: u32,
+        /// Which process with that pid: `<namespace>/<start time>`, where
+        /// the namespace hashes the boot id and pid namespace. `None` in
+        /// owners written before it was recorded (checked by TTL only).
+        instance: Option<String>,
     },
     /// A Lambda function instance, by its log stream.
     Lambda(String),
@@ -32,22 +40,34 @@ const EXECUTION: &str = "sfn:";
 impl Owner {
     /// This process, as a local owner.
     pub(crate) fn this_process() -> Owner {
+        let pid = std::process::id();
         Owner::Local {
             host: hostname(),
-            pid: std::process::id(),
+            pid,
+            instance: Some(format!(
+                "{}/{}",
+                namespace(),
+                start_time(pid).unwrap_or_default()
+            )),
         }
     }
 
     /// The owner an `owner` field names.
     pub fn parse(s: &str) -> Owner {
         if let Some(rest) = s.strip_prefix(LOCAL)
-            && let Some((host, pid)) = rest.rsplit_once(':')
-            && let Ok(pid) = pid.parse()
+            && let Some((host, process)) = rest.rsplit_once(':')
         {
-            return Owner::Local {
-                host: host.to_string(),
-                pid,
+            let (pid, instance) = match process.split_once('/') {
+                Some((pid, instance)) => (pid, Some(instance.to_string())),
+                None => (process, None),
             };
+            if let Ok(pid) = pid.parse() {
+                return Owner::Local {
+                    host: host.to_string(),
+                    pid,
+                    instance,
+                };
+            }
         }
         if let Some(stream) = s.strip_prefix(LAMBDA) {
             return Owner::Lambda(stream.to_string());
@@ -62,12 +82,25 @@ impl Owner {
     /// host that no longer exists. Other owners are never known to be gone
     /// (their lease expires).
     pub fn gone(&self) -> bool {
-        match self {
-            Owner::Local { host, pid } if *host == hostname() && *pid != std::process::id() => {
-                !std::path::Path::new(&format!("/proc/{pid}")).exists()
-            }
-            _ => false,
+        let Owner::Local {
+            host,
+            pid,
+            instance: Some(instance),
+        } = self
+        else {
+            return false;
+        };
+        let Some((ns, start)) = instance.split_once('/') else {
+            return false;
+        };
+        if *host != hostname() || ns != namespace() {
+            // Another machine, boot or container: its processes cannot be
+            // seen from here.
+            return false;
         }
+        // Gone if no process has the pid, or the one that has it started
+        // at another time (the pid was reused).
+        start_time(*pid).is_none_or(|t| t.to_string() != start)
     }
 
     /// The execution's name, if this owner is a Step Functions execution.
@@ -82,7 +115,16 @@ impl Owner {
 impl fmt::Display for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Owner::Local { host, pid } => write!(f, "{LOCAL}{host}:{pid}"),
+            Owner::Local {
+                host,
+                pid,
+                instance: None,
+            } => write!(f, "{LOCAL}{host}:{pid}"),
+            Owner::Local {
+                host,
+                pid,
+                instance: Some(i),
+            } => write!(f, "{LOCAL}{host}:{pid}/{i}"),
             Owner::Lambda(stream) => write!(f, "{LAMBDA}{stream}"),
             Owner::Execution(name) => write!(f, "{EXECUTION}{name}"),
             Owner::Other(s) => f.write_str(s),
@@ -96,6 +138,30 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// This process's boot and pid namespace, hashed: processes of another
+/// container (its own pid namespace) or of an earlier boot differ.
+fn namespace() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let pidns = std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let mut h = crate::hash::Fnv::new();
+    h.write(boot.trim().as_bytes());
+    h.write(b"/");
+    h.write(pidns.as_bytes());
+    format!("{:016x}", h.finish())
+}
+
+/// When process `pid` (in this pid namespace) started, in clock ticks
+/// since boot (`/proc/PID/stat`, field 22); `None` if there is no such
+/// process.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +172,12 @@ mod tests {
             Owner::Local {
                 host: "h:x".into(),
                 pid: 7,
+                instance: None,
+            },
+            Owner::Local {
+                host: "h".into(),
+                pid: 7,
+                instance: Some("0123456789abcdef/42".into()),
             },
             Owner::Lambda("2026/12/01/[$LATEST]ab".into()),
             Owner::Execution("taxi-3".into()),
@@ -116,5 +188,46 @@ mod tests {
         assert_eq!(Owner::parse("sfn:taxi-3").execution(), Some("taxi-3"));
         assert!(!Owner::this_process().gone());
         assert!(!Owner::Lambda("x".into()).gone());
+    }
+
+    /// The review's case: a run in another pid namespace on the same host
+    /// (a container with the host's name) took a live lease at once,
+    /// because the owner's pid was absent there. Only an owner of this
+    /// boot and namespace is checked; a reused pid is told apart by its
+    /// start time; an owner that cannot be checked falls back to the TTL.
+    #[test]
+    fn only_owners_that_can_be_checked_are_ever_gone() {
+        let Owner::Local {
+            host,
+            pid,
+            instance: Some(instance),
+        } = Owner::this_process()
+        else {
+            panic!("a local owner");
+        };
+        let (ns, start) = instance.split_once('/').unwrap();
+        let absent = 4_999_999; // above any pid_max
+        let local = |pid: u32, instance: Option<String>| Owner::Local {
+            host: host.clone(),
+            pid,
+            instance,
+        };
+        // Another container: its pid is absent here, yet it may be alive.
+        assert!(!local(absent, Some(format!("ffffffffffffffff/{start}"))).gone());
+        assert!(!local(pid, Some("ffffffffffffffff/1".into())).gone());
+        // Written before instances were recorded: TTL only.
+        assert!(!local(absent, None).gone());
+        // Another host.
+        let other_host = Owner::Local {
+            host: format!("{host}-elsewhere"),
+            pid: absent,
+            instance: Some(format!("{ns}/1")),
+        };
+        assert!(!other_host.gone());
+        // This namespace: an exited process, and a reused pid, are gone.
+        assert!(local(absent, Some(format!("{ns}/1"))).gone());
+        let reused = start.parse::<u64>().unwrap() + 1;
+        assert!(local(pid, Some(format!("{ns}/{reused}"))).gone());
+        assert!(!local(pid, Some(instance.clone())).gone());
     }
 }

@@ -163,8 +163,8 @@ impl LocalStore {
     }
 
     /// Remove, under `dir`, the temporary files of writes that cannot be
-    /// running any more: their process is gone (no `/proc/PID`, on Linux),
-    /// or they are over an hour old.
+    /// running any more: their process is gone (no `/proc/PID`, on Linux)
+    /// and they are over a minute old, or they are over an hour old.
     fn sweep_dir(&self, dir: &Path, removed: &mut u64) -> Result<(), StoreError> {
         let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
@@ -183,15 +183,19 @@ impl LocalStore {
             let Some(pid) = temp_owner(&name) else {
                 continue;
             };
-            let old = meta
+            let age = meta
                 .modified()
                 .ok()
                 .and_then(|m| m.elapsed().ok())
-                .is_some_and(|age| age > std::time::Duration::from_secs(3600));
+                .unwrap_or_default();
+            // A pid absent here may be a live writer in another container
+            // sharing the folder: its file must also be a minute old (no
+            // write of a part takes that long between create and rename).
             let gone = pid != std::process::id()
                 && Path::new("/proc/self").exists()
-                && !Path::new(&format!("/proc/{pid}")).exists();
-            if old || gone {
+                && !Path::new(&format!("/proc/{pid}")).exists()
+                && age > std::time::Duration::from_secs(60);
+            if gone || age > std::time::Duration::from_secs(3600) {
                 match std::fs::remove_file(&path) {
                     Ok(()) => *removed += 1,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -270,7 +270,7 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Remove the temporary files that writes killed mid-way left under
     /// `prefix` (a local folder's hidden `.NAME.PID.N.tmp` files of
-    /// processes no longer running). Stores whose writes leave nothing
+    /// processes no longer running, over a minute old). Stores whose writes leave nothing
     /// behind have nothing to do. Returns how many were removed.
     async fn sweep_temp(&self, _prefix: &str) -> Result<u64, StoreError> {
         Ok(0)
