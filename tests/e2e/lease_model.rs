@@ -120,7 +120,7 @@ impl State {
                     };
                 }
                 Trig::Decide { seen, version } => {
-                    match decide_wake(seen.as_ref(), s.now, TTL, false) {
+                    match decide_wake(seen.as_ref(), s.now, TTL, None) {
                         Wake::Start { epoch, .. } => {
                             let next = claimed(seen.as_ref(), epoch, "exec", s.now, "h");
                             if s.swap(*version, next) {

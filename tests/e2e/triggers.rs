@@ -538,6 +538,76 @@ async fn a_lease_kept_by_an_ended_execution_is_taken_over_without_waiting_for_th
     );
 }
 
+/// The review's case: nothing heartbeats between Plan and Commit on AWS,
+/// and a trigger took over an expired lease without asking whether its
+/// execution still ran, so a batch longer than the TTL was pre-empted by
+/// the next event. Now Step Functions is asked first (a running execution
+/// keeps its lease, however old its heartbeat), and tasks renew the
+/// heartbeat.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_lease_of_a_running_execution_is_not_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    gen_files(&dir.path().join("input"), 2, 20);
+    let p = pipeline(dir.path(), &pipeline_toml("long", "parquet", "", ""));
+    let ctx = local_context(&p);
+    admin::register(&ctx).await.unwrap();
+    let rec = Recorder::default();
+    assert!(matches!(
+        trigger(&ctx, &rec).await.unwrap(),
+        WakeOutcome::Started { epoch: 1, .. }
+    ));
+    // Twenty minutes later (TTL 15), the execution still runs its batch.
+    let mut later = local_context(&p);
+    later.clock = Arc::new(|| chrono::Utc::now().timestamp_millis() + 20 * 60_000);
+    let next = trigger(&later, &rec).await.unwrap();
+    assert_eq!(next, WakeOutcome::Requested { epoch: 1 });
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!((c.epoch, c.requested), (1, true));
+
+    // A task of that run, past a third of the TTL, renews the heartbeat.
+    let run = sluice_engine::handlers::RunState {
+        pipeline: "long".into(),
+        epoch: 1,
+        discovered: false,
+        batches: 0,
+        trigger: None,
+        spec: String::new(),
+    };
+    let handlers::PlanOutcome::Batch { run, batch } =
+        handlers::plan(&later, Some(run)).await.unwrap()
+    else {
+        panic!("a batch was planned");
+    };
+    let mut task_time = local_context(&p);
+    task_time.clock = Arc::new(|| chrono::Utc::now().timestamp_millis() + 40 * 60_000);
+    handlers::operate(&task_time, &run, batch.batch, 0)
+        .await
+        .unwrap();
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    let age = chrono::Utc::now().timestamp_millis() + 40 * 60_000 - c.heartbeat_ms.unwrap();
+    assert!(
+        age < 60_000,
+        "the task did not renew the heartbeat ({age} ms old)"
+    );
+
+    // Once the execution ended, the next trigger takes over.
+    rec.ended.lock().unwrap().push("long-1".into());
+    let mut much_later = local_context(&p);
+    much_later.clock = Arc::new(|| chrono::Utc::now().timestamp_millis() + 60 * 60_000);
+    let next = trigger(&much_later, &rec).await.unwrap();
+    assert!(
+        matches!(
+            next,
+            WakeOutcome::Started {
+                epoch: 2,
+                recover: true,
+                ..
+            }
+        ),
+        "{next:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_with_more_tasks_than_the_inline_limit_goes_to_the_distributed_map() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::context::Context;
 use super::lease::owned_control;
 use super::payloads::{Refusal, RunState, TaskRequest};
+use crate::checkpoint::Control;
 use crate::error::{Error, Result};
 use crate::operators::{SqlOperator, TaskResult};
 use crate::paths;
@@ -32,7 +33,8 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     // Fenced: a run that lost its lease writes nothing more. (What a task
     // of such a run still writes after this check stays staged, and is
     // never published: the commit publishes only what its record names.)
-    owned_control(ctx, run.epoch).await?;
+    let (control, etag) = owned_control(ctx, run.epoch).await?;
+    beat_if_due(ctx, &control, &etag).await?;
     let schema = ctx.schema().await?;
     let op = SqlOperator::new(ctx.pipeline.clone(), schema);
     // Views that count only this task's requests.
@@ -57,6 +59,22 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
         .await?;
     tracing::debug!(pipeline = %ctx.pipeline.name, batch, task, rows = result.rows_out, "task done");
     Ok(result)
+}
+
+/// Renew the run's heartbeat from a task once a third of the TTL has
+/// passed since the last one: between Plan and Commit only tasks run, and
+/// a batch longer than the TTL must not look dead. At most one write per
+/// third of the TTL (a task that loses the race to another writer leaves
+/// it; the lease stays this run's, or the next step finds out).
+async fn beat_if_due(ctx: &Context, control: &Control, etag: &str) -> Result<()> {
+    let now = ctx.now();
+    if now - control.heartbeat_ms.unwrap_or(0) < ctx.ttl_ms() / 3 {
+        return Ok(());
+    }
+    let mut next = control.clone();
+    next.heartbeat_ms = Some(now);
+    ctx.checkpoint.swap_control(&next, Some(etag)).await?;
+    Ok(())
 }
 
 /// Leave the refusal where `settle` finds it. Best effort: without it a

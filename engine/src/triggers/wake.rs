@@ -37,18 +37,31 @@ pub enum Wake {
 }
 
 /// The trigger's decision, a pure function of the control record and of
-/// whether the lease holder's execution has ended (a failed execution keeps
-/// the lease deliberately; once it ended, the next trigger takes over
-/// without waiting for the TTL).
+/// what Step Functions says of the lease holder's execution, when an
+/// execution holds it (`None` otherwise, or when it was not asked). A
+/// failed execution keeps the lease deliberately; once it ended, the next
+/// trigger takes over without waiting for the TTL. An execution that still
+/// runs keeps its lease however old its heartbeat (a long batch is not
+/// pre-empted); it is asked to look again.
 pub fn decide_wake(
     control: Option<&Control>,
     now_ms: i64,
     ttl_ms: i64,
-    holder_ended: bool,
+    holder: Option<ExecutionState>,
 ) -> Wake {
+    if let Some(c) = control
+        && c.status == RunStatus::Running
+        && holder == Some(ExecutionState::Running)
+    {
+        return Wake::Request {
+            epoch: c.epoch,
+            already: c.requested,
+        };
+    }
     // The same rule as a run's own claim: the holder's execution having
     // ended is what a dead local process is to `sluice run`. A paused
     // pipeline starts nothing new (a run already going carries on).
+    let holder_ended = holder == Some(ExecutionState::Ended);
     match checkpoint::decide_claim(control, now_ms, ttl_ms, holder_ended) {
         checkpoint::Claim::Take { .. } if control.is_some_and(|c| c.paused) => Wake::Hold {
             already: control.is_some_and(|c| c.requested),
@@ -160,13 +173,12 @@ pub async fn wake(
         let read = checkpoint.control().await?;
         let control = read.as_ref().map(|(c, _)| c);
         let etag = read.as_ref().map(|(_, e)| e.as_str());
-        let holder = live_execution(control, now_ms, ttl_ms);
+        let holder = holding_execution(control);
         let holder_state = match &holder {
             Some(name) => Some(executions.state(name).await?),
             None => None,
         };
-        let ended = holder_state == Some(ExecutionState::Ended);
-        let done = match decide_wake(control, now_ms, ttl_ms, ended) {
+        let done = match decide_wake(control, now_ms, ttl_ms, holder_state) {
             Wake::Start { epoch, recover } => {
                 let claim = Claim {
                     checkpoint,
@@ -215,12 +227,11 @@ pub async fn wake(
     })
 }
 
-/// The execution holding a live lease, if an execution holds it: the one
-/// case where Step Functions is asked whether it still runs.
-fn live_execution(control: Option<&Control>, now_ms: i64, ttl_ms: i64) -> Option<String> {
-    let c = control.filter(|c| {
-        c.status == RunStatus::Running && now_ms - c.heartbeat_ms.unwrap_or(i64::MIN / 2) <= ttl_ms
-    })?;
+/// The execution holding the lease, if an execution holds it: Step
+/// Functions is asked whether it still runs (DescribeExecution) before its
+/// lease is taken over, expired or not.
+fn holding_execution(control: Option<&Control>) -> Option<String> {
+    let c = control.filter(|c| c.status == RunStatus::Running)?;
     Owner::parse(c.owner.as_deref()?)
         .execution()
         .map(str::to_string)
