@@ -42,6 +42,7 @@ pub mod operators;
 pub mod paths;
 pub mod pipeline;
 pub mod planning;
+mod process;
 pub mod runner;
 pub mod sinks;
 pub mod storage;
@@ -58,6 +59,7 @@ mod layering {
     const LAYERS: &[(&str, u32)] = &[
         ("error", 0),
         ("hash", 0),
+        ("process", 1),
         ("paths", 1),
         ("storage", 2),
         ("pipeline", 3),

@@ -63,6 +63,7 @@ mod tests {
                 key: format!("{i:04}"),
                 size: *s,
                 etag: None,
+                modified_ms: None,
             })
             .collect()
     }

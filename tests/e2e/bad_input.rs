@@ -157,3 +157,57 @@ async fn files_whose_names_cannot_be_keys_are_skipped_not_failed_on() {
     let again = run(&local_context(&p)).await.unwrap();
     assert!(again.batches.is_empty(), "{again:?}");
 }
+
+/// The review's case: a local CSV still being written was read half (`67`
+/// for `678`), and the rest never, since the key was then processed. A
+/// `list`-mode file that changed between listing and reading is left for
+/// the next run, which reads it whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_local_file_changed_since_listing_is_left_for_the_next_run() {
+    use sluice_engine::handlers::{self, PlanOutcome};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    let files =
+        sluice_cli::generator::write_taxi_files(&input, 2, 80, SourceFormat::Csv, None).unwrap();
+    let full = std::fs::read(&files[1]).unwrap();
+    // Half written: cut in the middle of a line.
+    let cut = full.len() / 2;
+    assert_ne!(full[cut - 1], b'\n');
+    std::fs::write(&files[1], &full[..cut]).unwrap();
+    let p = pipeline(root, &pipeline_toml("half", "csv", "", ""));
+    let ctx = local_context(&p);
+    let PlanOutcome::Batch { run: r, batch } = handlers::plan(&ctx, None).await.unwrap() else {
+        panic!("a batch was planned");
+    };
+    assert_eq!(batch.files, 2);
+    // The writer finishes while the batch runs.
+    std::fs::write(&files[1], &full).unwrap();
+    for task in &batch.tasks {
+        handlers::operate(&ctx, &r, batch.batch, *task)
+            .await
+            .unwrap();
+    }
+    let record = handlers::commit(&ctx, &r, batch.batch).await.unwrap();
+    assert_eq!(record.files, 1, "{record:?}");
+    let first = files[0].strip_prefix(&input).unwrap().to_str().unwrap();
+    assert_eq!(record.input_keys, [first]);
+
+    let next = run(&local_context(&p)).await.unwrap();
+    assert_eq!(next.batches.iter().map(|b| b.files).sum::<u64>(), 1);
+    // Both files, whole: a one-shot DataFusion query over the CSV files.
+    let one_shot = datafusion::prelude::SessionContext::new();
+    one_shot
+        .register_csv(
+            "trips",
+            input.to_str().unwrap(),
+            datafusion::prelude::CsvReadOptions::new(),
+        )
+        .await
+        .unwrap();
+    let expected = rows_of(&one_shot.sql(SQL).await.unwrap().collect().await.unwrap());
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "half").await,
+        expected
+    );
+}

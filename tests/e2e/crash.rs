@@ -118,6 +118,11 @@ async fn killing_the_process_at_any_point_then_rerunning_gives_the_clean_output(
         orphan_files(&root.join("out/sink"), "kill").await,
         Vec::<String>::new()
     );
+    // Readers that glob see the same rows; nothing is left staged.
+    let mut globbed = globbed_rows(&root.join("out/sink")).await;
+    globbed.sort();
+    assert_eq!(globbed, got);
+    assert_eq!(staged_files(&root.join("out/sink")), Vec::<String>::new());
     let control = control_of(root, &toml).await;
     assert_eq!(control.totals.files, 12);
     assert_eq!(control.last_committed, Some(11));

@@ -46,8 +46,8 @@ impl Owner {
             pid,
             instance: Some(format!(
                 "{}/{}",
-                namespace(),
-                start_time(pid).unwrap_or_default()
+                crate::process::namespace(),
+                crate::process::start_time(pid).unwrap_or_default()
             )),
         }
     }
@@ -93,14 +93,14 @@ impl Owner {
         let Some((ns, start)) = instance.split_once('/') else {
             return false;
         };
-        if *host != hostname() || ns != namespace() {
+        if *host != hostname() || ns != crate::process::namespace() {
             // Another machine, boot or container: its processes cannot be
             // seen from here.
             return false;
         }
         // Gone if no process has the pid, or the one that has it started
         // at another time (the pid was reused).
-        start_time(*pid).is_none_or(|t| t.to_string() != start)
+        crate::process::start_time(*pid).is_none_or(|t| t.to_string() != start)
     }
 
     /// The execution's name, if this owner is a Step Functions execution.
@@ -136,30 +136,6 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
-}
-
-/// This process's boot and pid namespace, hashed: processes of another
-/// container (its own pid namespace) or of an earlier boot differ.
-fn namespace() -> String {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let pidns = std::fs::read_link("/proc/self/ns/pid")
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
-    let mut h = crate::hash::Fnv::new();
-    h.write(boot.trim().as_bytes());
-    h.write(b"/");
-    h.write(pidns.as_bytes());
-    format!("{:016x}", h.finish())
-}
-
-/// When process `pid` (in this pid namespace) started, in clock ticks
-/// since boot (`/proc/PID/stat`, field 22); `None` if there is no such
-/// process.
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces.
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(19)?.parse().ok()
 }
 
 #[cfg(test)]

@@ -203,6 +203,11 @@ pub struct InputFile {
     pub size: u64,
     /// Entity tag when planned, if the listing gave one.
     pub etag: Option<String>,
+    /// Modification time when listed (ms since the Unix epoch), where the
+    /// listing gave one: a local file that changed since is still being
+    /// written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modified_ms: Option<i64>,
 }
 
 /// The inputs of one task.

@@ -69,6 +69,7 @@ pub(crate) fn new_inputs(
             key: m.key.clone(),
             size: m.size,
             etag: m.etag.clone(),
+            modified_ms: m.last_modified.map(|t| t.timestamp_millis()),
         })
         .collect()
 }

@@ -40,6 +40,17 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         results
             .push(serde_json::from_slice(&obj.bytes).map_err(|e| ctx.broken(key, e.to_string()))?);
     }
+    // Inputs a task left for the next run (changed since listed) are not
+    // part of the batch: not counted, not marked processed.
+    let deferred: std::collections::HashSet<&str> = results
+        .iter()
+        .flat_map(|r| r.deferred.iter().map(String::as_str))
+        .collect();
+    let taken: Vec<&crate::checkpoint::InputFile> = off
+        .inputs
+        .iter()
+        .filter(|i| !deferred.contains(i.key.as_str()))
+        .collect();
     let mut outputs: Vec<_> = results.iter().flat_map(|r| r.outputs.clone()).collect();
     outputs.sort_by(|a, b| a.key.cmp(&b.key));
     ctx.sink.verify(batch, &outputs).await?;
@@ -51,8 +62,8 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         batch,
         epoch: run.epoch,
         committed_ms: ctx.now(),
-        files: off.inputs.len() as u64,
-        bytes_read: off.bytes(),
+        files: taken.len() as u64,
+        bytes_read: taken.iter().map(|i| i.size).sum(),
         rows_in: results.iter().map(|r| r.rows_in).sum(),
         rows_out: results.iter().map(|r| r.rows_out).sum(),
         outputs,
@@ -63,7 +74,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
             commit_ms: 0,
         },
         requests: RequestCounts::default(),
-        input_keys: off.inputs.iter().map(|i| i.key.clone()).collect(),
+        input_keys: taken.iter().map(|i| i.key.clone()).collect(),
         trigger: run.trigger.clone(),
         consumed: off.consumed.clone(),
     };

@@ -524,6 +524,7 @@ async fn claim_files(
                 key: f.key,
                 size: f.size,
                 etag: None,
+                modified_ms: None,
             });
         } else {
             duplicates.extend(by_key.remove(&f.key).unwrap_or_default());

@@ -54,6 +54,11 @@ pub struct TaskResult {
     /// Storage requests of this task.
     #[serde(default)]
     pub requests: RequestCounts,
+    /// Inputs not read because they changed since they were listed (a
+    /// local file still being written): not part of the batch, left for the
+    /// next run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deferred: Vec<String>,
 }
 
 /// Runs the pipeline's SQL over task inputs with DataFusion.
@@ -203,6 +208,7 @@ impl SqlOperator {
                         key: f.key,
                         size: meta.size,
                         etag: meta.e_tag,
+                        modified_ms: None,
                     })),
                     Err(object_store::Error::NotFound { .. }) => {
                         tracing::warn!(%pipeline, batch, key = %f.key, "notified file gone; skipped");
@@ -218,9 +224,51 @@ impl SqlOperator {
         Ok(found.into_iter().flatten().collect())
     }
 
-    /// Run one task of batch `batch` for the run holding lease `epoch`: read
-    /// `task`'s inputs, run the SQL and write the result to `sink`. An input that cannot be read is named in
-    /// the error.
+    /// Local files of the task whose size or modification time is not what
+    /// the listing saw: still being written (a local folder is not atomic,
+    /// unlike an S3 upload). In `list` mode they are deferred to the next
+    /// run; in `ordered` mode, whose cursor must not pass a key, the batch
+    /// is refused (its plan is dropped and the next run plans afresh).
+    async fn changed_since_listed(
+        &self,
+        access: &ScanAccess,
+        batch: u64,
+        task: &TaskPlan,
+        planned: &[&InputFile],
+    ) -> Result<Vec<String>> {
+        let mut changed = Vec::new();
+        for f in planned {
+            let meta = object_store::ObjectStoreExt::head(&access.store, &access.path(&f.key))
+                .await
+                .map_err(|e| {
+                    Error::Store(crate::storage::object_store_error("head", &f.key, &e))
+                })?;
+            let moved = f
+                .modified_ms
+                .is_some_and(|m| m != meta.last_modified.timestamp_millis());
+            if meta.size != f.size || moved {
+                tracing::warn!(pipeline = %self.pipeline.name, batch, key = %f.key, listed = f.size, now = meta.size, "input changed since it was listed (still being written?); left for the next run");
+                changed.push(f.key.clone());
+            }
+        }
+        if let Some(key) = changed.first()
+            && self.pipeline.source.discovery == DiscoveryMode::Ordered
+        {
+            return Err(Error::Input {
+                pipeline: self.pipeline.name.clone(),
+                batch,
+                key: key.clone(),
+                message: format!(
+                    "changed since it was listed (task {}): it is still being written. Write \
+                     files elsewhere and rename them into the source folder; the batch's plan is \
+                     dropped and the next run plans afresh",
+                    task.task
+                ),
+            });
+        }
+        Ok(changed)
+    }
+
     /// The task's input files, looked up by the indexes its plan names; an
     /// index past the plan's inputs means the stored plan is corrupt.
     fn planned_inputs<'a>(
@@ -245,6 +293,11 @@ impl SqlOperator {
             })
     }
 
+    /// Run one task of batch `batch` for the run holding lease `epoch`: read
+    /// `task`'s inputs, run the SQL and write the result to `sink`. An input
+    /// that cannot be read is named in the error. In `list` mode a local
+    /// file that changed since it was listed (still being written) is not
+    /// read: the result names it as deferred, and the next run takes it.
     pub async fn run(
         &self,
         source: &dyn Store,
@@ -267,10 +320,20 @@ impl SqlOperator {
         let planned = self.planned_inputs(batch, inputs, task)?;
         let mut heads = 0;
         let current;
+        let mut deferred = Vec::new();
         let files: Vec<&InputFile> = if self.pipeline.source.discovery == DiscoveryMode::Notify {
             heads = planned.len() as u64;
             current = self.current_sizes(&access, batch, &planned).await?;
             current.iter().collect()
+        } else if access.url.as_str() == "file:///" {
+            let changed = self
+                .changed_since_listed(&access, batch, task, &planned)
+                .await?;
+            deferred = changed;
+            planned
+                .into_iter()
+                .filter(|f| !deferred.contains(&f.key))
+                .collect()
         } else {
             planned
         };
@@ -281,6 +344,19 @@ impl SqlOperator {
             message: e.to_string(),
             class: ErrorClass::InvalidInput,
         };
+        if files.is_empty() {
+            // Every input was deferred: nothing to read or write.
+            return Ok(TaskResult {
+                task: task.task,
+                outputs: Vec::new(),
+                rows_in: 0,
+                rows_out: 0,
+                bytes_read: 0,
+                millis: started.elapsed().as_millis() as u64,
+                requests: source.counts().plus(&sink.store().counts()),
+                deferred,
+            });
+        }
         let (ctx, plan) = this.plan_scan(&access, &files).await.map_err(exec)?;
         let schema = plan.schema();
         let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
@@ -295,6 +371,7 @@ impl SqlOperator {
             .await?;
         let rows_out = outputs.iter().map(|o| o.rows).sum();
         Ok(TaskResult {
+            deferred,
             task: task.task,
             rows_in: leaf_rows(&plan),
             rows_out,

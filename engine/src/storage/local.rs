@@ -79,8 +79,9 @@ impl LocalStore {
         std::fs::create_dir_all(dir).map_err(|e| self.err("put", dir, e))?;
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         let tmp = dir.join(format!(
-            ".{name}.{}.{}.tmp",
+            ".{name}.{}-{}.{}.tmp",
             std::process::id(),
+            crate::process::namespace(),
             TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         let mut f = std::fs::File::create(&tmp).map_err(|e| self.err("put", &tmp, e))?;
@@ -180,7 +181,7 @@ impl LocalStore {
                 continue;
             }
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(pid) = temp_owner(&name) else {
+            let Some((pid, ns)) = temp_owner(&name) else {
                 continue;
             };
             let age = meta
@@ -188,13 +189,18 @@ impl LocalStore {
                 .ok()
                 .and_then(|m| m.elapsed().ok())
                 .unwrap_or_default();
-            // A pid absent here may be a live writer in another container
-            // sharing the folder: its file must also be a minute old (no
-            // write of a part takes that long between create and rename).
-            let gone = pid != std::process::id()
+            // Only a writer of this boot and pid namespace can be seen to
+            // have exited. One that recorded no namespace, with a pid absent
+            // here, may be a live writer in another container sharing the
+            // folder: its file must also be a minute old (no write of a part
+            // takes that long between create and rename).
+            let absent = pid != std::process::id()
                 && Path::new("/proc/self").exists()
-                && !Path::new(&format!("/proc/{pid}")).exists()
-                && age > std::time::Duration::from_secs(60);
+                && !Path::new(&format!("/proc/{pid}")).exists();
+            let gone = match ns {
+                Some(ns) => absent && ns == crate::process::namespace(),
+                None => absent && age > std::time::Duration::from_secs(60),
+            };
             if gone || age > std::time::Duration::from_secs(3600) {
                 match std::fs::remove_file(&path) {
                     Ok(()) => *removed += 1,
@@ -263,15 +269,19 @@ impl LocalStore {
     }
 }
 
-/// The process that wrote temporary file `name` (`.NAME.PID.N.tmp`), if
-/// it is one.
-fn temp_owner(name: &str) -> Option<u32> {
+/// The process that wrote temporary file `name`
+/// (`.NAME.PID-NAMESPACE.N.tmp`; `.NAME.PID.N.tmp` before namespaces were
+/// recorded), if it is one: its pid and namespace.
+fn temp_owner(name: &str) -> Option<(u32, Option<String>)> {
     let rest = name.strip_prefix('.')?.strip_suffix(".tmp")?;
     let mut parts = rest.rsplitn(3, '.');
     let _seq: u64 = parts.next()?.parse().ok()?;
-    let pid = parts.next()?.parse().ok()?;
+    let process = parts.next()?;
     parts.next().filter(|n| !n.is_empty())?;
-    Some(pid)
+    match process.split_once('-') {
+        Some((pid, ns)) => Some((pid.parse().ok()?, Some(ns.to_string()))),
+        None => Some((process.parse().ok()?, None)),
+    }
 }
 
 /// The etag of local content: a 64-bit FNV-1a hash and the length. Content
@@ -355,8 +365,9 @@ impl Store for LocalStore {
         std::fs::create_dir_all(dir).map_err(|e| self.err("copy", dir, e))?;
         let name = dst.file_name().unwrap_or_default().to_string_lossy();
         let tmp = dir.join(format!(
-            ".{name}.{}.{}.tmp",
+            ".{name}.{}-{}.{}.tmp",
             std::process::id(),
+            crate::process::namespace(),
             TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         // A hard link shares the bytes (no copy); a rename puts it in place
@@ -403,5 +414,36 @@ impl Store for LocalStore {
                 .trim_start_matches('/')
                 .to_string(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Temporary files of an exited process of this namespace go at once;
+    /// another namespace's (a container sharing the folder) stay until an
+    /// hour old; a live process's stay.
+    #[tokio::test]
+    async fn sweep_removes_only_what_no_running_writer_can_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path().to_path_buf());
+        let ns = crate::process::namespace();
+        let absent = 4_999_999;
+        let dead = dir.path().join(format!(".a.parquet.{absent}-{ns}.0.tmp"));
+        let elsewhere = dir
+            .path()
+            .join(format!(".b.parquet.{absent}-ffffffffffffffff.0.tmp"));
+        let live = dir.path().join(format!(".c.parquet.1-{ns}.0.tmp"));
+        let lock = dir.path().join(".control.json.lock");
+        for f in [&dead, &elsewhere, &live, &lock] {
+            std::fs::write(f, b"x").unwrap();
+        }
+        assert_eq!(store.sweep_temp("").await.unwrap(), 1);
+        assert!(!dead.exists());
+        assert!(elsewhere.exists() && live.exists() && lock.exists());
+        assert_eq!(temp_owner(".a.b.7.3.tmp"), Some((7, None)));
+        assert_eq!(temp_owner(".a.7-abc.3.tmp"), Some((7, Some("abc".into()))));
+        assert_eq!(temp_owner(".a.lock"), None);
     }
 }

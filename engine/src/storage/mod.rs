@@ -269,8 +269,8 @@ pub trait Store: Send + Sync + fmt::Debug {
     async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError>;
 
     /// Remove the temporary files that writes killed mid-way left under
-    /// `prefix` (a local folder's hidden `.NAME.PID.N.tmp` files of
-    /// processes no longer running, over a minute old). Stores whose writes leave nothing
+    /// `prefix` (a local folder's hidden `.NAME.PID-NAMESPACE.N.tmp` files
+    /// of processes of this boot and pid namespace no longer running). Stores whose writes leave nothing
     /// behind have nothing to do. Returns how many were removed.
     async fn sweep_temp(&self, _prefix: &str) -> Result<u64, StoreError> {
         Ok(0)
