@@ -38,13 +38,19 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-#[test]
-fn sample_run_idle_run_gen_and_show() {
+/// A copy of the sample pipeline in a fresh folder, and its pipeline file.
+fn sample_copy() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../samples/taxi");
     copy_dir(&sample, dir.path());
     let file = dir.path().join("pipeline.toml");
-    let file = file.to_str().unwrap();
+    (dir, file.to_str().unwrap().to_string())
+}
+
+#[test]
+fn sample_run_idle_run_gen_and_show() {
+    let (dir, file) = sample_copy();
+    let file = file.as_str();
 
     let first = stdout(&sluice(&["run", file]));
     assert!(
@@ -155,11 +161,8 @@ fn malformed_pipelines_and_bad_sql_are_refused_before_anything_runs() {
 
 #[test]
 fn pause_resume_and_history_on_the_sample() {
-    let dir = tempfile::tempdir().unwrap();
-    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../samples/taxi");
-    copy_dir(&sample, dir.path());
-    let file = dir.path().join("pipeline.toml");
-    let file = file.to_str().unwrap();
+    let (_dir, file) = sample_copy();
+    let file = file.as_str();
 
     let none = stdout(&sluice(&["history", file]));
     assert!(none.contains("no committed batches"), "{none}");
@@ -200,11 +203,8 @@ fn pause_resume_and_history_on_the_sample() {
 /// commits every file again, once.
 #[test]
 fn reset_asks_then_starts_over() {
-    let dir = tempfile::tempdir().unwrap();
-    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../samples/taxi");
-    copy_dir(&sample, dir.path());
-    let file = dir.path().join("pipeline.toml");
-    let file = file.to_str().unwrap();
+    let (_dir, file) = sample_copy();
+    let file = file.as_str();
     let first = stdout(&sluice(&["run", file]));
     let batches = first.lines().filter(|l| l.starts_with("batch")).count();
     assert!(batches >= 2, "{first}");

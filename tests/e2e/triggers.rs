@@ -507,11 +507,12 @@ async fn failing_any_write_of_a_triggered_run_then_triggering_after_the_ttl_give
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_lease_kept_by_an_ended_execution_is_taken_over_without_waiting_for_the_ttl() {
+/// A registered pipeline `name` over two small files whose first trigger
+/// started epoch 1 (recorded, not run).
+async fn started_once(name: &str) -> (tempfile::TempDir, Pipeline, Context, Recorder) {
     let dir = tempfile::tempdir().unwrap();
     gen_files(&dir.path().join("input"), 2, 20);
-    let p = pipeline(dir.path(), &pipeline_toml("ended", "parquet", "", ""));
+    let p = pipeline(dir.path(), &pipeline_toml(name, "parquet", "", ""));
     let ctx = local_context(&p);
     admin::register(&ctx).await.unwrap();
     let rec = Recorder::default();
@@ -519,6 +520,12 @@ async fn a_lease_kept_by_an_ended_execution_is_taken_over_without_waiting_for_th
         trigger(&ctx, &rec).await.unwrap(),
         WakeOutcome::Started { epoch: 1, .. }
     ));
+    (dir, p, ctx, rec)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_kept_by_an_ended_execution_is_taken_over_without_waiting_for_the_ttl() {
+    let (dir, _p, ctx, rec) = started_once("ended").await;
     // The execution fails before it commits anything and keeps the lease
     // (the state machine's Catch): its heartbeat is fresh, the TTL 15 min.
     rec.ended.lock().unwrap().push("ended-1".into());
@@ -546,16 +553,7 @@ async fn a_lease_kept_by_an_ended_execution_is_taken_over_without_waiting_for_th
 /// heartbeat.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_expired_lease_of_a_running_execution_is_not_taken_over() {
-    let dir = tempfile::tempdir().unwrap();
-    gen_files(&dir.path().join("input"), 2, 20);
-    let p = pipeline(dir.path(), &pipeline_toml("long", "parquet", "", ""));
-    let ctx = local_context(&p);
-    admin::register(&ctx).await.unwrap();
-    let rec = Recorder::default();
-    assert!(matches!(
-        trigger(&ctx, &rec).await.unwrap(),
-        WakeOutcome::Started { epoch: 1, .. }
-    ));
+    let (_dir, p, ctx, rec) = started_once("long").await;
     // Twenty minutes later (TTL 15), the execution still runs its batch.
     let mut later = local_context(&p);
     later.clock = Arc::new(|| chrono::Utc::now().timestamp_millis() + 20 * 60_000);

@@ -73,17 +73,24 @@ impl LocalStore {
         }
     }
 
-    /// Write `bytes` to a fresh hidden file beside `path` and return its path.
-    fn write_temp(&self, path: &Path, bytes: &[u8]) -> Result<PathBuf, StoreError> {
+    /// A fresh hidden temporary path beside `path` (its folder created),
+    /// named after this process so a sweep can tell whether its writer
+    /// still runs: `.NAME.PID-NAMESPACE.N.tmp`.
+    fn temp_beside(&self, path: &Path, op: &'static str) -> Result<PathBuf, StoreError> {
         let dir = path.parent().expect("a key has a parent folder");
-        std::fs::create_dir_all(dir).map_err(|e| self.err("put", dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| self.err(op, dir, e))?;
         let name = path.file_name().unwrap_or_default().to_string_lossy();
-        let tmp = dir.join(format!(
+        Ok(dir.join(format!(
             ".{name}.{}-{}.{}.tmp",
             std::process::id(),
             crate::process::namespace(),
             TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
+        )))
+    }
+
+    /// Write `bytes` to a fresh hidden file beside `path` and return its path.
+    fn write_temp(&self, path: &Path, bytes: &[u8]) -> Result<PathBuf, StoreError> {
+        let tmp = self.temp_beside(path, "put")?;
         let mut f = std::fs::File::create(&tmp).map_err(|e| self.err("put", &tmp, e))?;
         f.write_all(bytes).map_err(|e| self.err("put", &tmp, e))?;
         f.sync_data().map_err(|e| self.err("put", &tmp, e))?;
@@ -361,15 +368,7 @@ impl Store for LocalStore {
     async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
         self.counter.add(RequestKind::Put);
         let (src, dst) = (self.path_of(from)?, self.path_of(to)?);
-        let dir = dst.parent().expect("a key has a parent folder");
-        std::fs::create_dir_all(dir).map_err(|e| self.err("copy", dir, e))?;
-        let name = dst.file_name().unwrap_or_default().to_string_lossy();
-        let tmp = dir.join(format!(
-            ".{name}.{}-{}.{}.tmp",
-            std::process::id(),
-            crate::process::namespace(),
-            TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
+        let tmp = self.temp_beside(&dst, "copy")?;
         // A hard link shares the bytes (no copy); a rename puts it in place
         // atomically. Across file systems, copy the bytes instead.
         let linked = match std::fs::hard_link(&src, &tmp) {
