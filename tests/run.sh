@@ -65,6 +65,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== cargo doc (engine, warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc -p sluice-engine --no-deps --locked --quiet
 
 echo "== sam validate --lint template.yaml"
 wait $SAM_INSTALL || { cat "$CACHE/sam-install.log"; exit 1; }

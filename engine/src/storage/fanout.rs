@@ -1,5 +1,5 @@
 //! Bounded concurrency for many small requests (inbox entries, claims,
-//! deletions, HEADs): at most [`CONCURRENT_REQUESTS`] in flight, however
+//! deletions, HEADs): at most `CONCURRENT_REQUESTS` (32) in flight, however
 //! many items, so neither a Lambda's sockets nor S3's per-prefix rate is
 //! overrun.
 
@@ -13,7 +13,7 @@ use crate::error::Result;
 /// How many inbox or claim requests a trigger or run keeps in flight.
 pub(crate) const CONCURRENT_REQUESTS: usize = 32;
 
-/// Apply `op` to every item with up to [`CONCURRENT_REQUESTS`] in flight;
+/// Apply `op` to every item with up to `CONCURRENT_REQUESTS` (32) in flight;
 /// results in input order, the first error returned.
 pub async fn concurrently<T, R, F, Fut>(items: Vec<T>, op: F) -> Result<Vec<R>>
 where
