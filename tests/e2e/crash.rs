@@ -387,3 +387,54 @@ uri = "down/checkpoint"
         );
     }
 }
+
+/// A task renews the heartbeat (a compare-and-swap of control) when a third
+/// of the TTL has passed: failing that write fails the task before it
+/// writes anything, and the retried task and the commit give the clean
+/// output.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_failing_at_its_heartbeat_write_is_retried_with_the_same_output() {
+    use sluice_engine::handlers::{self, PlanOutcome};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 2, 100);
+    let toml = pipeline_toml("beat", "parquet", "", "");
+    let ctx = local_context(&pipeline(root, &toml));
+    let PlanOutcome::Batch { run: r, batch } = handlers::plan(&ctx, None).await.unwrap() else {
+        panic!("a batch was planned");
+    };
+    let (before, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    // Six minutes later (TTL 15): the task's first write is the heartbeat.
+    let later = |fail_at: u64| {
+        let mut c = fault_context(root, &toml, Arc::new(AtomicU64::new(0)), fail_at);
+        c.clock = Arc::new(|| chrono::Utc::now().timestamp_millis() + 6 * 60_000);
+        c
+    };
+    let failed = handlers::operate(&later(1), &r, batch.batch, batch.tasks[0])
+        .await
+        .unwrap_err();
+    assert!(
+        failed.to_string().contains("injected failure at write 1"),
+        "{failed}"
+    );
+    let (after, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(after, before, "the failed heartbeat changed control");
+    assert_eq!(staged_files(&root.join("out/sink")), Vec::<String>::new());
+
+    let retry = later(0);
+    for t in &batch.tasks {
+        handlers::operate(&retry, &r, batch.batch, *t)
+            .await
+            .unwrap();
+    }
+    let (beat, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert!(
+        beat.heartbeat_ms > before.heartbeat_ms,
+        "no heartbeat written"
+    );
+    handlers::commit(&retry, &r, batch.batch).await.unwrap();
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "beat").await,
+        one_shot_rows(&root.join("input")).await
+    );
+}
