@@ -164,50 +164,118 @@ async fn files_whose_names_cannot_be_keys_are_skipped_not_failed_on() {
 /// the next run, which reads it whole.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_local_file_changed_since_listing_is_left_for_the_next_run() {
-    use sluice_engine::handlers::{self, PlanOutcome};
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
+    half_written_file_is_read_whole_by_the_next_run("").await;
+}
+
+/// The same in `notify` mode, where a local folder's files are found by
+/// reconciling: a file whose size is not the one its inbox entry recorded
+/// is left for the next run, which finds it in the inbox again (the
+/// commit records it anew, with the size the task saw) and reads it whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_local_file_changed_since_notified_is_left_for_the_next_run() {
+    half_written_file_is_read_whole_by_the_next_run("discovery = \"notify\"").await;
+}
+
+/// Two CSV files under `root/input`, the second cut in the middle of a
+/// line (half written); returns the files and the second's whole bytes.
+fn half_written_input(root: &std::path::Path) -> (Vec<std::path::PathBuf>, Vec<u8>) {
     let input = root.join("input");
     let files =
         sluice_cli::generator::write_taxi_files(&input, 2, 80, SourceFormat::Csv, None).unwrap();
     let full = std::fs::read(&files[1]).unwrap();
-    // Half written: cut in the middle of a line.
     let cut = full.len() / 2;
     assert_ne!(full[cut - 1], b'\n');
     std::fs::write(&files[1], &full[..cut]).unwrap();
-    let p = pipeline(root, &pipeline_toml("half", "csv", "", ""));
-    let ctx = local_context(&p);
-    let PlanOutcome::Batch { run: r, batch } = handlers::plan(&ctx, None).await.unwrap() else {
+    (files, full)
+}
+
+/// Plan a batch with `ctx`, finish writing the half-written file, run the
+/// tasks and commit: the first error stops it.
+async fn batch_while_the_writer_finishes(
+    ctx: &sluice_engine::handlers::Context,
+    half: &std::path::Path,
+    full: &[u8],
+) -> sluice_engine::Result<sluice_engine::checkpoint::Commit> {
+    use sluice_engine::handlers::{self, PlanOutcome};
+    let PlanOutcome::Batch { run: r, batch } = handlers::plan(ctx, None).await? else {
         panic!("a batch was planned");
     };
     assert_eq!(batch.files, 2);
-    // The writer finishes while the batch runs.
-    std::fs::write(&files[1], &full).unwrap();
+    std::fs::write(half, full).unwrap();
     for task in &batch.tasks {
-        handlers::operate(&ctx, &r, batch.batch, *task)
-            .await
-            .unwrap();
+        handlers::operate(ctx, &r, batch.batch, *task).await?;
     }
-    let record = handlers::commit(&ctx, &r, batch.batch).await.unwrap();
+    handlers::commit(ctx, &r, batch.batch).await
+}
+
+async fn half_written_file_is_read_whole_by_the_next_run(discovery: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    let (files, full) = half_written_input(root);
+    let p = pipeline(root, &pipeline_toml("half", "csv", discovery, ""));
+    let record = batch_while_the_writer_finishes(&local_context(&p), &files[1], &full)
+        .await
+        .unwrap();
     assert_eq!(record.files, 1, "{record:?}");
-    let first = files[0].strip_prefix(&input).unwrap().to_str().unwrap();
-    assert_eq!(record.input_keys, [first]);
+    let key = |f: &std::path::Path| {
+        f.strip_prefix(&input)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(record.input_keys, [key(&files[0])]);
+    let deferred: Vec<_> = record
+        .deferred
+        .iter()
+        .map(|f| (f.key.clone(), f.size))
+        .collect();
+    assert_eq!(deferred, [(key(&files[1]), full.len() as u64)]);
 
     let next = run(&local_context(&p)).await.unwrap();
     assert_eq!(next.batches.iter().map(|b| b.files).sum::<u64>(), 1);
-    // Both files, whole: a one-shot DataFusion query over the CSV files.
-    let one_shot = datafusion::prelude::SessionContext::new();
-    one_shot
-        .register_csv(
-            "trips",
-            input.to_str().unwrap(),
-            datafusion::prelude::CsvReadOptions::new(),
-        )
-        .await
-        .unwrap();
-    let expected = rows_of(&one_shot.sql(SQL).await.unwrap().collect().await.unwrap());
+    // Both files, whole.
     assert_eq!(
         committed_rows(&root.join("out/sink"), "half").await,
-        expected
+        one_shot_csv_rows(&input).await
     );
+}
+
+/// A batch that defers a file, crashed at each of its writes (plan, tasks,
+/// commit: the commit's renewed inbox entry included), then run again:
+/// both files are committed whole, once, and nothing uncommitted is left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_deferring_a_file_crashed_at_each_write_recovers() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicU64;
+    for discovery in ["", "discovery = \"notify\""] {
+        let toml = pipeline_toml("halfc", "csv", discovery, "");
+        let mut k = 1;
+        loop {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path();
+            let (files, full) = half_written_input(root);
+            let ctx = fault_context(root, &toml, Arc::new(AtomicU64::new(0)), k);
+            if batch_while_the_writer_finishes(&ctx, &files[1], &full)
+                .await
+                .is_ok()
+            {
+                assert!(k > 5, "{discovery}: only {k} writes");
+                break;
+            }
+            std::fs::write(&files[1], &full).unwrap();
+            let again = || async {
+                run(&local_context(&pipeline(root, &toml)))
+                    .await
+                    .unwrap_or_else(|e| panic!("{discovery} rerun after failing write {k}: {e}"))
+            };
+            let first = again().await;
+            // A file deferred by the recovered batch is taken by the next run.
+            again().await;
+            let expected = one_shot_csv_rows(&root.join("input")).await;
+            assert_recovered(root, "halfc", &first.end, &expected, k).await;
+            k += 1;
+        }
+    }
 }

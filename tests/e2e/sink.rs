@@ -236,3 +236,24 @@ async fn failing_any_write_of_reset_then_resetting_again_gives_one_history() {
         assert_recovered(root, "rs", &summary.end, &expected, k).await;
     }
 }
+
+/// Found while testing deferral: CSV inference types a timestamp column in
+/// seconds, which Parquet has no logical type for; the sink wrote it as a
+/// bare INT64 and DuckDB (as Athena or Spark) read integers. A reader that
+/// globs the sink now reads the timestamps a one-shot query over the CSV
+/// files gives.
+#[tokio::test(flavor = "multi_thread")]
+async fn csv_timestamps_reach_a_glob_reader_as_timestamps() {
+    use sluice_engine::pipeline::SourceFormat;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    sluice_cli::generator::write_taxi_files(&input, 2, 30, SourceFormat::Csv, None).unwrap();
+    let p = pipeline(root, &pipeline_toml("ts", "csv", "", ""));
+    run(&local_context(&p)).await.unwrap();
+    let mut globbed = globbed_rows(&root.join("out/sink")).await;
+    globbed.sort();
+    let expected = one_shot_csv_rows(&input).await;
+    assert!(expected[0].contains("2024-01-01T"), "{}", expected[0]);
+    assert_eq!(globbed, expected);
+}

@@ -148,6 +148,21 @@ pub async fn globbed_rows(sink_dir: &Path) -> Vec<String> {
     .await
 }
 
+/// The rows of the pipeline's SQL over every CSV file under `input`, as
+/// they are now: a one-shot DataFusion query.
+pub async fn one_shot_csv_rows(input: &Path) -> Vec<String> {
+    let one_shot = datafusion::prelude::SessionContext::new();
+    one_shot
+        .register_csv(
+            "trips",
+            input.to_str().unwrap(),
+            datafusion::prelude::CsvReadOptions::new(),
+        )
+        .await
+        .unwrap();
+    rows_of(&one_shot.sql(SQL).await.unwrap().collect().await.unwrap())
+}
+
 /// Every file left under the sink's staging folder, hidden ones included.
 pub fn staged_files(sink_dir: &Path) -> Vec<String> {
     fn walk(dir: &Path, out: &mut Vec<String>) {

@@ -279,6 +279,12 @@ pub struct Commit {
     /// Notify mode: the inbox entries to delete once committed (from the plan).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub consumed: Vec<String>,
+    /// Planned inputs left for the next run because they changed since
+    /// they were listed or notified (a local file still being written), as
+    /// the tasks found them. Notify mode records them in the inbox again
+    /// with that size.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deferred: Vec<InputFile>,
 }
 
 /// `<sink>/_sluice/sink.json`: whose output the sink holds. A sink belongs

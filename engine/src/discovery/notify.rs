@@ -232,9 +232,10 @@ fn record(claim: &KeyClaim) -> bytes::Bytes {
         .into()
 }
 
-/// After `commits/N` exists: mark the claims of its keys committed, then
-/// delete the inbox entries it consumed (in that order, so a duplicate
-/// notification arriving at any point is recognised).
+/// After `commits/N` exists: mark the claims of its keys committed, record
+/// its deferred inputs in the inbox again, then delete the inbox entries it
+/// consumed (in that order, so a duplicate notification arriving at any
+/// point is recognised, and a deferred input is never without an entry).
 pub(crate) async fn settle_claims(store: &Arc<dyn Store>, record_: &Commit) -> Result<()> {
     let done = record(&KeyClaim {
         epoch: record_.epoch,
@@ -249,7 +250,26 @@ pub(crate) async fn settle_claims(store: &Arc<dyn Store>, record_: &Commit) -> R
         }
     })
     .await?;
-    delete_all(store, record_.consumed.clone()).await
+    // Inputs left for the next run (still being written) are notified
+    // again with the size the task found, before their old entries go: the
+    // next run claims them afresh (their claims were never committed).
+    let again: Vec<(String, u64)> = record_
+        .deferred
+        .iter()
+        .map(|f| (f.key.clone(), f.size))
+        .collect();
+    let kept: std::collections::HashSet<String> = again
+        .iter()
+        .map(|(k, size)| ck::inbox_entry(k, *size))
+        .collect();
+    record_notified(store, again).await?;
+    let consumed = record_
+        .consumed
+        .iter()
+        .filter(|e| !kept.contains(*e))
+        .cloned()
+        .collect();
+    delete_all(store, consumed).await
 }
 
 #[cfg(test)]

@@ -42,14 +42,15 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     }
     // Inputs a task left for the next run (changed since listed) are not
     // part of the batch: not counted, not marked processed.
-    let deferred: std::collections::HashSet<&str> = results
+    let mut deferred: Vec<crate::checkpoint::InputFile> = results
         .iter()
-        .flat_map(|r| r.deferred.iter().map(String::as_str))
+        .flat_map(|r| r.deferred.iter().cloned())
         .collect();
+    deferred.sort_by(|a, b| a.key.cmp(&b.key));
     let taken: Vec<&crate::checkpoint::InputFile> = off
         .inputs
         .iter()
-        .filter(|i| !deferred.contains(i.key.as_str()))
+        .filter(|i| !deferred.iter().any(|d| d.key == i.key))
         .collect();
     let mut outputs: Vec<_> = results.iter().flat_map(|r| r.outputs.clone()).collect();
     outputs.sort_by(|a, b| a.key.cmp(&b.key));
@@ -77,6 +78,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         input_keys: taken.iter().map(|i| i.key.clone()).collect(),
         trigger: run.trigger.clone(),
         consumed: off.consumed.clone(),
+        deferred,
     };
     record.durations.commit_ms = started.elapsed().as_millis() as u64;
     // Planner, tasks and this committer, including the commit write itself.

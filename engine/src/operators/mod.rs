@@ -54,11 +54,11 @@ pub struct TaskResult {
     /// Storage requests of this task.
     #[serde(default)]
     pub requests: RequestCounts,
-    /// Inputs not read because they changed since they were listed (a
-    /// local file still being written): not part of the batch, left for the
-    /// next run.
+    /// Inputs not read because they changed since they were listed or
+    /// notified (a local file still being written), as the task found them:
+    /// not part of the batch, left for the next run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub deferred: Vec<String>,
+    pub deferred: Vec<InputFile>,
 }
 
 /// Runs the pipeline's SQL over task inputs with DataFusion.
@@ -235,7 +235,7 @@ impl SqlOperator {
         batch: u64,
         task: &TaskPlan,
         planned: &[&InputFile],
-    ) -> Result<Vec<String>> {
+    ) -> Result<Vec<InputFile>> {
         let mut changed = Vec::new();
         for f in planned {
             let meta = object_store::ObjectStoreExt::head(&access.store, &access.path(&f.key))
@@ -248,10 +248,15 @@ impl SqlOperator {
                 .is_some_and(|m| m != meta.last_modified.timestamp_millis());
             if meta.size != f.size || moved {
                 tracing::warn!(pipeline = %self.pipeline.name, batch, key = %f.key, listed = f.size, now = meta.size, "input changed since it was listed (still being written?); left for the next run");
-                changed.push(f.key.clone());
+                changed.push(InputFile {
+                    key: f.key.clone(),
+                    size: meta.size,
+                    etag: meta.e_tag,
+                    modified_ms: Some(meta.last_modified.timestamp_millis()),
+                });
             }
         }
-        if let Some(key) = changed.first()
+        if let Some(InputFile { key, .. }) = changed.first()
             && self.pipeline.source.discovery == DiscoveryMode::Ordered
         {
             return Err(Error::Input {
@@ -267,6 +272,29 @@ impl SqlOperator {
             });
         }
         Ok(changed)
+    }
+
+    /// Notify mode over a local folder: the inputs whose size now is not
+    /// the size their inbox entry recorded (a local folder's files are found
+    /// by reconciling, which records the listed size): still being written,
+    /// so left for the next run. The commit refreshes their entries with the
+    /// size found here.
+    fn changed_since_notified(
+        &self,
+        batch: u64,
+        planned: &[&InputFile],
+        current: &[InputFile],
+    ) -> Vec<InputFile> {
+        let noticed: std::collections::HashMap<&str, u64> =
+            planned.iter().map(|f| (f.key.as_str(), f.size)).collect();
+        current
+            .iter()
+            .filter(|f| noticed.get(f.key.as_str()).is_some_and(|s| *s != f.size))
+            .inspect(|f| {
+                tracing::warn!(pipeline = %self.pipeline.name, batch, key = %f.key, notified = noticed[f.key.as_str()], now = f.size, "input changed since it was notified (still being written?); left for the next run");
+            })
+            .cloned()
+            .collect()
     }
 
     /// The task's input files, looked up by the indexes its plan names; an
@@ -321,18 +349,24 @@ impl SqlOperator {
         let mut heads = 0;
         let current;
         let mut deferred = Vec::new();
+        let local = access.url.as_str() == "file:///";
         let files: Vec<&InputFile> = if self.pipeline.source.discovery == DiscoveryMode::Notify {
             heads = planned.len() as u64;
             current = self.current_sizes(&access, batch, &planned).await?;
-            current.iter().collect()
-        } else if access.url.as_str() == "file:///" {
-            let changed = self
+            if local {
+                deferred = self.changed_since_notified(batch, &planned, &current);
+            }
+            current
+                .iter()
+                .filter(|f| !deferred.iter().any(|d| d.key == f.key))
+                .collect()
+        } else if local {
+            deferred = self
                 .changed_since_listed(&access, batch, task, &planned)
                 .await?;
-            deferred = changed;
             planned
                 .into_iter()
-                .filter(|f| !deferred.contains(&f.key))
+                .filter(|f| !deferred.iter().any(|d| d.key == f.key))
                 .collect()
         } else {
             planned

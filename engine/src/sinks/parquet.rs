@@ -11,7 +11,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
@@ -29,6 +30,58 @@ const TARGET_PART_BYTES: usize = 256 << 20;
 
 /// Parts of one output partition are numbered from `partition * PARTS_PER_PARTITION`.
 const PARTS_PER_PARTITION: u32 = 1000;
+
+/// The type a column is written as, where Parquet has no logical type for
+/// the Arrow one: a seconds timestamp or time (CSV and JSON inference gives
+/// them) would be a bare INT64 or INT32 that DuckDB, Athena and Spark read
+/// as integers, so it is written in milliseconds, losslessly.
+fn readable_type(dt: &DataType) -> Option<DataType> {
+    match dt {
+        DataType::Timestamp(TimeUnit::Second, tz) => {
+            Some(DataType::Timestamp(TimeUnit::Millisecond, tz.clone()))
+        }
+        DataType::Time32(TimeUnit::Second) => Some(DataType::Time32(TimeUnit::Millisecond)),
+        _ => None,
+    }
+}
+
+/// `schema` with each top-level column of a type readers cannot read as
+/// written replaced by its [`readable_type`].
+fn readable_schema(schema: &SchemaRef) -> SchemaRef {
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| readable_type(f.data_type()).is_some())
+    {
+        return schema.clone();
+    }
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match readable_type(f.data_type()) {
+            Some(t) => f.as_ref().clone().with_data_type(t),
+            None => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// `rb` cast to `schema` (the [`readable_schema`] of its own).
+fn as_readable(
+    rb: RecordBatch,
+    schema: &SchemaRef,
+) -> std::result::Result<RecordBatch, datafusion::arrow::error::ArrowError> {
+    if rb.schema().fields() == schema.fields() {
+        return Ok(rb);
+    }
+    let columns = rb
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| datafusion::arrow::compute::cast(c, f.data_type()))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(schema.clone(), columns)
+}
 
 /// A sink of Parquet files with a manifest per committed batch.
 #[derive(Debug, Clone)]
@@ -86,6 +139,7 @@ impl ParquetSink {
         let mut roll = 0u32;
         let mut writer: Option<(ArrowWriter<Vec<u8>>, u64)> = None;
         let fail = |m: String| self.exec_err(batch, task, m, ErrorClass::Fatal);
+        let schema = readable_schema(&schema);
         while let Some(rb) = stream.next().await {
             let rb = rb.map_err(|e| Error::Execution {
                 pipeline: self.pipeline.clone(),
@@ -98,6 +152,8 @@ impl ParquetSink {
             if rb.num_rows() == 0 {
                 continue;
             }
+            let rb =
+                as_readable(rb, &schema).map_err(|e| fail(format!("cast for readers: {e}")))?;
             if writer.is_none() {
                 let w = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props.clone()))
                     .map_err(|e| fail(format!("parquet writer: {e}")))?;
