@@ -631,5 +631,12 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         status.waiting_files,
         mib(status.waiting_bytes)
     );
+    if !status.skipped.is_empty() {
+        println!(
+            "skipped      {} files whose names cannot be keys (rename them to read them): {}",
+            status.skipped.len(),
+            status.skipped.join(", ")
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

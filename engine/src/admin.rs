@@ -127,6 +127,11 @@ pub struct Status {
     pub waiting_files: u64,
     /// Their bytes.
     pub waiting_bytes: u64,
+    /// Source files that are never read because their names cannot be
+    /// keys (a control character such as a tab; locally, a name that is not
+    /// UTF-8): rename them to read them. `list` and `ordered` discovery.
+    #[serde(default)]
+    pub skipped: Vec<String>,
 }
 
 /// Read the pipeline's state and count waiting input (one listing).
@@ -136,17 +141,26 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         Some(n) => ctx.checkpoint.commit(n).await?,
         None => None,
     };
+    let mut skipped = Vec::new();
     let waiting: Vec<ObjectMeta> = if ctx.pipeline.source.discovery == DiscoveryMode::Notify {
         // Notified files; duplicates of committed keys are counted too.
         discovery::inbox_files(&discovery::read_inbox(ctx.checkpoint.store().as_ref()).await?)
     } else {
         let index = ctx.checkpoint.index().await?;
-        let listed = discovery::list_inputs(
+        let (listed, unreadable) = discovery::list_readable(
             ctx.source.as_ref(),
             &ctx.pipeline.source,
             index.start_after.as_deref(),
         )
         .await?;
+        skipped = unreadable;
+        let unnamed = ctx.source.unnamed().await?;
+        skipped.extend(
+            unnamed
+                .into_iter()
+                .filter(|n| ctx.pipeline.source.is_input(n))
+                .map(|n| format!("{n:?}")),
+        );
         let fresh = discovery::new_inputs(&listed, &index, ctx.pipeline.source.discovery);
         fresh
             .into_iter()
@@ -163,6 +177,7 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         last_commit,
         waiting_files: waiting.len() as u64,
         waiting_bytes: waiting.iter().map(|f| f.size).sum(),
+        skipped,
     })
 }
 

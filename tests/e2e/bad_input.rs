@@ -156,6 +156,19 @@ async fn files_whose_names_cannot_be_keys_are_skipped_not_failed_on() {
     // And the next run is idle, not failing on them.
     let again = run(&local_context(&p)).await.unwrap();
     assert!(again.batches.is_empty(), "{again:?}");
+    // `sluice show` names both, and counts them apart from waiting input.
+    let status = sluice_engine::admin::status(&local_context(&p))
+        .await
+        .unwrap();
+    assert_eq!(status.waiting_files, 0);
+    assert_eq!(
+        status.skipped,
+        [
+            "\"with\\ttab.parquet\"",
+            "\"latin1-\u{fffd}t\u{fffd}.parquet\""
+        ],
+        "{status:?}"
+    );
 }
 
 /// The review's case: a local CSV still being written was read half (`67`

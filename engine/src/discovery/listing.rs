@@ -13,6 +13,16 @@ pub(crate) async fn list_inputs(
     source: &Source,
     start_after: Option<&str>,
 ) -> Result<Vec<ObjectMeta>> {
+    Ok(list_readable(store, source, start_after).await?.0)
+}
+
+/// [`list_inputs`], and the input files skipped because their names cannot
+/// be read (rendered with escapes).
+pub(crate) async fn list_readable(
+    store: &dyn Store,
+    source: &Source,
+    start_after: Option<&str>,
+) -> Result<(Vec<ObjectMeta>, Vec<String>)> {
     let mut listed = store.list("", start_after).await?;
     listed.retain(|m| source.is_input(&m.key));
     // A key with a control character (a tab, a newline) names no object a
@@ -32,7 +42,7 @@ pub(crate) async fn list_inputs(
         );
         listed.retain(|m| crate::paths::is_plain_key(&m.key));
     }
-    Ok(listed)
+    Ok((listed, unreadable))
 }
 
 /// The listing state of a listing (compare with the one in `control.json`).

@@ -17,7 +17,7 @@
 mod listing;
 mod notify;
 
-pub(crate) use listing::{list_inputs, listing_state, new_inputs};
+pub(crate) use listing::{list_inputs, list_readable, listing_state, new_inputs};
 pub use notify::{ClaimStep, InboxEntry, decide_key_claim, read_inbox, record_notified};
 pub(crate) use notify::{claim_key, inbox_files, reconcile_due, settle_claims, unnotified};
 

@@ -395,6 +395,35 @@ impl Store for LocalStore {
         Ok(removed)
     }
 
+    async fn unnamed(&self) -> Result<Vec<String>, StoreError> {
+        fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
+            let entries = match std::fs::read_dir(dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            for entry in entries {
+                let entry = entry?;
+                let name = entry.file_name();
+                if name.as_encoded_bytes().starts_with(b".") {
+                    continue;
+                }
+                let path = entry.path();
+                if name.to_str().is_none() {
+                    let relative = path.strip_prefix(root).unwrap_or(&path);
+                    out.push(relative.to_string_lossy().into_owned());
+                } else if entry.file_type()?.is_dir() {
+                    walk(root, &path, out)?;
+                }
+            }
+            Ok(())
+        }
+        let mut out = Vec::new();
+        walk(&self.root, &self.root, &mut out).map_err(|e| self.err("list", &self.root, e))?;
+        out.sort();
+        Ok(out)
+    }
+
     fn counts(&self) -> RequestCounts {
         self.counter.snapshot()
     }

@@ -276,6 +276,14 @@ pub trait Store: Send + Sync + fmt::Debug {
         Ok(0)
     }
 
+    /// Files under the root whose names cannot be keys (a local file name
+    /// that is not UTF-8: listings skip them with a warning), shown lossily
+    /// relative to the root, for `sluice show`. Stores whose names are keys
+    /// have none.
+    async fn unnamed(&self) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+
     /// Requests made so far, by kind.
     fn counts(&self) -> RequestCounts;
 
