@@ -123,6 +123,9 @@ async fn build(mode: DiscoveryMode, history: u64, new: u64, warm: bool) -> anyho
             control.listing = index.listing();
             ctx.checkpoint.put_index(&index).await?;
         }
+        DiscoveryMode::Manifests => {
+            anyhow::bail!("the planning benchmark covers list, ordered and notify discovery")
+        }
         DiscoveryMode::Notify => {
             control.reconciled_epoch = Some(control.epoch);
             for (i, k) in processed.iter().enumerate() {

@@ -142,7 +142,17 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         None => None,
     };
     let mut skipped = Vec::new();
-    let waiting: Vec<ObjectMeta> = if ctx.pipeline.source.discovery == DiscoveryMode::Notify {
+    let waiting: Vec<ObjectMeta> = if ctx.pipeline.source.discovery == DiscoveryMode::Manifests {
+        // The files of the source sink's manifests after the cursor.
+        let index = ctx.checkpoint.index().await?;
+        discovery::read_upstream(
+            ctx.source.as_ref(),
+            &ctx.pipeline.name,
+            index.start_after.as_deref(),
+        )
+        .await?
+        .listed()
+    } else if ctx.pipeline.source.discovery == DiscoveryMode::Notify {
         // Notified files; duplicates of committed keys are counted too.
         discovery::inbox_files(&discovery::read_inbox(ctx.checkpoint.store().as_ref()).await?)
     } else {

@@ -27,6 +27,40 @@ pub(crate) fn split_batches(files: &[InputFile], limits: &Limits) -> Vec<Vec<Inp
     out
 }
 
+/// Split the files of consecutive source manifests (`(manifest key,
+/// files)`, in order) into batches of whole manifests, within the limits as
+/// [`split_batches`] (a batch always takes at least one manifest, however
+/// large), each with the key of its last manifest: its offset. A manifest
+/// with no files joins the batch before it, or the next; trailing ones with
+/// no batch to join wait for a later manifest with files.
+pub(crate) fn split_manifests(
+    manifests: &[(String, Vec<InputFile>)],
+    limits: &Limits,
+) -> Vec<(Vec<InputFile>, String)> {
+    let mut out: Vec<(Vec<InputFile>, String)> = Vec::new();
+    let mut cur: Vec<InputFile> = Vec::new();
+    let mut last: Option<&str> = None;
+    for (key, files) in manifests {
+        let bytes: u64 = cur.iter().map(|f| f.size).sum();
+        let adding: u64 = files.iter().map(|f| f.size).sum();
+        let full = !cur.is_empty()
+            && !files.is_empty()
+            && (cur.len() + files.len() > limits.max_files_per_batch as usize
+                || bytes + adding > limits.max_bytes_per_batch);
+        if full && let Some(l) = last {
+            out.push((std::mem::take(&mut cur), l.to_string()));
+        }
+        cur.extend(files.iter().cloned());
+        last = Some(key);
+    }
+    if !cur.is_empty()
+        && let Some(l) = last
+    {
+        out.push((cur, l.to_string()));
+    }
+    out
+}
+
 /// Split a batch's inputs into tasks of at most `max_bytes_per_task` bytes
 /// (at least one file each), keeping input order.
 pub(crate) fn split_tasks(inputs: &[InputFile], max_bytes_per_task: u64) -> Vec<TaskPlan> {
@@ -85,6 +119,52 @@ mod tests {
                 prop_assert!(b.len() as u64 <= max_files);
                 let bytes: u64 = b.iter().map(|f| f.size).sum();
                 prop_assert!(b.len() == 1 || bytes <= max_bytes);
+            }
+        }
+
+        #[test]
+        fn manifest_batches_take_whole_manifests_in_order(
+            sizes in proptest::collection::vec(proptest::collection::vec(0u64..1000, 0..4), 0..20),
+            max_files in 1u64..8,
+            max_bytes in 1u64..3000,
+        ) {
+            let limits = Limits { max_files_per_batch: max_files, max_bytes_per_batch: max_bytes, ..Limits::default() };
+            let manifests: Vec<(String, Vec<InputFile>)> = sizes
+                .iter()
+                .enumerate()
+                .map(|(m, s)| {
+                    let mut fs = files(s);
+                    for f in &mut fs {
+                        f.key = format!("{m:04}/{}", f.key);
+                    }
+                    (format!("{m:04}"), fs)
+                })
+                .collect();
+            let batches = split_manifests(&manifests, &limits);
+            // Every file of every manifest up to the last batch's, in order.
+            let through = batches.last().map(|(_, k)| k.clone());
+            let covered: Vec<InputFile> = manifests
+                .iter()
+                .filter(|(k, _)| Some(k) <= through.as_ref())
+                .flat_map(|(_, f)| f.clone())
+                .collect();
+            let flat: Vec<InputFile> = batches.iter().flat_map(|(b, _)| b.clone()).collect();
+            prop_assert_eq!(flat, covered);
+            // What is left holds no file.
+            prop_assert!(manifests
+                .iter()
+                .filter(|(k, _)| Some(k) > through.as_ref())
+                .all(|(_, f)| f.is_empty()));
+            for (b, through) in &batches {
+                prop_assert!(!b.is_empty());
+                // Whole manifests: the batch ends with its last manifest.
+                let end = format!("{}/~", through);
+                prop_assert!(b.iter().all(|f| f.key.as_str() < end.as_str()));
+                let last = manifests.iter().find(|(k, _)| k == through).unwrap();
+                prop_assert!(last.1.iter().all(|f| b.contains(f)));
+                let bytes: u64 = b.iter().map(|f| f.size).sum();
+                let one = b.iter().map(|f| &f.key[..4]).collect::<std::collections::BTreeSet<_>>().len() == 1;
+                prop_assert!(one || (b.len() as u64 <= max_files && bytes <= max_bytes));
             }
         }
 

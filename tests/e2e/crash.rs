@@ -332,21 +332,10 @@ async fn recovery_removes_the_temporary_files_of_killed_writes() {
 /// against 1,200,202 committed upstream). Fail each write of the upstream
 /// run in turn, run the downstream pipeline on what the crash left, finish
 /// the upstream run, run downstream again: downstream holds exactly the
-/// upstream's committed rows, each once.
+/// upstream's committed rows, each once. Downstream lists the sink (`list`)
+/// or reads its manifests (`manifests`).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pipeline_reading_this_sink_sees_only_committed_output_after_any_crash() {
-    let down_toml = r#"name = "down"
-[source]
-uri = "out/sink"
-format = "parquet"
-table = "up"
-[query]
-sql = "SELECT * FROM up"
-[sink]
-uri = "down/sink"
-[checkpoint]
-uri = "down/checkpoint"
-"#;
     let up = |root: &std::path::Path, writes: Arc<AtomicU64>, fail_at: u64| {
         fault_context(
             root,
@@ -361,30 +350,33 @@ uri = "down/checkpoint"
     run(&up(clean.path(), writes.clone(), 0)).await.unwrap();
     let total = writes.load(Ordering::SeqCst);
 
-    for k in 1..=total {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        gen_files(&root.join("input"), 4, 60);
-        assert!(
-            run(&up(root, Arc::new(AtomicU64::new(0)), k))
+    for discovery in ["list", "manifests"] {
+        let down_toml = downstream_toml(discovery, "");
+        for k in 1..=total {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path();
+            gen_files(&root.join("input"), 4, 60);
+            assert!(
+                run(&up(root, Arc::new(AtomicU64::new(0)), k))
+                    .await
+                    .is_err()
+            );
+            let down = || local_context(&pipeline(root, &down_toml));
+            run(&down())
                 .await
-                .is_err()
-        );
-        let down = || local_context(&pipeline(root, down_toml));
-        run(&down())
-            .await
-            .unwrap_or_else(|e| panic!("downstream after failing write {k}: {e}"));
-        run(&up(root, Arc::new(AtomicU64::new(0)), 0))
-            .await
-            .unwrap();
-        run(&down()).await.unwrap();
-        let upstream = committed_rows(&root.join("out/sink"), "up").await;
-        assert_eq!(upstream, one_shot_rows(&root.join("input")).await);
-        assert_eq!(
-            committed_rows(&root.join("down/sink"), "down").await,
-            upstream,
-            "downstream after failing upstream write {k}"
-        );
+                .unwrap_or_else(|e| panic!("{discovery} downstream after failing write {k}: {e}"));
+            run(&up(root, Arc::new(AtomicU64::new(0)), 0))
+                .await
+                .unwrap();
+            run(&down()).await.unwrap();
+            let upstream = committed_rows(&root.join("out/sink"), "up").await;
+            assert_eq!(upstream, one_shot_rows(&root.join("input")).await);
+            assert_eq!(
+                committed_rows(&root.join("down/sink"), "down").await,
+                upstream,
+                "{discovery} downstream after failing upstream write {k}"
+            );
+        }
     }
 }
 

@@ -43,6 +43,28 @@ uri = "out/checkpoint"
     )
 }
 
+/// A pipeline `down` whose source is the sink of the pipeline under the
+/// same root (`out/sink`), read with `discovery`.
+pub fn downstream_toml(discovery: &str, limits: &str) -> String {
+    format!(
+        r#"name = "down"
+[source]
+uri = "out/sink"
+format = "parquet"
+table = "up"
+discovery = "{discovery}"
+[query]
+sql = "SELECT * FROM up"
+[sink]
+uri = "down/sink"
+[checkpoint]
+uri = "down/checkpoint"
+[limits]
+{limits}
+"#
+    )
+}
+
 /// Parse a pipeline whose relative paths resolve against `root`.
 pub fn pipeline(root: &Path, toml: &str) -> Pipeline {
     Pipeline::parse(toml, "test.toml", root).expect("test pipeline parses")

@@ -227,6 +227,38 @@ fn keys_outside_the_source_or_with_path_tricks_are_ignored() {
     assert_eq!(r.ignored, 10);
 }
 
+/// A pipeline reading another's sink (`manifests`) wakes on a new manifest
+/// of that sink, not on its parts (published before the manifest: waking
+/// then would find nothing committed yet) nor on staged files.
+#[test]
+fn a_pipeline_reading_a_sink_wakes_on_its_manifests() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "name = \"down\"\n[source]\nuri = \"s3://lake/taxi/clean/\"\nformat = \"parquet\"\n\
+         table = \"trips\"\ndiscovery = \"manifests\"\n[query]\nsql = '''{SQL}'''\n[sink]\n\
+         uri = \"out/sink\"\n[checkpoint]\nuri = \"out/checkpoint\"\n"
+    );
+    let down = Pipeline::parse(&toml, "down.toml", dir.path()).unwrap();
+    let obj = |key: &str| ObjectRef {
+        bucket: "lake".into(),
+        key: key.into(),
+        size: Some(1),
+    };
+    let event = Event::Objects {
+        via: Via::S3,
+        objects: vec![
+            obj("taxi/clean/_sluice/manifest/0000000007.json"),
+            obj("taxi/clean/batch=0000000007/part-00000-00000-e3.parquet"),
+            obj("taxi/clean/_sluice/staging/batch=0000000008/part-00000-00000-e3.parquet.staged"),
+            obj("taxi/clean/_sluice/sink.json"),
+        ],
+        skipped: 0,
+    };
+    let r = triggers::route(&event, std::slice::from_ref(&down)).unwrap();
+    assert_eq!(r.pipelines.get("down"), Some(&1));
+    assert_eq!(r.ignored, 3);
+}
+
 /// Executions recorded in memory; a start can be made to fail, and
 /// executions can be marked ended.
 #[derive(Default)]

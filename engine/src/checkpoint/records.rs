@@ -129,6 +129,11 @@ pub struct Control {
     /// run starts until it is run again to the end.
     #[serde(default)]
     pub resetting: bool,
+    /// `manifests` discovery: the history of the source sink whose
+    /// manifests the committed batches read (its owner record's), so a
+    /// reset of the upstream pipeline is noticed, not read as old numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_history: Option<String>,
 }
 
 impl Control {
@@ -151,6 +156,7 @@ impl Control {
             reconciled_epoch: None,
             history: String::new(),
             resetting: false,
+            source_history: None,
         }
     }
 
@@ -179,6 +185,10 @@ pub struct Offsets {
     /// duplicates of keys already committed); deleted once it commits.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub consumed: Vec<String>,
+    /// `manifests` mode: the last source manifest this batch reads (every
+    /// manifest up to it is read by it or an earlier batch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceCursor>,
     /// Time the planner spent up to this plan, ms.
     #[serde(default)]
     pub plan_ms: u64,
@@ -285,6 +295,18 @@ pub struct Commit {
     /// with that size.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deferred: Vec<InputFile>,
+    /// `manifests` mode: the plan's [`Offsets::source`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceCursor>,
+}
+
+/// Where a `manifests`-mode batch leaves off in its source sink.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceCursor {
+    /// The key of the last manifest read (`_sluice/manifest/N.json`).
+    pub manifest: String,
+    /// The source sink's history (its owner record's), if it has one.
+    pub history: Option<String>,
 }
 
 /// `<sink>/_sluice/sink.json`: whose output the sink holds. A sink belongs
@@ -343,6 +365,15 @@ impl Index {
     ) -> Index {
         if self.through_batch.is_some_and(|t| t >= batch) {
             return self.clone();
+        }
+        if mode == DiscoveryMode::Manifests {
+            // The keys are the manifests read: only the last one is kept.
+            return Index {
+                format_version: FORMAT_VERSION,
+                through_batch: Some(batch),
+                start_after: new_keys.iter().max().cloned().max(self.start_after.clone()),
+                keys: Vec::new(),
+            };
         }
         let mut keys = self.keys.clone();
         keys.extend(new_keys.iter().cloned());

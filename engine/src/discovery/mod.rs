@@ -13,11 +13,16 @@
 //! processed. Every `reconcile_every` runs a run also lists the source and
 //! records, as inbox entries, the files that have neither a claim nor an
 //! entry: those whose notification was lost.
+//!
+//! `manifests` mode reads another Sluice pipeline's sink through its
+//! manifests, with the manifest number as the offset.
 
 mod listing;
+mod manifests;
 mod notify;
 
 pub(crate) use listing::{list_inputs, list_readable, listing_state, new_inputs};
+pub(crate) use manifests::{Upstream, check_history, read_upstream};
 pub use notify::{ClaimStep, InboxEntry, decide_key_claim, read_inbox, record_notified};
 pub(crate) use notify::{claim_key, inbox_files, reconcile_due, settle_claims, unnotified};
 

@@ -79,6 +79,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         trigger: run.trigger.clone(),
         consumed: off.consumed.clone(),
         deferred,
+        source: off.source.clone(),
     };
     record.durations.commit_ms = started.elapsed().as_millis() as u64;
     // Planner, tasks and this committer, including the commit write itself.
@@ -126,12 +127,12 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
         None
     } else {
         let index = ctx.checkpoint.index().await?;
-        let index = index.apply(
-            record.batch,
-            &record.input_keys,
-            p.source.discovery,
-            p.source.lookback,
-        );
+        // `manifests` mode's offset is the last source manifest read.
+        let keys = match &record.source {
+            Some(cursor) => std::slice::from_ref(&cursor.manifest),
+            None => record.input_keys.as_slice(),
+        };
+        let index = index.apply(record.batch, keys, p.source.discovery, p.source.lookback);
         ctx.checkpoint.put_index(&index).await?;
         Some(index.listing())
     };
@@ -145,6 +146,9 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
         c.last_commit_ms = Some(record.committed_ms);
         if let Some(l) = &listing {
             c.listing = l.clone();
+        }
+        if let Some(cursor) = &record.source {
+            c.source_history = cursor.history.clone();
         }
         c.heartbeat_ms = Some(now);
         c.spec_hash = spec_hash.clone();

@@ -204,12 +204,13 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     } else {
         next
     };
-    let seen = match (index, looked.inbox) {
-        (Some(i), _) => Seen::Listing(i, looked.listed),
-        (None, Some(entries)) => {
+    let seen = match (index, looked.inbox, looked.upstream) {
+        (Some(_), _, Some(upstream)) => Seen::Manifests(upstream),
+        (Some(i), _, None) => Seen::Listing(i, looked.listed),
+        (None, Some(entries), _) => {
             Seen::Inbox(entries, looked.listed_source.then_some(looked.listed))
         }
-        (None, None) => Seen::Nothing,
+        (None, None, _) => Seen::Nothing,
     };
     discover_and_plan(ctx, run, &control, seen, clock).await
 }
@@ -306,6 +307,9 @@ struct Looked {
     inbox: Option<Vec<InboxEntry>>,
     /// `notify`: `listed` is a listing of the source (a reconciliation).
     listed_source: bool,
+    /// `manifests`: the source sink's manifests after the cursor (`listed`
+    /// holds their files).
+    upstream: Option<discovery::Upstream>,
 }
 
 /// The idle check: an idle pipeline with the registered spec and a listing
@@ -334,6 +338,26 @@ async fn look(ctx: &Context, control: Option<&Control>) -> Result<Look> {
             listed,
             inbox: Some(entries),
             listed_source: due,
+            upstream: None,
+        }));
+    }
+    if p.source.discovery == DiscoveryMode::Manifests {
+        let upstream =
+            read_upstream(ctx, control.and_then(|c| c.listing.start_after.as_deref())).await?;
+        discovery::check_history(
+            &p.name,
+            control.and_then(|c| c.source_history.as_deref()),
+            &upstream,
+        )?;
+        let listed = upstream.listed();
+        if settled && listed.is_empty() {
+            return Ok(Look::Idle);
+        }
+        return Ok(Look::Maybe(Looked {
+            listed,
+            inbox: None,
+            listed_source: false,
+            upstream: Some(upstream),
         }));
     }
     let start_after = control.and_then(|c| c.listing.start_after.clone());
@@ -349,7 +373,13 @@ async fn look(ctx: &Context, control: Option<&Control>) -> Result<Look> {
         listed,
         inbox: None,
         listed_source: false,
+        upstream: None,
     }))
+}
+
+/// `manifests` mode: the source sink's manifests after `start_after`.
+async fn read_upstream(ctx: &Context, start_after: Option<&str>) -> Result<discovery::Upstream> {
+    discovery::read_upstream(ctx.source.as_ref(), &ctx.pipeline.name, start_after).await
 }
 
 /// The source schema, with the SQL checked against it, and whether
@@ -412,6 +442,8 @@ enum Seen {
     /// `notify`: the inbox, and the source listing if one was made (a
     /// reconciliation uses it instead of listing again).
     Inbox(Vec<InboxEntry>, Option<Vec<ObjectMeta>>),
+    /// `manifests`: the source sink's manifests after the cursor.
+    Manifests(discovery::Upstream),
 }
 
 /// New input, in processing order, and (notify) the inbox entries of each
@@ -421,6 +453,8 @@ struct Fresh {
     entries: HashMap<String, Vec<String>>,
     /// Notify mode: more entries wait than one discovery takes.
     more: bool,
+    /// `manifests` mode: what the inputs came from.
+    upstream: Option<discovery::Upstream>,
 }
 
 /// Find the input no batch has taken. `list`/`ordered`: diff a listing
@@ -435,6 +469,23 @@ async fn find_new(
     reconcile: bool,
 ) -> Result<Fresh> {
     let p = &ctx.pipeline;
+    if p.source.discovery == DiscoveryMode::Manifests {
+        let upstream = match seen {
+            Seen::Manifests(u) => u,
+            _ => {
+                let index = ctx.checkpoint.index().await?;
+                let upstream = read_upstream(ctx, index.start_after.as_deref()).await?;
+                discovery::check_history(&p.name, control.source_history.as_deref(), &upstream)?;
+                upstream
+            }
+        };
+        return Ok(Fresh {
+            inputs: upstream.inputs(),
+            entries: Default::default(),
+            more: false,
+            upstream: Some(upstream),
+        });
+    }
     if p.source.discovery != DiscoveryMode::Notify {
         return listed_new(ctx, seen).await;
     }
@@ -472,6 +523,7 @@ async fn find_new(
         inputs,
         entries: by_key,
         more,
+        upstream: None,
     })
 }
 
@@ -496,6 +548,7 @@ async fn listed_new(ctx: &Context, seen: Seen) -> Result<Fresh> {
         inputs: discovery::new_inputs(&listed, &index, p.source.discovery),
         entries: Default::default(),
         more: false,
+        upstream: None,
     })
 }
 
@@ -678,10 +731,12 @@ async fn infer_schema(ctx: &Context, first: &InputFile) -> Result<SchemaRef> {
 /// `index/processed.json`; `notify` keeps one claim per key under
 /// `index/keys/`. Only `list` -> `ordered` keeps what the new mode needs.
 fn discovery_change(old: DiscoveryMode, new: DiscoveryMode) -> Option<String> {
-    use DiscoveryMode::{List, Notify, Ordered};
+    use DiscoveryMode::{List, Manifests, Notify, Ordered};
     let why = match (old, new) {
         (a, b) if a == b => return None,
         (List, Ordered) => return None,
+        (Manifests, _) => "manifests mode records a manifest number, not processed files",
+        (_, Manifests) => "the checkpoint holds no manifest number to start after",
         (Ordered, List) => "the processed-file index only holds the ordered lookback window",
         (Notify, _) => "notify mode records processed files as claims, not in the index",
         (_, Notify) => "the processed-file index holds no notify claims",
@@ -712,6 +767,7 @@ async fn discover_and_plan(
         inputs: fresh,
         entries,
         more,
+        upstream,
     } = loop {
         let seen = seen.take().unwrap_or(Seen::Nothing);
         let found = find_new(ctx, &run, control, seen, first_look).await?;
@@ -733,10 +789,27 @@ async fn discover_and_plan(
     let first = control.next_batch();
     let now = ctx.now();
     let mut plans = Vec::new();
-    for (i, inputs) in planning::split_batches(&fresh, &p.limits)
-        .into_iter()
-        .enumerate()
-    {
+    let batches: Vec<(Vec<InputFile>, Option<checkpoint::SourceCursor>)> = match &upstream {
+        Some(u) => {
+            let manifests: Vec<(String, Vec<InputFile>)> = u
+                .manifests
+                .iter()
+                .map(|m| (m.key.clone(), m.files.clone()))
+                .collect();
+            planning::split_manifests(&manifests, &p.limits)
+                .into_iter()
+                .map(|(inputs, manifest)| {
+                    let history = u.history.clone();
+                    (inputs, Some(checkpoint::SourceCursor { manifest, history }))
+                })
+                .collect()
+        }
+        None => planning::split_batches(&fresh, &p.limits)
+            .into_iter()
+            .map(|b| (b, None))
+            .collect(),
+    };
+    for (i, (inputs, source)) in batches.into_iter().enumerate() {
         let tasks = planning::split_tasks(&inputs, p.limits.max_bytes_per_task);
         let consumed = inputs
             .iter()
@@ -750,6 +823,7 @@ async fn discover_and_plan(
             inputs,
             tasks,
             consumed,
+            source,
             plan_ms: 0,
             plan_requests: RequestCounts::default(),
         });

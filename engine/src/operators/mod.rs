@@ -360,7 +360,8 @@ impl SqlOperator {
                 .iter()
                 .filter(|f| !deferred.iter().any(|d| d.key == f.key))
                 .collect()
-        } else if local {
+        } else if local && self.pipeline.source.discovery != DiscoveryMode::Manifests {
+            // (A source sink's published parts never change: no check.)
             deferred = self
                 .changed_since_listed(&access, batch, task, &planned)
                 .await?;

@@ -47,6 +47,10 @@ pub enum DiscoveryMode {
     /// without listing the source, and list it every `reconcile_every` runs
     /// to find files whose notification was lost.
     Notify,
+    /// The source is another Sluice pipeline's sink: read only its
+    /// committed batches, through its manifests, with the manifest number
+    /// as the offset.
+    Manifests,
 }
 
 impl DiscoveryMode {
@@ -56,6 +60,7 @@ impl DiscoveryMode {
             DiscoveryMode::List => "list",
             DiscoveryMode::Ordered => "ordered",
             DiscoveryMode::Notify => "notify",
+            DiscoveryMode::Manifests => "manifests",
         }
     }
 }

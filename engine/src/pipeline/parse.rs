@@ -236,6 +236,13 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
     if src.reconcile_every.is_some() && discovery != DiscoveryMode::Notify {
         return Err("source.reconcile_every applies to discovery = \"notify\" only".to_string());
     }
+    if discovery == DiscoveryMode::Manifests && src.format != SourceFormat::Parquet {
+        return Err(
+            "discovery = \"manifests\" reads another Sluice pipeline's sink, which holds \
+             Parquet: set source.format = \"parquet\""
+                .to_string(),
+        );
+    }
     if let Some(n) = src.reconcile_every {
         check_count("source.reconcile_every", n, MAX_WINDOW)?;
     }
@@ -468,6 +475,20 @@ max_bytes_per_batch = "64 MiB"
         assert!(err(&GOOD.replace("out/sink", "data/sink")).contains("overlaps source.uri"));
         assert!(
             err(&GOOD.replace("table = \"trips\"", "table = \"1trips\"")).contains("source.table")
+        );
+        let manifests = GOOD.replace(
+            "discovery = \"ordered\"\nlookback = 10",
+            "discovery = \"manifests\"",
+        );
+        assert_eq!(
+            parse(&manifests).unwrap().source.discovery,
+            DiscoveryMode::Manifests
+        );
+        let csv = manifests.replace("\"parquet\"", "\"csv\"");
+        assert!(
+            err(&csv).contains("source.format = \"parquet\""),
+            "{}",
+            err(&csv)
         );
     }
 

@@ -5,17 +5,26 @@ use std::collections::BTreeMap;
 use super::events::{Event, ObjectRef, refused};
 use crate::error::Result;
 use crate::paths::is_plain_key;
-use crate::pipeline::Pipeline;
+use crate::pipeline::{DiscoveryMode, Pipeline};
 use crate::storage::Location;
 
-/// Whether the created object `o` is an input file of `p`.
+/// Whether the created object `o` wakes `p`: an input file, or, for a
+/// pipeline reading another's sink (`manifests` discovery), a manifest.
 pub(crate) fn concerns(p: &Pipeline, o: &ObjectRef) -> bool {
+    if p.source.discovery == DiscoveryMode::Manifests {
+        return source_key(p, o).is_some_and(|k| crate::paths::sink::manifest_batch(k).is_some());
+    }
     input_key(p, o).is_some()
 }
 
 /// The key of `o` relative to `p`'s source root, if `o` is an input file
 /// of `p`.
 pub(crate) fn input_key<'a>(p: &Pipeline, o: &'a ObjectRef) -> Option<&'a str> {
+    source_key(p, o).filter(|k| p.source.is_input(k))
+}
+
+/// The key of `o` relative to `p`'s source root, if it is under it.
+fn source_key<'a>(p: &Pipeline, o: &'a ObjectRef) -> Option<&'a str> {
     let Location::S3 { bucket, prefix } = &p.source.location else {
         return None;
     };
@@ -27,7 +36,7 @@ pub(crate) fn input_key<'a>(p: &Pipeline, o: &'a ObjectRef) -> Option<&'a str> {
     } else {
         o.key.strip_prefix(prefix.as_str())?.strip_prefix('/')?
     };
-    p.source.is_input(rel).then_some(rel)
+    Some(rel)
 }
 
 /// Which registered pipelines an event wakes, and how many objects it
