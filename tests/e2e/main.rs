@@ -16,6 +16,7 @@ mod idle;
 mod lease_model;
 mod notify;
 mod s3;
+mod schema;
 mod sink;
 mod storage_contract;
 mod trigger_storm;

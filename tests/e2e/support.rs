@@ -568,6 +568,13 @@ pub async fn duckdb_rows(files: &[PathBuf], sql: &str) -> Vec<String> {
     duckdb_read(files, "", sql).await
 }
 
+/// The rows of any DuckDB query (`read_csv(...)`, `read_json(...)` over
+/// files): DuckDB writes them to Parquet, read back only to render them as
+/// [`rows_of`] renders Sluice's output.
+pub async fn duckdb_sql(sql: &str) -> Vec<String> {
+    duckdb_read(&[], "", sql).await
+}
+
 /// [`duckdb_rows`] with `options` for `read_parquet` (`, name = value`).
 async fn duckdb_read(files: &[PathBuf], options: &str, sql: &str) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
@@ -579,7 +586,8 @@ async fn duckdb_read(files: &[PathBuf], options: &str, sql: &str) -> Vec<String>
     let script = format!(
         "import duckdb, json, sys\n\
          con = duckdb.connect()\n\
-         con.execute('CREATE VIEW trips AS SELECT * FROM read_parquet(' + json.dumps({list:?}) + '{options})')\n\
+         files = {list:?}\n\
+         if files: con.execute('CREATE VIEW trips AS SELECT * FROM read_parquet(' + json.dumps(files) + '{options})')\n\
          con.execute('COPY (' + sys.argv[1] + ') TO ' + json.dumps({out:?}).replace('\"', \"'\") + ' (FORMAT parquet)')\n",
         list = list,
         out = out.to_str().unwrap(),

@@ -20,6 +20,7 @@ mod operate;
 mod ownership;
 mod payloads;
 mod plan;
+mod schema;
 
 pub(crate) use commit::abandon;
 pub use commit::commit;
@@ -32,7 +33,7 @@ pub use payloads::{
     RunState, TaskAck, TaskList, TaskRequest,
 };
 pub use plan::plan;
-pub(crate) use plan::resolve_schema;
+pub(crate) use schema::resolve_schema;
 
 use crate::error::{ErrorClass, Result};
 use commit::settle;

@@ -6,13 +6,13 @@
 use std::collections::HashMap;
 
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::execution::context::SessionContext;
 
 use super::commit::finish_commit;
 use super::context::Context;
 use super::lease::{continue_run, owned_control, release, release_idle, update_control};
 use super::ownership::{self, SinkCheck};
 use super::payloads::{BatchRef, PlanOutcome, RunState, TaskList};
+use super::schema::resolve_schema;
 use crate::checkpoint::owner::Owner;
 use crate::checkpoint::{
     self, Claim, Control, Index, InputFile, Offsets, PipelineRecord, RunStatus,
@@ -20,8 +20,8 @@ use crate::checkpoint::{
 use crate::discovery::{self, InboxEntry};
 use crate::error::{Error, Result};
 use crate::operators::SqlOperator;
-use crate::pipeline::schema::{columns_of, schema_change, schema_of};
-use crate::pipeline::{DiscoveryMode, Pipeline};
+use crate::pipeline::DiscoveryMode;
+use crate::pipeline::schema::columns_of;
 use crate::planning;
 use crate::storage::fanout::{concurrently, delete_all};
 use crate::storage::{ObjectMeta, PutMode, RequestCounts};
@@ -621,134 +621,6 @@ async fn reconcile_inbox(
             arrived: m.last_modified,
         })
         .collect())
-}
-
-/// The source schema: declared, else pinned, else inferred from the first
-/// listed input. `None` when there is nothing to infer from.
-pub(crate) async fn resolve_schema(
-    ctx: &Context,
-    record: Option<&PipelineRecord>,
-    listed: &[ObjectMeta],
-) -> Result<Option<SchemaRef>> {
-    let p = &ctx.pipeline;
-    let pinned = record
-        .map(|r| super::context::pinned_schema(&p.name, r))
-        .transpose()?;
-    if let Some(r) = record {
-        check_source_kept(&r.pipeline, p)?;
-    }
-    let declared = p.source.declared_schema().map_err(|e| Error::Spec {
-        file: p.name.clone(),
-        message: format!("source.schema{e}"),
-    })?;
-    if let Some(declared) = declared {
-        if let Some(pinned) = &pinned
-            && let Some(change) = schema_change(pinned, &declared)
-        {
-            return Err(Error::Incompatible {
-                pipeline: p.name.clone(),
-                message: format!(
-                    "source schema changed ({change}); register a new pipeline (new name) or \
-                     run `sluice reset` on the pipeline file to start over"
-                ),
-            });
-        }
-        return Ok(Some(declared));
-    }
-    if pinned.is_some() {
-        return Ok(pinned);
-    }
-    let Some(first) = discovery::new_inputs(listed, &Index::default(), p.source.discovery)
-        .into_iter()
-        .next()
-    else {
-        return Ok(None);
-    };
-    infer_schema(ctx, &first).await.map(Some)
-}
-
-/// Refuses a change of source format or of discovery mode against the
-/// registered spec `was`: either would read the source differently from
-/// what the checkpoint recorded.
-fn check_source_kept(was: &Pipeline, p: &Pipeline) -> Result<()> {
-    if was.source.format != p.source.format {
-        return Err(Error::Incompatible {
-            pipeline: p.name.clone(),
-            message: format!(
-                "source format changed ({:?} -> {:?}); register a new pipeline (new name) or \
-                 run `sluice reset` on the pipeline file to start over",
-                was.source.format, p.source.format
-            ),
-        });
-    }
-    if let Some(message) = discovery_change(was.source.discovery, p.source.discovery) {
-        return Err(Error::Incompatible {
-            pipeline: p.name.clone(),
-            message,
-        });
-    }
-    Ok(())
-}
-
-/// The schema inferred from the first new file, names and types only.
-async fn infer_schema(ctx: &Context, first: &InputFile) -> Result<SchemaRef> {
-    let p = &ctx.pipeline;
-    let access = ctx.source.scan_access()?;
-    let format = SqlOperator::format(p);
-    let session = SessionContext::new();
-    let meta = object_store::ObjectMeta {
-        location: access.path(&first.key),
-        last_modified: chrono::Utc::now(),
-        size: first.size,
-        e_tag: None,
-        version: None,
-    };
-    let schema = format
-        .infer_schema(&session.state(), &access.store, &[meta])
-        .await
-        .map_err(|e| Error::Input {
-            pipeline: p.name.clone(),
-            batch: 0,
-            key: first.key.clone(),
-            message: format!(
-                "cannot infer the source schema from it: {e}; fix the file or declare source.schema"
-            ),
-        })?;
-    // Keep only names and types: file metadata does not belong in the pin.
-    let pinned = schema_of(&columns_of(&schema)).map_err(|e| Error::Input {
-        pipeline: p.name.clone(),
-        batch: 0,
-        key: first.key.clone(),
-        message: format!(
-            "the inferred schema cannot be pinned: column{e}; declare source.schema instead"
-        ),
-    })?;
-    Ok(pinned)
-}
-
-/// Why a change of discovery mode would process files again, if it would.
-/// `list` keeps every processed key and `ordered` a window of them, in
-/// `index/processed.json`; `notify` keeps one claim per key under
-/// `index/keys/`. Only `list` -> `ordered` keeps what the new mode needs.
-fn discovery_change(old: DiscoveryMode, new: DiscoveryMode) -> Option<String> {
-    use DiscoveryMode::{List, Manifests, Notify, Ordered};
-    let why = match (old, new) {
-        (a, b) if a == b => return None,
-        (List, Ordered) => return None,
-        (Manifests, _) => "manifests mode records a manifest number, not processed files",
-        (_, Manifests) => "the checkpoint holds no manifest number to start after",
-        (Ordered, List) => "the processed-file index only holds the ordered lookback window",
-        (Notify, _) => "notify mode records processed files as claims, not in the index",
-        (_, Notify) => "the processed-file index holds no notify claims",
-        _ => unreachable!("all pairs covered"),
-    };
-    Some(format!(
-        "discovery changed from {} to {}: {why}, so the new mode would process older files \
-         again; keep discovery = \"{}\", or run `sluice reset` on the pipeline file to start over",
-        old.name(),
-        new.name(),
-        old.name()
-    ))
 }
 
 /// Discover new input (AvailableNow: what is there now) and write the plans

@@ -1,0 +1,216 @@
+//! The source schema a run reads with: declared, pinned in `pipeline.json`,
+//! or inferred from the first new files; and the changes to a registered
+//! spec (format, discovery mode, declared schema) that would make the
+//! checkpoint read the source differently, refused.
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::execution::context::SessionContext;
+
+use super::context::Context;
+use crate::checkpoint::{Index, InputFile, PipelineRecord};
+use crate::discovery;
+use crate::error::{Error, Result};
+use crate::operators::SqlOperator;
+use crate::pipeline::schema::{columns_of, schema_change, schema_of};
+use crate::pipeline::{DiscoveryMode, Pipeline};
+use crate::storage::ObjectMeta;
+
+/// The source schema: declared, else pinned, else inferred from the first
+/// listed input. `None` when there is nothing to infer from.
+pub(crate) async fn resolve_schema(
+    ctx: &Context,
+    record: Option<&PipelineRecord>,
+    listed: &[ObjectMeta],
+) -> Result<Option<SchemaRef>> {
+    let p = &ctx.pipeline;
+    let pinned = record
+        .map(|r| super::context::pinned_schema(&p.name, r))
+        .transpose()?;
+    if let Some(r) = record {
+        check_source_kept(&r.pipeline, p)?;
+    }
+    let declared = p.source.declared_schema().map_err(|e| Error::Spec {
+        file: p.name.clone(),
+        message: format!("source.schema{e}"),
+    })?;
+    if let Some(declared) = declared {
+        if let Some(pinned) = &pinned
+            && let Some(change) = schema_change(pinned, &declared)
+        {
+            return Err(Error::Incompatible {
+                pipeline: p.name.clone(),
+                message: format!(
+                    "source schema changed ({change}); register a new pipeline (new name) or \
+                     run `sluice reset` on the pipeline file to start over"
+                ),
+            });
+        }
+        return Ok(Some(declared));
+    }
+    if pinned.is_some() {
+        return Ok(pinned);
+    }
+    let candidates = discovery::new_inputs(listed, &Index::default(), p.source.discovery);
+    infer_schema(ctx, &candidates).await
+}
+
+/// Refuses a change of source format or of discovery mode against the
+/// registered spec `was`: either would read the source differently from
+/// what the checkpoint recorded.
+fn check_source_kept(was: &Pipeline, p: &Pipeline) -> Result<()> {
+    if was.source.format != p.source.format {
+        return Err(Error::Incompatible {
+            pipeline: p.name.clone(),
+            message: format!(
+                "source format changed ({:?} -> {:?}); register a new pipeline (new name) or \
+                 run `sluice reset` on the pipeline file to start over",
+                was.source.format, p.source.format
+            ),
+        });
+    }
+    if let Some(message) = discovery_change(was.source.discovery, p.source.discovery) {
+        return Err(Error::Incompatible {
+            pipeline: p.name.clone(),
+            message,
+        });
+    }
+    Ok(())
+}
+
+/// At most this many files are read to give every column a type.
+const MAX_INFER_FILES: usize = 32;
+
+/// The schema inferred from the new files, in processing order, names and
+/// types only; `None` while no file gives a column. A file with no columns
+/// (zero bytes, or JSON with no keys) gives nothing; a column that is null
+/// in every row of the first file (an empty CSV column, a header-only CSV, a
+/// pandas all-`None` column) takes its type from the next file that has
+/// values, up to [`MAX_INFER_FILES`] files: a `Null` type pinned would drop
+/// every later value. A column with no value in any of them is text in
+/// CSV and JSON (as Spark and DuckDB infer it) and refused in Parquet,
+/// whose writer declared it null (declare `source.schema`).
+async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<SchemaRef>> {
+    let p = &ctx.pipeline;
+    let mut fields: Vec<Field> = Vec::new();
+    let mut read = 0;
+    let mut first_key = None;
+    for file in candidates.iter().take(MAX_INFER_FILES) {
+        let found = infer_file(ctx, file).await?;
+        read += 1;
+        if found.fields().is_empty() {
+            continue;
+        }
+        if fields.is_empty() {
+            first_key = Some(file.key.clone());
+            fields = found.fields().iter().map(|f| f.as_ref().clone()).collect();
+        } else {
+            for f in fields
+                .iter_mut()
+                .filter(|f| f.data_type() == &DataType::Null)
+            {
+                if let Ok(typed) = found.field_with_name(f.name())
+                    && typed.data_type() != &DataType::Null
+                {
+                    *f = f.clone().with_data_type(typed.data_type().clone());
+                }
+            }
+        }
+        if !fields.iter().any(|f| f.data_type() == &DataType::Null) {
+            break;
+        }
+    }
+    let Some(first_key) = first_key else {
+        if read > 0 {
+            tracing::info!(pipeline = %p.name, files = read, "no input file has columns yet; the schema waits for one");
+        }
+        return Ok(None);
+    };
+    let untyped: Vec<String> = fields
+        .iter()
+        .filter(|f| f.data_type() == &DataType::Null)
+        .map(|f| f.name().clone())
+        .collect();
+    if !untyped.is_empty() {
+        if p.source.format == crate::pipeline::SourceFormat::Parquet {
+            return Err(Error::Input {
+                pipeline: p.name.clone(),
+                batch: 0,
+                key: first_key,
+                message: format!(
+                    "column(s) {} hold only nulls and have no type in the first {read} file(s) \
+                     (the writer declared them null): declare source.schema with their types",
+                    untyped.join(", ")
+                ),
+            });
+        }
+        tracing::info!(pipeline = %p.name, columns = %untyped.join(", "), files = read, "columns with no value in the files read are pinned as text (Utf8)");
+        for f in fields
+            .iter_mut()
+            .filter(|f| f.data_type() == &DataType::Null)
+        {
+            *f = f.clone().with_data_type(DataType::Utf8);
+        }
+    }
+    // Keep only names and types: file metadata does not belong in the pin.
+    let schema = Schema::new(fields);
+    let pinned = schema_of(&columns_of(&schema)).map_err(|e| Error::Input {
+        pipeline: p.name.clone(),
+        batch: 0,
+        key: first_key,
+        message: format!(
+            "the inferred schema cannot be pinned: column{e}; declare source.schema instead"
+        ),
+    })?;
+    Ok(Some(pinned))
+}
+
+/// The schema DataFusion infers from one file.
+async fn infer_file(ctx: &Context, file: &InputFile) -> Result<SchemaRef> {
+    let p = &ctx.pipeline;
+    let access = ctx.source.scan_access()?;
+    let format = SqlOperator::format(p);
+    let session = SessionContext::new();
+    let meta = object_store::ObjectMeta {
+        location: access.path(&file.key),
+        last_modified: chrono::Utc::now(),
+        size: file.size,
+        e_tag: None,
+        version: None,
+    };
+    format
+        .infer_schema(&session.state(), &access.store, &[meta])
+        .await
+        .map_err(|e| Error::Input {
+            pipeline: p.name.clone(),
+            batch: 0,
+            key: file.key.clone(),
+            message: format!(
+                "cannot infer the source schema from it: {e}; fix the file or declare source.schema"
+            ),
+        })
+}
+
+/// Why a change of discovery mode would process files again, if it would.
+/// `list` keeps every processed key and `ordered` a window of them, in
+/// `index/processed.json`; `notify` keeps one claim per key under
+/// `index/keys/`. Only `list` -> `ordered` keeps what the new mode needs.
+fn discovery_change(old: DiscoveryMode, new: DiscoveryMode) -> Option<String> {
+    use DiscoveryMode::{List, Manifests, Notify, Ordered};
+    let why = match (old, new) {
+        (a, b) if a == b => return None,
+        (List, Ordered) => return None,
+        (Manifests, _) => "manifests mode records a manifest number, not processed files",
+        (_, Manifests) => "the checkpoint holds no manifest number to start after",
+        (Ordered, List) => "the processed-file index only holds the ordered lookback window",
+        (Notify, _) => "notify mode records processed files as claims, not in the index",
+        (_, Notify) => "the processed-file index holds no notify claims",
+        _ => unreachable!("all pairs covered"),
+    };
+    Some(format!(
+        "discovery changed from {} to {}: {why}, so the new mode would process older files \
+         again; keep discovery = \"{}\", or run `sluice reset` on the pipeline file to start over",
+        old.name(),
+        new.name(),
+        old.name()
+    ))
+}

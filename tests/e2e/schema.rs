@@ -1,0 +1,181 @@
+//! The source schema and bad data: inference never pins a `Null` or empty
+//! schema (issue "Bad data and schema drift", case 1).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Float64Array, Int64Array, NullArray, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+use crate::support::*;
+
+/// A pipeline `name` over `root/input` in `format` running `SELECT *`.
+fn select_all(root: &Path, name: &str, format: &str) -> sluice_engine::pipeline::Pipeline {
+    let toml = format!(
+        r#"name = "{name}"
+[source]
+uri = "input"
+format = "{format}"
+table = "t"
+[query]
+sql = "SELECT * FROM t"
+[sink]
+uri = "out/sink"
+[checkpoint]
+uri = "out/checkpoint"
+"#
+    );
+    pipeline(root, &toml)
+}
+
+fn write(root: &Path, name: &str, text: &str) -> String {
+    let path = root.join("input").join(name);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// The pinned column types, in order.
+async fn pinned(p: &sluice_engine::pipeline::Pipeline) -> Vec<(String, String)> {
+    let ctx = local_context(p);
+    let record = ctx.checkpoint.pipeline_record().await.unwrap().unwrap();
+    record
+        .schema
+        .into_iter()
+        .map(|c| (c.name, c.data_type))
+        .collect()
+}
+
+fn cols(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect()
+}
+
+/// The review's cases: a first CSV with an empty `notes` column pinned it
+/// as Null (every later value dropped); a header-only first CSV pinned every
+/// column as Null. The type comes from the next file with values.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_column_empty_in_the_first_csv_takes_its_type_from_the_next_file() {
+    for (case, first) in [
+        ("empty", "a,notes,b\n1,,x\n2,,y\n"),
+        ("header", "a,notes,b\n"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let f1 = write(root, "1.csv", first);
+        let f2 = write(root, "2.csv", "a,notes,b\n3,hello,z\n");
+        let p = select_all(root, "csvnull", "csv");
+        run(&local_context(&p)).await.unwrap();
+        assert_eq!(
+            pinned(&p).await,
+            cols(&[("a", "Int64"), ("notes", "Utf8"), ("b", "Utf8")]),
+            "{case}"
+        );
+        let expected = duckdb_sql(&format!("SELECT * FROM read_csv(['{f1}', '{f2}'])")).await;
+        assert!(expected.iter().any(|r| r.contains("hello")), "{expected:?}");
+        assert_eq!(
+            committed_rows(&root.join("out/sink"), "csvnull").await,
+            expected,
+            "{case}"
+        );
+    }
+}
+
+/// A column with no value in any file read so far is pinned as text (as
+/// Spark and DuckDB infer it), so a value arriving later is kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_csv_column_empty_everywhere_is_text_and_keeps_later_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    write(root, "1.csv", "a,notes\n1,\n2,\n");
+    let p = select_all(root, "csvtext", "csv");
+    run(&local_context(&p)).await.unwrap();
+    assert_eq!(pinned(&p).await, cols(&[("a", "Int64"), ("notes", "Utf8")]));
+    write(root, "2.csv", "a,notes\n3,late\n");
+    run(&local_context(&p)).await.unwrap();
+    let rows = committed_rows(&root.join("out/sink"), "csvtext").await;
+    assert_eq!(rows, ["1|NULL", "2|NULL", "3|late"]);
+}
+
+/// The review's case: a 0-byte first JSONL pinned an empty schema, and
+/// later files gave 0 columns (and were marked processed). A file with no
+/// columns gives nothing to infer; the schema comes from the next one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zero_byte_first_jsonl_does_not_pin_an_empty_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    write(root, "1.jsonl", "");
+    let p = select_all(root, "jsonzero", "jsonl");
+    // Only the empty file: nothing to infer from yet, so nothing is run.
+    let first = run(&local_context(&p)).await.unwrap();
+    assert!(first.batches.is_empty(), "{first:?}");
+    let f2 = write(
+        root,
+        "2.jsonl",
+        "{\"a\": 1, \"b\": \"x\"}\n{\"a\": 2, \"b\": \"y\"}\n",
+    );
+    run(&local_context(&p)).await.unwrap();
+    assert_eq!(pinned(&p).await, cols(&[("a", "Int64"), ("b", "Utf8")]));
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "jsonzero").await,
+        duckdb_sql(&format!("SELECT * FROM read_json('{f2}')")).await
+    );
+}
+
+fn write_parquet(path: &Path, batch: &RecordBatch) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let file = std::fs::File::create(path).unwrap();
+    let mut w =
+        datafusion::parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
+/// The review's case: a first Parquet file with a null-typed column (as
+/// pandas writes an all-`None` column) made every later file with values
+/// fail. The type comes from the next file; with none, the run says which
+/// columns to declare.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_null_typed_parquet_column_takes_its_type_from_the_next_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let nulls = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("x", DataType::Null, true),
+        ])),
+        vec![
+            Arc::new(Int64Array::from(vec![1, 2])),
+            Arc::new(NullArray::new(2)),
+        ],
+    )
+    .unwrap();
+    let f1 = root.join("input/1.parquet");
+    write_parquet(&f1, &nulls);
+    // Alone, it cannot be typed: refused, naming the column and the remedy.
+    let p = select_all(root, "pqnull", "parquet");
+    let err = run(&local_context(&p)).await.unwrap_err().to_string();
+    assert!(
+        err.contains("x") && err.contains("source.schema") && err.contains("1.parquet"),
+        "{err}"
+    );
+    let values = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("x", DataType::Float64, true),
+        ])),
+        vec![
+            Arc::new(Int64Array::from(vec![3])),
+            Arc::new(Float64Array::from(vec![2.5])),
+        ],
+    )
+    .unwrap();
+    let f2 = root.join("input/2.parquet");
+    write_parquet(&f2, &values);
+    run(&local_context(&p)).await.unwrap();
+    assert_eq!(pinned(&p).await, cols(&[("a", "Int64"), ("x", "Float64")]));
+    let rows = committed_rows(&root.join("out/sink"), "pqnull").await;
+    assert_eq!(rows, ["1|NULL", "2|NULL", "3|2.5"]);
+}
