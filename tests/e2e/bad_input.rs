@@ -292,3 +292,24 @@ async fn a_batch_deferring_a_file_crashed_at_each_write_recovers() {
         }
     }
 }
+
+/// The review's case: an SQL error at run time (`CAST(store_and_fwd_flag
+/// AS INT)` on `N`) was blamed on the input file ("fix or replace the
+/// file"). The file reads fine; the error says the query is at fault.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_query_failing_on_values_is_blamed_on_the_query_not_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 1, 50);
+    let toml = pipeline_toml("castq", "parquet", "", "").replace(
+        SQL,
+        "SELECT CAST(store_and_fwd_flag AS INT) AS flag FROM trips",
+    );
+    let p = pipeline(root, &toml);
+    let err = run(&local_context(&p)).await.unwrap_err().to_string();
+    assert!(
+        err.contains("query.sql fails on its values") && err.contains("TRY_CAST"),
+        "{err}"
+    );
+    assert!(!err.contains("replace the file"), "{err}");
+}

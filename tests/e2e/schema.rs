@@ -179,3 +179,121 @@ async fn a_null_typed_parquet_column_takes_its_type_from_the_next_file() {
     let rows = committed_rows(&root.join("out/sink"), "pqnull").await;
     assert_eq!(rows, ["1|NULL", "2|NULL", "3|2.5"]);
 }
+
+/// A change made to a generated batch.
+type Change = dyn Fn(RecordBatch) -> RecordBatch;
+
+/// `taxi_batch(file, rows)` changed by `change`, written as Parquet at
+/// `root/input/<name>`.
+fn write_changed(
+    root: &Path,
+    name: &str,
+    file: u64,
+    change: impl Fn(RecordBatch) -> RecordBatch,
+) -> std::path::PathBuf {
+    let batch = change(sluice_cli::generator::taxi_batch(file, 40));
+    let path = root.join("input").join(name);
+    write_parquet(&path, &batch);
+    path
+}
+
+/// The review's cases: files whose columns do not match the pinned schema
+/// were read silently: a Float64 `passenger_count` of 1.7 committed as 1,
+/// lower-cased names giving `PULocationID` all NULL, a missing
+/// `fare_amount` giving NULLs (so the sample's WHERE dropped every row).
+/// Each now fails its batch naming the file, the column and both types;
+/// nothing of it is committed, and once the file is replaced the run goes
+/// on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_whose_columns_differ_from_the_pinned_schema_is_named_not_read() {
+    use datafusion::arrow::datatypes::Schema as S;
+    let float = |b: RecordBatch| {
+        let i = b.schema().index_of("passenger_count").unwrap();
+        let mut fields: Vec<Field> = b
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields[i] = Field::new("passenger_count", DataType::Float64, true);
+        let mut cols = b.columns().to_vec();
+        cols[i] = Arc::new(Float64Array::from(vec![1.7; b.num_rows()]));
+        RecordBatch::try_new(Arc::new(S::new(fields)), cols).unwrap()
+    };
+    let lower = |b: RecordBatch| {
+        let fields: Vec<Field> = b
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_name(f.name().to_lowercase()))
+            .collect();
+        RecordBatch::try_new(Arc::new(S::new(fields)), b.columns().to_vec()).unwrap()
+    };
+    let missing = |b: RecordBatch| {
+        let i = b.schema().index_of("fare_amount").unwrap();
+        let keep: Vec<usize> = (0..b.num_columns()).filter(|c| *c != i).collect();
+        b.project(&keep).unwrap()
+    };
+    let cases: [(&str, &Change, &[&str]); 3] = [
+        (
+            "float",
+            &float,
+            &["column passenger_count is Float64 in the file, pinned Int64"],
+        ),
+        (
+            "lower",
+            &lower,
+            &["column PULocationID is missing (the file has pulocationid: renamed?)"],
+        ),
+        ("missing", &missing, &["column fare_amount is missing"]),
+    ];
+    for (case, change, wants) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let good = gen_files(&root.join("input"), 2, 40);
+        let p = pipeline(root, &pipeline_toml("drift", "parquet", "", ""));
+        run(&local_context(&p)).await.unwrap();
+        let before = committed_rows(&root.join("out/sink"), "drift").await;
+        let bad = write_changed(root, "zz-changed.parquet", 7, change);
+        let err = run(&local_context(&p)).await.unwrap_err().to_string();
+        assert!(err.contains("zz-changed.parquet"), "{case}: {err}");
+        for want in wants {
+            assert!(err.contains(want), "{case}: want \"{want}\" in: {err}");
+        }
+        assert_eq!(
+            committed_rows(&root.join("out/sink"), "drift").await,
+            before,
+            "{case}: a refused file changed the output"
+        );
+        // Replaced by a file of the pinned schema: read, and all is there.
+        write_changed(root, "zz-changed.parquet", 7, |b| b);
+        run(&local_context(&p)).await.unwrap();
+        let mut all = good.clone();
+        all.push(bad);
+        assert_eq!(
+            committed_rows(&root.join("out/sink"), "drift").await,
+            duckdb_rows(&all, SQL).await,
+            "{case}"
+        );
+    }
+}
+
+/// CSV: a header whose names are not the pinned ones (renamed, dropped or
+/// added columns) fails the batch the same way; the types of CSV values are
+/// each value's own business, not the header's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_csv_header_that_differs_from_the_pinned_schema_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    write(root, "1.csv", "a,b\n1,x\n");
+    let p = select_all(root, "csvdrift", "csv");
+    run(&local_context(&p)).await.unwrap();
+    write(root, "2.csv", "a,B,c\n2,y,z\n");
+    let err = run(&local_context(&p)).await.unwrap_err().to_string();
+    assert!(
+        err.contains("2.csv")
+            && err.contains("column b is missing (the file has B: renamed?)")
+            && err.contains("column c is new"),
+        "{err}"
+    );
+}

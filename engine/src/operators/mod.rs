@@ -6,6 +6,7 @@
 //! planned sizes, so DataFusion never lists the source.
 
 mod classify;
+mod drift;
 mod scan;
 
 use std::sync::Arc;
@@ -144,37 +145,50 @@ impl SqlOperator {
         Ok(plan)
     }
 
-    async fn plan_scan(
-        &self,
-        access: &ScanAccess,
-        inputs: &[&InputFile],
-    ) -> std::result::Result<(SessionContext, Arc<dyn ExecutionPlan>), DataFusionError> {
-        self.plan_query(access, inputs, &self.pipeline.sql).await
-    }
-
     async fn plan_query(
         &self,
         access: &ScanAccess,
         inputs: &[&InputFile],
         sql: &str,
     ) -> std::result::Result<(SessionContext, Arc<dyn ExecutionPlan>), DataFusionError> {
+        self.plan_query_in(self.scan_session(access), access, inputs, sql)
+            .await
+    }
+
+    /// A session that reads the source through `access`.
+    fn scan_session(&self, access: &ScanAccess) -> SessionContext {
         let ctx = self.session();
         ctx.register_object_store(access.url.as_ref(), access.store.clone());
+        ctx
+    }
+
+    /// The object meta DataFusion is given for an input: the planned size,
+    /// and a fixed time (so the metadata cache holds across reads of it).
+    fn object_meta(access: &ScanAccess, f: &InputFile) -> object_store::ObjectMeta {
+        object_store::ObjectMeta {
+            location: access.path(&f.key),
+            last_modified: chrono::DateTime::UNIX_EPOCH,
+            size: f.size,
+            e_tag: None,
+            version: None,
+        }
+    }
+
+    /// [`Self::plan_query`] in `ctx` (a [`Self::scan_session`]).
+    async fn plan_query_in(
+        &self,
+        ctx: SessionContext,
+        access: &ScanAccess,
+        inputs: &[&InputFile],
+        sql: &str,
+    ) -> std::result::Result<(SessionContext, Arc<dyn ExecutionPlan>), DataFusionError> {
         let table = BatchTable {
             schema: self.schema.clone(),
             format: Self::format(&self.pipeline),
             url: access.url.clone(),
             files: inputs
                 .iter()
-                .map(|f| {
-                    PartitionedFile::new_from_meta(object_store::ObjectMeta {
-                        location: access.path(&f.key),
-                        last_modified: chrono::DateTime::UNIX_EPOCH,
-                        size: f.size,
-                        e_tag: None,
-                        version: None,
-                    })
-                })
+                .map(|f| PartitionedFile::new_from_meta(Self::object_meta(access, f)))
                 .collect(),
             partitions: self.partitions,
         };
@@ -392,7 +406,14 @@ impl SqlOperator {
                 deferred,
             });
         }
-        let (ctx, plan) = this.plan_scan(&access, &files).await.map_err(exec)?;
+        // Each file's columns against the pinned schema, in the session that
+        // then scans them (a Parquet footer is read once, then cached).
+        let session = this.scan_session(&access);
+        this.check_drift(&session, &access, batch, &files).await?;
+        let (ctx, plan) = this
+            .plan_query_in(session, &access, &files, &self.pipeline.sql)
+            .await
+            .map_err(exec)?;
         let schema = plan.schema();
         let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
         let outputs = match write_partitions(sink, epoch, batch, task.task, schema, streams).await {
@@ -456,6 +477,14 @@ impl SqlOperator {
                          deleted; restore it, or delete the batch plan to skip it"
                             .to_string()
                     }
+                    // The file reads whole with the pinned schema; the query
+                    // fails on its values: the query's fault, not the file's.
+                    _ if sql != read_all => format!(
+                        "the file reads fine, but query.sql fails on its values: {}. Fix the \
+                         query (for example TRY_CAST instead of CAST, or a WHERE that keeps \
+                         such rows out), then run again",
+                        e.to_string().trim()
+                    ),
                     _ => format!(
                         "{}; fix or replace the file (same key), then run again",
                         e.to_string().trim()

@@ -92,6 +92,133 @@ pub(crate) fn schema_change(old: &Schema, new: &Schema) -> Option<String> {
     None
 }
 
+/// How one input file's columns differ from the pinned schema, where
+/// reading it with the pinned schema would lose data or invent nulls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Drift {
+    /// Pinned columns the file does not have, each with the file's column
+    /// of the same name in another case, if there is one (renamed?).
+    pub missing: Vec<(String, Option<String>)>,
+    /// Columns of the file that are not pinned.
+    pub added: Vec<String>,
+    /// Columns whose type in the file does not cast to the pinned type
+    /// without loss: (name, pinned, in the file).
+    pub retyped: Vec<(String, DataType, DataType)>,
+}
+
+impl fmt::Display for Drift {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        for (name, other) in &self.missing {
+            parts.push(match other {
+                Some(o) => format!("column {name} is missing (the file has {o}: renamed?)"),
+                None => format!("column {name} is missing"),
+            });
+        }
+        for (name, pinned, found) in &self.retyped {
+            parts.push(format!(
+                "column {name} is {found} in the file, pinned {pinned} (the cast would lose data)"
+            ));
+        }
+        for name in &self.added {
+            parts.push(format!("column {name} is new"));
+        }
+        f.write_str(&parts.join("; "))
+    }
+}
+
+/// What to compare of a file's inferred schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DriftCheck {
+    /// Compare types too (Parquet, JSON), not only names (CSV, whose types
+    /// are a property of each value).
+    pub types: bool,
+    /// A pinned column the file lacks reads as null by design (JSON omits
+    /// keys whose value is null).
+    pub absent_is_null: bool,
+}
+
+/// How `file` differs from `pinned`, if it does in a way that matters.
+pub(crate) fn drift(pinned: &Schema, file: &Schema, check: DriftCheck) -> Option<Drift> {
+    let mut d = Drift::default();
+    for p in pinned.fields() {
+        match file.field_with_name(p.name()) {
+            Ok(f) => {
+                if check.types && !casts_losslessly(f.data_type(), p.data_type()) {
+                    d.retyped.push((
+                        p.name().clone(),
+                        p.data_type().clone(),
+                        f.data_type().clone(),
+                    ));
+                }
+            }
+            Err(_) if check.absent_is_null => {}
+            Err(_) => {
+                let other = file
+                    .fields()
+                    .iter()
+                    .find(|f| f.name().eq_ignore_ascii_case(p.name()))
+                    .map(|f| f.name().clone());
+                d.missing.push((p.name().clone(), other));
+            }
+        }
+    }
+    for f in file.fields() {
+        if pinned.field_with_name(f.name()).is_err() {
+            d.added.push(f.name().clone());
+        }
+    }
+    (d != Drift::default()).then_some(d)
+}
+
+/// Whether a value of type `from` reads as `to` without loss: the same
+/// type, a wider integer or float, an integer as a float, text in another
+/// encoding, a coarser timestamp as a finer one, or a column that is null
+/// throughout this file.
+pub(crate) fn casts_losslessly(from: &DataType, to: &DataType) -> bool {
+    use DataType::*;
+    fn int_rank(t: &DataType) -> Option<(bool, u8)> {
+        Some(match t {
+            Int8 => (true, 1),
+            Int16 => (true, 2),
+            Int32 => (true, 4),
+            Int64 => (true, 8),
+            UInt8 => (false, 1),
+            UInt16 => (false, 2),
+            UInt32 => (false, 4),
+            UInt64 => (false, 8),
+            _ => return None,
+        })
+    }
+    fn unit_rank(u: &datafusion::arrow::datatypes::TimeUnit) -> u8 {
+        use datafusion::arrow::datatypes::TimeUnit::*;
+        match u {
+            Second => 0,
+            Millisecond => 1,
+            Microsecond => 2,
+            Nanosecond => 3,
+        }
+    }
+    if from == to || *from == Null {
+        return true;
+    }
+    if let Dictionary(_, value) = from {
+        return casts_losslessly(value, to);
+    }
+    match (from, to) {
+        (Utf8 | LargeUtf8 | Utf8View, Utf8 | LargeUtf8 | Utf8View) => true,
+        (Float16, Float32 | Float64) | (Float32, Float64) => true,
+        (f, Float32 | Float64) if int_rank(f).is_some() => true,
+        (f, t) if int_rank(f).is_some() && int_rank(t).is_some() => {
+            let ((fs, fw), (ts, tw)) = (int_rank(f).unwrap(), int_rank(t).unwrap());
+            (fs == ts && fw <= tw) || (!fs && ts && fw < tw)
+        }
+        (Timestamp(fu, fz), Timestamp(tu, tz)) => fz == tz && unit_rank(fu) <= unit_rank(tu),
+        (Date32, Date64 | Timestamp(_, None)) => true,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +240,86 @@ mod tests {
             text.starts_with("schema[1] (column fare): type \"Flaot64\""),
             "{text}"
         );
+    }
+
+    fn schema(cols: &[(&str, DataType)]) -> Schema {
+        Schema::new(
+            cols.iter()
+                .map(|(n, t)| Field::new(*n, t.clone(), true))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn drift_names_missing_renamed_added_and_lossy_columns() {
+        use DataType::*;
+        let pinned = schema(&[
+            ("PULocationID", Int64),
+            ("passenger_count", Int64),
+            ("fare_amount", Float64),
+            (
+                "t",
+                Timestamp(datafusion::arrow::datatypes::TimeUnit::Microsecond, None),
+            ),
+        ]);
+        let all = DriftCheck {
+            types: true,
+            absent_is_null: false,
+        };
+        // Wider or equal types, and an all-null column, read as pinned.
+        let fine = schema(&[
+            ("PULocationID", Int32),
+            ("passenger_count", Null),
+            ("fare_amount", Int64),
+            (
+                "t",
+                Timestamp(datafusion::arrow::datatypes::TimeUnit::Millisecond, None),
+            ),
+        ]);
+        assert_eq!(drift(&pinned, &fine, all), None);
+        let bad = schema(&[
+            ("pulocationid", Int64),
+            ("passenger_count", Float64),
+            (
+                "t",
+                Timestamp(datafusion::arrow::datatypes::TimeUnit::Nanosecond, None),
+            ),
+            ("tip", Float64),
+        ]);
+        let d = drift(&pinned, &bad, all).unwrap();
+        assert_eq!(
+            d.missing,
+            [
+                ("PULocationID".to_string(), Some("pulocationid".to_string())),
+                ("fare_amount".to_string(), None)
+            ]
+        );
+        assert_eq!(d.added, ["pulocationid", "tip"]);
+        assert_eq!(
+            d.retyped.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+            ["passenger_count", "t"]
+        );
+        let text = d.to_string();
+        assert!(
+            text.contains("column passenger_count is Float64 in the file, pinned Int64"),
+            "{text}"
+        );
+        assert!(text.contains("renamed?"), "{text}");
+        // Names only (CSV): types are not compared; JSON omits null keys.
+        let names = DriftCheck {
+            types: false,
+            absent_is_null: false,
+        };
+        assert_eq!(drift(&pinned, &bad, names).unwrap().retyped, []);
+        let json = DriftCheck {
+            types: true,
+            absent_is_null: true,
+        };
+        assert_eq!(drift(&pinned, &bad, json).unwrap().missing, []);
+        assert!(!casts_losslessly(&Int64, &Int32));
+        assert!(!casts_losslessly(&Utf8, &Int64));
+        assert!(casts_losslessly(&UInt32, &Int64));
+        assert!(!casts_losslessly(&UInt64, &Int64));
     }
 
     #[test]

@@ -1,0 +1,99 @@
+//! Schema drift: before a task reads its files with the pinned schema, each
+//! file's own columns are compared with it. A column missing, renamed, added,
+//! or of a type that does not cast to the pinned one without loss would be
+//! read silently as nulls or truncated values; instead the batch fails,
+//! naming the file, the columns and both types.
+
+use datafusion::prelude::SessionContext;
+
+use super::SqlOperator;
+use crate::checkpoint::InputFile;
+use crate::error::{Error, Result};
+use crate::pipeline::SourceFormat;
+use crate::pipeline::schema::{DriftCheck, drift};
+use crate::storage::ScanAccess;
+use crate::storage::fanout::concurrently;
+
+impl SqlOperator {
+    /// What of a file's inferred schema is compared for this source: names
+    /// and types for Parquet and JSON (where a missing key is a null), names
+    /// for CSV with a header (its types belong to each value); nothing for
+    /// CSV without one (columns are by position).
+    fn drift_check(&self) -> Option<DriftCheck> {
+        let s = &self.pipeline.source;
+        match s.format {
+            SourceFormat::Parquet => Some(DriftCheck {
+                types: true,
+                absent_is_null: false,
+            }),
+            SourceFormat::Jsonl => Some(DriftCheck {
+                types: true,
+                absent_is_null: true,
+            }),
+            SourceFormat::Csv if s.header => Some(DriftCheck {
+                types: false,
+                absent_is_null: false,
+            }),
+            SourceFormat::Csv => None,
+        }
+    }
+
+    /// Compare each of `files` (concurrently) with the pinned schema; the
+    /// first that differs fails the task, named.
+    pub(super) async fn check_drift(
+        &self,
+        session: &SessionContext,
+        access: &ScanAccess,
+        batch: u64,
+        files: &[&InputFile],
+    ) -> Result<()> {
+        let Some(check) = self.drift_check() else {
+            return Ok(());
+        };
+        let format = Self::format(&self.pipeline);
+        let state = std::sync::Arc::new(session.state());
+        let owned: Vec<InputFile> = files.iter().map(|f| (*f).clone()).collect();
+        let found = concurrently(owned, |f| {
+            let (format, state) = (format.clone(), state.clone());
+            let (store, meta) = (access.store.clone(), Self::object_meta(access, &f));
+            async move {
+                let schema = format.infer_schema(state.as_ref(), &store, &[meta]).await;
+                Ok((f, schema))
+            }
+        })
+        .await?;
+        let mut compared = Vec::with_capacity(found.len());
+        for (f, schema) in found {
+            let schema = schema.map_err(|e| self.unreadable(batch, &f, e))?;
+            let d = drift(&self.schema, &schema, check);
+            compared.push((f, d));
+        }
+        let found = compared;
+        if let Some((f, Some(d))) = found.into_iter().find(|(_, d)| d.is_some()) {
+            return Err(Error::Input {
+                pipeline: self.pipeline.name.clone(),
+                batch,
+                key: f.key.clone(),
+                message: format!(
+                    "its columns do not match the pinned source schema: {d}. Fix or replace the \
+                     file (same key); if the source changed for good, declare source.schema \
+                     with the new columns and run `sluice reset` on the pipeline file"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// A file whose schema cannot be read at all.
+    fn unreadable(&self, batch: u64, f: &InputFile, e: impl std::fmt::Display) -> Error {
+        Error::Input {
+            pipeline: self.pipeline.name.clone(),
+            batch,
+            key: f.key.clone(),
+            message: format!(
+                "{}; fix or replace the file (same key), then run again",
+                e.to_string().trim()
+            ),
+        }
+    }
+}
