@@ -55,6 +55,14 @@ enum Command {
         #[arg(long)]
         wait: bool,
     },
+    /// Read quarantined input files again (after fixing or replacing them): the next run takes them once.
+    RetryQuarantined {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// Only this source key (default: every quarantined file).
+        #[arg(long)]
+        key: Option<String>,
+    },
     /// Pause a pipeline: triggers record requests but start no run (a run in progress finishes).
     Pause {
         /// The pipeline file.
@@ -189,6 +197,17 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             wait,
         } => refresh(&pipeline, &state_machine_arn, wait).await,
         Command::Pause { pipeline } => pause(&pipeline).await,
+        Command::RetryQuarantined { pipeline, key } => {
+            let ctx = open(&pipeline).await?;
+            let keys = admin::retry_quarantined(&ctx, key.as_deref()).await?;
+            println!(
+                "{}: the next run reads {} quarantined file(s) again: {}",
+                ctx.pipeline.name,
+                keys.len(),
+                keys.join(", ")
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Resume {
             pipeline,
             state_machine_arn,
@@ -497,8 +516,8 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>6}  {:<20}  {:>5}  {:>6}  {:>10}  {:>10}  {:>9}  trigger",
-        "batch", "committed", "epoch", "files", "rows in", "rows out", "ms"
+        "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>9}  trigger",
+        "batch", "committed", "epoch", "files", "quar.", "rows in", "rows out", "ms"
     );
     for c in &commits {
         let when = chrono::DateTime::from_timestamp_millis(c.committed_ms)
@@ -506,11 +525,12 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
             .unwrap_or_else(|| "-".into());
         let d = &c.durations;
         println!(
-            "{:>6}  {:<20}  {:>5}  {:>6}  {:>10}  {:>10}  {:>9}  {}",
+            "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>9}  {}",
             c.batch,
             when,
             c.epoch,
             c.files,
+            c.quarantined.len(),
             c.rows_in,
             c.rows_out,
             d.plan_ms + d.operate_ms + d.commit_ms,
@@ -531,14 +551,19 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
     let summary = runner::run(&ctx, |b| {
         if !json {
             println!(
-                "batch {:>6}  files {:>5}  {:>12}  rows in {:>10}  out {:>10}  {:>7} ms{}",
+                "batch {:>6}  files {:>5}  {:>12}  rows in {:>10}  out {:>10}  {:>7} ms{}{}",
                 b.batch,
                 b.files,
                 mib(b.bytes),
                 b.rows_in,
                 b.rows_out,
                 b.millis,
-                if b.resumed { "  (resumed)" } else { "" }
+                if b.resumed { "  (resumed)" } else { "" },
+                if b.quarantined > 0 {
+                    format!("  {} file(s) quarantined", b.quarantined)
+                } else {
+                    String::new()
+                }
             );
         }
     })
@@ -551,6 +576,7 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
     let bytes: u64 = summary.batches.iter().map(|b| b.bytes).sum();
     let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
     let rows_out: u64 = summary.batches.iter().map(|b| b.rows_out).sum();
+    let quarantined: u64 = summary.batches.iter().map(|b| b.quarantined).sum();
     match &summary.end {
         RunEnd::Idle(reason) => println!(
             "{name}: {reason}; nothing written ({} ms, {} storage requests)",
@@ -559,11 +585,19 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
         ),
         RunEnd::Busy(why) => println!("{name}: not started: {why}"),
         RunEnd::Done => println!(
-            "{name}: committed {} batch(es): {files} files, {}, {rows_in} rows in, {rows_out} rows out in {} ms ({} storage requests)",
+            "{name}: committed {} batch(es): {files} files, {}, {rows_in} rows in, {rows_out} rows out in {} ms ({} storage requests){}",
             summary.batches.len(),
             mib(bytes),
             summary.millis,
-            summary.requests.total()
+            summary.requests.total(),
+            if quarantined > 0 {
+                format!(
+                    "; {quarantined} file(s) quarantined: `sluice show` lists them, \
+                     `sluice retry-quarantined` reads them again once fixed"
+                )
+            } else {
+                String::new()
+            }
         ),
     }
     Ok(ExitCode::SUCCESS)
@@ -631,6 +665,20 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         status.waiting_files,
         mib(status.waiting_bytes)
     );
+    if let Some(c) = &status.control
+        && !c.quarantined.is_empty()
+    {
+        println!(
+            "quarantined  {} files (unreadable; fix or replace, then `sluice retry-quarantined`):",
+            c.quarantined.len()
+        );
+        for q in &c.quarantined {
+            println!("  {} (batch {}): {}", q.key, q.batch, q.reason);
+        }
+        if !c.retry.is_empty() {
+            println!("  asked for again: {}", c.retry.join(", "));
+        }
+    }
     if !status.skipped.is_empty() {
         println!(
             "skipped      {} files whose names cannot be keys (rename them to read them): {}",

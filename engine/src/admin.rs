@@ -102,6 +102,51 @@ pub async fn set_paused(ctx: &Context, paused: bool) -> Result<Control> {
     .await
 }
 
+/// Ask the next run to read quarantined input files again (`sluice
+/// retry-quarantined`): all of them, or the one with `key`, after they were
+/// fixed or replaced under the same key. Their entries move from
+/// `control.quarantined` to `control.retry` (one compare-and-swap); the
+/// next planned batch takes them and its commit clears them, so each is
+/// processed once (or set aside again if still unreadable). Returns the
+/// keys asked for.
+pub async fn retry_quarantined(ctx: &Context, key: Option<&str>) -> Result<Vec<String>> {
+    swap_control(ctx, |read| {
+        let Some(c) = read else {
+            return Err(nothing_quarantined(ctx, key));
+        };
+        let mut next = c.clone();
+        let (asked, kept): (Vec<_>, Vec<_>) = next
+            .quarantined
+            .into_iter()
+            .partition(|q| key.is_none_or(|k| q.key == k));
+        if asked.is_empty() {
+            return Err(nothing_quarantined(ctx, key));
+        }
+        next.quarantined = kept;
+        let keys: Vec<String> = asked.into_iter().map(|q| q.key).collect();
+        for k in &keys {
+            if !next.retry.contains(k) {
+                next.retry.push(k.clone());
+            }
+        }
+        Ok((next, keys))
+    })
+    .await
+}
+
+fn nothing_quarantined(ctx: &Context, key: Option<&str>) -> Error {
+    Error::Run {
+        pipeline: ctx.pipeline.name.clone(),
+        message: match key {
+            Some(k) => format!(
+                "no quarantined file has key {k}; `sluice show` lists the quarantined files"
+            ),
+            None => "no input file is quarantined".to_string(),
+        },
+        class: crate::error::ErrorClass::InvalidInput,
+    }
+}
+
 /// Give up the lease of the run with `epoch` on its behalf (`sluice
 /// cancel`, after its execution was stopped): the lease becomes idle with
 /// the epoch kept, so the stopped run can write nothing more and the next
@@ -246,7 +291,11 @@ pub async fn reset(ctx: &Context) -> Result<ResetReport> {
     // Manifests first (readers that follow them see nothing rather than
     // names of deleted parts), then parts and staged parts, the owner last.
     let listed = sink.list("", None).await?;
-    let sluice_owned = |k: &str| k.starts_with("batch=") || k.starts_with("_sluice/");
+    let sluice_owned = |k: &str| {
+        k.starts_with("batch=")
+            || k.starts_with("_sluice/")
+            || k.starts_with(crate::paths::sink::QUARANTINE_PREFIX)
+    };
     let mut order: Vec<Vec<String>> = vec![Vec::new(), Vec::new()];
     for m in listed.into_iter().filter(|m| sluice_owned(&m.key)) {
         if m.key == crate::paths::sink::OWNER {

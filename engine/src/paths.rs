@@ -183,6 +183,14 @@ pub mod sink {
     /// (one checkpoint's life), writes here.
     pub const OWNER: &str = "_sluice/sink.json";
 
+    /// Prefix of what batches set aside (`on_bad_file = "quarantine"`).
+    pub(crate) const QUARANTINE_PREFIX: &str = "_quarantine/";
+
+    /// The record of the input files batch `n` set aside.
+    pub fn quarantined_files(n: u64) -> String {
+        format!("{QUARANTINE_PREFIX}batch={n:010}/files.json")
+    }
+
     /// Prefix of the manifests.
     pub(crate) const MANIFEST_PREFIX: &str = "_sluice/manifest/";
 

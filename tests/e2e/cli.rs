@@ -225,3 +225,57 @@ fn reset_asks_then_starts_over() {
         "{again}"
     );
 }
+
+/// Quarantine through the binary: a poison upload among the sample's files
+/// is reported by `run` (summary line), `show` (key and reason) and
+/// `history` (count); `retry-quarantined --key` after the fix makes the next
+/// run read it once.
+#[test]
+fn quarantine_and_retry_through_the_cli() {
+    let (dir, file) = sample_copy();
+    let toml = std::fs::read_to_string(&file).unwrap().replace(
+        "lookback = 100             # ordered mode",
+        "lookback = 100\non_bad_file = \"quarantine\" # ordered mode",
+    );
+    std::fs::write(&file, toml).unwrap();
+    let file = file.as_str();
+    let poison = dir
+        .path()
+        .join("data/date=2024-01-01/trips-000001x.parquet");
+    std::fs::write(&poison, b"not parquet").unwrap();
+    let key = "date=2024-01-01/trips-000001x.parquet";
+
+    let ran = stdout(&sluice(&["run", file]));
+    assert!(ran.contains("1 file(s) quarantined"), "{ran}");
+    let show = stdout(&sluice(&["show", file]));
+    assert!(
+        show.contains("quarantined  1 files") && show.contains(key),
+        "{show}"
+    );
+    let history = stdout(&sluice(&["history", file]));
+    assert!(history.contains("quar."), "{history}");
+    let counts: Vec<&str> = history
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().nth(4).unwrap())
+        .collect();
+    assert!(counts.contains(&"1"), "{history}");
+
+    std::fs::copy(
+        dir.path().join("data/date=2024-01-01/trips-000001.parquet"),
+        &poison,
+    )
+    .unwrap();
+    let asked = stdout(&sluice(&["retry-quarantined", file, "--key", key]));
+    assert!(
+        asked.contains("reads 1 quarantined file(s) again"),
+        "{asked}"
+    );
+    let again = stdout(&sluice(&["run", file]));
+    assert!(
+        again.contains("committed 1 batch(es): 1 files") && !again.contains("quarantined"),
+        "{again}"
+    );
+    let show = stdout(&sluice(&["show", file]));
+    assert!(!show.contains("quarantined  "), "{show}");
+}

@@ -15,6 +15,7 @@ mod equivalence;
 mod idle;
 mod lease_model;
 mod notify;
+mod quarantine;
 mod s3;
 mod schema;
 mod sink;

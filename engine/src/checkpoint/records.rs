@@ -134,6 +134,14 @@ pub struct Control {
     /// reset of the upstream pipeline is noticed, not read as old numbers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_history: Option<String>,
+    /// Input files set aside as unreadable (`on_bad_file = "quarantine"`),
+    /// until `sluice retry-quarantined` asks for them again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<Quarantined>,
+    /// Keys `sluice retry-quarantined` asked to read again: the next
+    /// planned batch takes them, and its commit removes them here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retry: Vec<String>,
 }
 
 impl Control {
@@ -157,6 +165,8 @@ impl Control {
             history: String::new(),
             resetting: false,
             source_history: None,
+            quarantined: Vec::new(),
+            retry: Vec::new(),
         }
     }
 
@@ -298,6 +308,24 @@ pub struct Commit {
     /// `manifests` mode: the plan's [`Offsets::source`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<SourceCursor>,
+    /// Input files the tasks could not read and set aside
+    /// (`on_bad_file = "quarantine"`): part of the batch (its keys count as
+    /// processed), not of its output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<Quarantined>,
+}
+
+/// An input file set aside because it could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Quarantined {
+    /// Key relative to the source root.
+    pub key: String,
+    /// Its size when planned.
+    pub size: u64,
+    /// The batch that set it aside.
+    pub batch: u64,
+    /// Why: the reader's error.
+    pub reason: String,
 }
 
 /// Where a `manifests`-mode batch leaves off in its source sink.

@@ -52,6 +52,17 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         .iter()
         .filter(|i| !deferred.iter().any(|d| d.key == i.key))
         .collect();
+    // Inputs set aside as unreadable are taken (processed: not listed as
+    // new again) but not read.
+    let mut quarantined: Vec<crate::checkpoint::Quarantined> = results
+        .iter()
+        .flat_map(|r| r.quarantined.iter().cloned())
+        .collect();
+    quarantined.sort_by(|a, b| a.key.cmp(&b.key));
+    let read: Vec<&&crate::checkpoint::InputFile> = taken
+        .iter()
+        .filter(|i| !quarantined.iter().any(|q| q.key == i.key))
+        .collect();
     let mut outputs: Vec<_> = results.iter().flat_map(|r| r.outputs.clone()).collect();
     outputs.sort_by(|a, b| a.key.cmp(&b.key));
     ctx.sink.verify(batch, &outputs).await?;
@@ -63,8 +74,8 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         batch,
         epoch: run.epoch,
         committed_ms: ctx.now(),
-        files: taken.len() as u64,
-        bytes_read: taken.iter().map(|i| i.size).sum(),
+        files: read.len() as u64,
+        bytes_read: read.iter().map(|i| i.size).sum(),
         rows_in: results.iter().map(|r| r.rows_in).sum(),
         rows_out: results.iter().map(|r| r.rows_out).sum(),
         outputs,
@@ -80,6 +91,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         consumed: off.consumed.clone(),
         deferred,
         source: off.source.clone(),
+        quarantined,
     };
     record.durations.commit_ms = started.elapsed().as_millis() as u64;
     // Planner, tasks and this committer, including the commit write itself.
@@ -105,6 +117,9 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
 pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result<()> {
     let p = &ctx.pipeline;
     ctx.sink.publish(record.batch, &record.outputs).await?;
+    ctx.sink
+        .record_quarantined(record.batch, &record.quarantined)
+        .await?;
     ctx.sink
         .commit(&Manifest {
             format_version: checkpoint::FORMAT_VERSION,
@@ -150,6 +165,10 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
         if let Some(cursor) = &record.source {
             c.source_history = cursor.history.clone();
         }
+        c.retry.retain(|k| !record.input_keys.contains(k));
+        c.quarantined
+            .retain(|q| !record.input_keys.contains(&q.key));
+        c.quarantined.extend(record.quarantined.iter().cloned());
         c.heartbeat_ms = Some(now);
         c.spec_hash = spec_hash.clone();
         c.totals.batches += 1;

@@ -216,6 +216,9 @@ pub struct CommitSummary {
     pub outputs: u64,
     /// Requests of the batch.
     pub requests: RequestCounts,
+    /// Input files set aside as unreadable.
+    #[serde(default)]
+    pub quarantined: u64,
 }
 
 impl From<&Commit> for CommitSummary {
@@ -228,6 +231,7 @@ impl From<&Commit> for CommitSummary {
             rows_out: c.rows_out,
             outputs: c.outputs.len() as u64,
             requests: c.requests,
+            quarantined: c.quarantined.len() as u64,
         }
     }
 }

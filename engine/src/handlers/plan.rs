@@ -148,9 +148,10 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     // anything: processed files deleted from the source, or a changed spec,
     // change the listing without making work. (Notify mode looked above.)
     let mut index = None;
+    let retry = control.is_some_and(|c| !c.retry.is_empty());
     if !recover && looked.inbox.is_none() {
         let i = ctx.checkpoint.index().await?;
-        if discovery::new_inputs(&looked.listed, &i, p.source.discovery).is_empty() {
+        if !retry && discovery::new_inputs(&looked.listed, &i, p.source.discovery).is_empty() {
             return Ok(idle("no new data"));
         }
         index = Some(i);
@@ -317,8 +318,10 @@ struct Looked {
 /// reconciliation due) has nothing to do: one read and one listing.
 async fn look(ctx: &Context, control: Option<&Control>) -> Result<Look> {
     let p = &ctx.pipeline;
-    let settled =
-        control.is_some_and(|c| c.status == RunStatus::Idle && c.spec_hash == p.spec_hash());
+    // (Files `sluice retry-quarantined` asked for are work too.)
+    let settled = control.is_some_and(|c| {
+        c.status == RunStatus::Idle && c.spec_hash == p.spec_hash() && c.retry.is_empty()
+    });
     if p.source.discovery == DiscoveryMode::Notify {
         let entries = discovery::read_inbox(ctx.checkpoint.store().as_ref()).await?;
         let epoch = control.map_or(1, |c| c.epoch + 1);
@@ -462,6 +465,58 @@ struct Fresh {
 /// when one is due (`reconcile` allows it in this discovery), each key
 /// claimed for this run.
 async fn find_new(
+    ctx: &Context,
+    run: &RunState,
+    control: &Control,
+    seen: Seen,
+    reconcile: bool,
+) -> Result<Fresh> {
+    let mut found = find_new_input(ctx, run, control, seen, reconcile).await?;
+    // Files `sluice retry-quarantined` asked for come first.
+    let retry = retry_inputs(ctx, run, control, &found.inputs).await?;
+    if !retry.is_empty() {
+        found.inputs.splice(0..0, retry);
+    }
+    Ok(found)
+}
+
+/// The input files named by `control.retry` (`sluice retry-quarantined`)
+/// that `fresh` does not hold, as they are now (one listing each); a key
+/// gone from the source is dropped from the request with a warning.
+async fn retry_inputs(
+    ctx: &Context,
+    run: &RunState,
+    control: &Control,
+    fresh: &[InputFile],
+) -> Result<Vec<InputFile>> {
+    let mut out = Vec::new();
+    let mut gone = Vec::new();
+    for key in &control.retry {
+        if fresh.iter().any(|f| &f.key == key) {
+            continue;
+        }
+        let found = ctx.source.list(key, None).await?;
+        match found.into_iter().find(|m| &m.key == key) {
+            Some(m) => out.push(InputFile {
+                key: m.key,
+                size: m.size,
+                etag: m.etag,
+                modified_ms: m.last_modified.map(|t| t.timestamp_millis()),
+            }),
+            None => {
+                tracing::warn!(pipeline = %ctx.pipeline.name, %key, "a file asked for again is gone from the source; dropped");
+                gone.push(key.clone());
+            }
+        }
+    }
+    if !gone.is_empty() {
+        update_control(ctx, run.epoch, &|c| c.retry.retain(|k| !gone.contains(k))).await?;
+    }
+    Ok(out)
+}
+
+/// [`find_new`] without the files asked for again.
+async fn find_new_input(
     ctx: &Context,
     run: &RunState,
     control: &Control,

@@ -39,16 +39,17 @@ impl SqlOperator {
     }
 
     /// Compare each of `files` (concurrently) with the pinned schema; the
-    /// first that differs fails the task, named.
-    pub(super) async fn check_drift(
+    /// first that differs fails the task, named. Returns the files whose
+    /// schema cannot be read at all, with the reader's error.
+    pub(super) async fn check_drift<'a>(
         &self,
         session: &SessionContext,
         access: &ScanAccess,
         batch: u64,
-        files: &[&InputFile],
-    ) -> Result<()> {
+        files: &[&'a InputFile],
+    ) -> Result<Vec<(&'a InputFile, String)>> {
         let Some(check) = self.drift_check() else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         let format = Self::format(&self.pipeline);
         let state = std::sync::Arc::new(session.state());
@@ -62,14 +63,21 @@ impl SqlOperator {
             }
         })
         .await?;
-        let mut compared = Vec::with_capacity(found.len());
-        for (f, schema) in found {
-            let schema = schema.map_err(|e| self.unreadable(batch, &f, e))?;
-            let d = drift(&self.schema, &schema, check);
-            compared.push((f, d));
+        let mut unreadable = Vec::new();
+        let mut drifted = None;
+        for (i, (_, schema)) in found.into_iter().enumerate() {
+            match schema {
+                Err(e) => unreadable.push((files[i], e.to_string().trim().to_string())),
+                Ok(schema) => {
+                    if drifted.is_none()
+                        && let Some(d) = drift(&self.schema, &schema, check)
+                    {
+                        drifted = Some((files[i], d));
+                    }
+                }
+            }
         }
-        let found = compared;
-        if let Some((f, Some(d))) = found.into_iter().find(|(_, d)| d.is_some()) {
+        if let Some((f, d)) = drifted {
             return Err(Error::Input {
                 pipeline: self.pipeline.name.clone(),
                 batch,
@@ -81,11 +89,11 @@ impl SqlOperator {
                 ),
             });
         }
-        Ok(())
+        Ok(unreadable)
     }
 
     /// A file whose schema cannot be read at all.
-    fn unreadable(&self, batch: u64, f: &InputFile, e: impl std::fmt::Display) -> Error {
+    pub(super) fn unreadable(&self, batch: u64, f: &InputFile, e: impl std::fmt::Display) -> Error {
         Error::Input {
             pipeline: self.pipeline.name.clone(),
             batch,

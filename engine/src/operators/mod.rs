@@ -27,9 +27,9 @@ use datafusion::physical_plan::{
 };
 use datafusion::prelude::{SessionConfig, SessionContext};
 
-use crate::checkpoint::{InputFile, OutputFile, TaskPlan};
+use crate::checkpoint::{InputFile, OutputFile, Quarantined, TaskPlan};
 use crate::error::{Error, ErrorClass, Result};
-use crate::pipeline::{Compression, DiscoveryMode, Pipeline, SourceFormat};
+use crate::pipeline::{BadFilePolicy, Compression, DiscoveryMode, Pipeline, SourceFormat};
 use crate::sinks::ParquetSink;
 use crate::storage::{RequestCounts, ScanAccess, Store};
 use scan::BatchTable;
@@ -60,6 +60,10 @@ pub struct TaskResult {
     /// not part of the batch, left for the next run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deferred: Vec<InputFile>,
+    /// Inputs that could not be read, set aside (`on_bad_file =
+    /// "quarantine"`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<Quarantined>,
 }
 
 /// Runs the pipeline's SQL over task inputs with DataFusion.
@@ -337,9 +341,11 @@ impl SqlOperator {
 
     /// Run one task of batch `batch` for the run holding lease `epoch`: read
     /// `task`'s inputs, run the SQL and write the result to `sink`. An input
-    /// that cannot be read is named in the error. In `list` mode a local
-    /// file that changed since it was listed (still being written) is not
-    /// read: the result names it as deferred, and the next run takes it.
+    /// that cannot be read is named in the error, or, under
+    /// `on_bad_file = "quarantine"`, set aside in the result and the rest
+    /// read. In `list` mode a local file that changed since it was listed
+    /// (still being written) is not read: the result names it as deferred,
+    /// and the next run takes it.
     pub async fn run(
         &self,
         source: &dyn Store,
@@ -357,82 +363,19 @@ impl SqlOperator {
                 .min((task.bytes / SMALL_TASK_BYTES).max(1) as usize),
             ..self.clone()
         };
-        let this = &op;
         let access = source.scan_access()?;
         let planned = self.planned_inputs(batch, inputs, task)?;
-        let mut heads = 0;
-        let current;
-        let mut deferred = Vec::new();
-        let local = access.url.as_str() == "file:///";
-        let files: Vec<&InputFile> = if self.pipeline.source.discovery == DiscoveryMode::Notify {
-            heads = planned.len() as u64;
-            current = self.current_sizes(&access, batch, &planned).await?;
-            if local {
-                deferred = self.changed_since_notified(batch, &planned, &current);
-            }
-            current
-                .iter()
-                .filter(|f| !deferred.iter().any(|d| d.key == f.key))
-                .collect()
-        } else if local && self.pipeline.source.discovery != DiscoveryMode::Manifests {
-            // (A source sink's published parts never change: no check.)
-            deferred = self
-                .changed_since_listed(&access, batch, task, &planned)
-                .await?;
-            planned
-                .into_iter()
-                .filter(|f| !deferred.iter().any(|d| d.key == f.key))
-                .collect()
-        } else {
-            planned
-        };
-        let exec = |e: DataFusionError| Error::Execution {
-            pipeline: self.pipeline.name.clone(),
-            batch,
-            task: Some(task.task),
-            message: e.to_string(),
-            class: ErrorClass::InvalidInput,
-        };
-        if files.is_empty() {
-            // Every input was deferred: nothing to read or write.
-            return Ok(TaskResult {
-                task: task.task,
-                outputs: Vec::new(),
-                rows_in: 0,
-                rows_out: 0,
-                bytes_read: 0,
-                millis: started.elapsed().as_millis() as u64,
-                requests: source.counts().plus(&sink.store().counts()),
-                deferred,
-            });
-        }
-        // Each file's columns against the pinned schema, in the session that
-        // then scans them (a Parquet footer is read once, then cached).
-        let session = this.scan_session(&access);
-        this.check_drift(&session, &access, batch, &files).await?;
-        let (ctx, plan) = this
-            .plan_query_in(session, &access, &files, &self.pipeline.sql)
-            .await
-            .map_err(exec)?;
-        let schema = plan.schema();
-        let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
-        let outputs = match write_partitions(sink, epoch, batch, task.task, schema, streams).await {
-            Ok(outputs) => outputs,
-            Err(e) if e.class() == ErrorClass::InvalidInput => {
-                return Err(this.attribute(&access, batch, task, &files, e).await);
-            }
-            Err(e) => return Err(e),
-        };
-        sink.remove_stale_parts(epoch, batch, task.task, &outputs)
+        let (files, deferred, heads) = self.readable_now(&access, batch, task, &planned).await?;
+        let read = op
+            .read_and_write(&access, sink, epoch, batch, task, files)
             .await?;
-        let rows_out = outputs.iter().map(|o| o.rows).sum();
         Ok(TaskResult {
             deferred,
             task: task.task,
-            rows_in: leaf_rows(&plan),
-            rows_out,
-            bytes_read: files.iter().map(|f| f.size).sum(),
-            outputs,
+            rows_in: read.rows_in,
+            rows_out: read.outputs.iter().map(|o| o.rows).sum(),
+            bytes_read: read.bytes,
+            outputs: read.outputs,
             millis: started.elapsed().as_millis() as u64,
             requests: source
                 .counts()
@@ -441,34 +384,159 @@ impl SqlOperator {
                     get: heads,
                     ..Default::default()
                 }),
+            quarantined: read.quarantined,
         })
     }
 
-    /// Find which input made a task fail by reading each alone; name it.
-    async fn attribute(
+    /// The planned files to read now, the ones left for the next run
+    /// (changed since listed or notified), and the HEAD requests made.
+    async fn readable_now(
         &self,
         access: &ScanAccess,
         batch: u64,
         task: &TaskPlan,
-        files: &[&InputFile],
-        original: Error,
-    ) -> Error {
-        // First read each file whole (a broken or mismatched file), then run
-        // the query over each alone (a value the query cannot handle).
+        planned: &[&InputFile],
+    ) -> Result<(Vec<InputFile>, Vec<InputFile>, u64)> {
+        let local = access.url.as_str() == "file:///";
+        let keep = |files: Vec<InputFile>, deferred: &[InputFile]| -> Vec<InputFile> {
+            files
+                .into_iter()
+                .filter(|f| !deferred.iter().any(|d| d.key == f.key))
+                .collect()
+        };
+        let owned = || planned.iter().map(|f| (*f).clone()).collect::<Vec<_>>();
+        match self.pipeline.source.discovery {
+            DiscoveryMode::Notify => {
+                let current = self.current_sizes(access, batch, planned).await?;
+                let deferred = if local {
+                    self.changed_since_notified(batch, planned, &current)
+                } else {
+                    Vec::new()
+                };
+                Ok((keep(current, &deferred), deferred, planned.len() as u64))
+            }
+            // A source sink's published parts never change: no check.
+            DiscoveryMode::Manifests => Ok((owned(), Vec::new(), 0)),
+            _ if local => {
+                let deferred = self
+                    .changed_since_listed(access, batch, task, planned)
+                    .await?;
+                Ok((keep(owned(), &deferred), deferred, 0))
+            }
+            _ => Ok((owned(), Vec::new(), 0)),
+        }
+    }
+
+    /// Read `files` and write the query's result: check each file's columns
+    /// against the pinned schema (in the session that then scans them, so a
+    /// Parquet footer is read once), run the query, write the parts. Under
+    /// `on_bad_file = "quarantine"` a file that cannot be read is set aside
+    /// and the task runs again without it (its parts are rewritten under the
+    /// same names; leftovers are removed).
+    async fn read_and_write(
+        &self,
+        access: &ScanAccess,
+        sink: &ParquetSink,
+        epoch: u64,
+        batch: u64,
+        task: &TaskPlan,
+        mut files: Vec<InputFile>,
+    ) -> Result<TaskRead> {
+        let quarantine = self.pipeline.source.on_bad_file == BadFilePolicy::Quarantine;
+        let mut quarantined: Vec<Quarantined> = Vec::new();
+        let exec = |e: DataFusionError| Error::Execution {
+            pipeline: self.pipeline.name.clone(),
+            batch,
+            task: Some(task.task),
+            message: e.to_string(),
+            class: ErrorClass::InvalidInput,
+        };
+        loop {
+            let mut set_aside = |f: &InputFile, reason: String| {
+                tracing::warn!(pipeline = %self.pipeline.name, batch, key = %f.key, %reason, "input file quarantined");
+                quarantined.push(Quarantined {
+                    key: f.key.clone(),
+                    size: f.size,
+                    batch,
+                    reason,
+                });
+            };
+            if files.is_empty() {
+                // Every input was deferred or set aside.
+                sink.remove_stale_parts(epoch, batch, task.task, &[])
+                    .await?;
+                return Ok(TaskRead {
+                    quarantined,
+                    ..TaskRead::default()
+                });
+            }
+            let refs: Vec<&InputFile> = files.iter().collect();
+            let session = self.scan_session(access);
+            let unreadable = self.check_drift(&session, access, batch, &refs).await?;
+            if let Some((f, reason)) = unreadable.first() {
+                if !quarantine {
+                    return Err(self.unreadable(batch, f, reason));
+                }
+                let keys: Vec<String> = unreadable.iter().map(|(f, _)| f.key.clone()).collect();
+                for (f, reason) in &unreadable {
+                    set_aside(f, reason.clone());
+                }
+                drop(refs);
+                files.retain(|f| !keys.contains(&f.key));
+                continue;
+            }
+            let (ctx, plan) = self
+                .plan_query_in(session, access, &refs, &self.pipeline.sql)
+                .await
+                .map_err(exec)?;
+            let schema = plan.schema();
+            let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
+            let outputs =
+                match write_partitions(sink, epoch, batch, task.task, schema, streams).await {
+                    Ok(outputs) => outputs,
+                    Err(e) if e.class() == ErrorClass::InvalidInput => {
+                        let culprit = self.culprit(access, &refs).await;
+                        if let Some(c) = &culprit
+                            && c.unreadable
+                            && quarantine
+                        {
+                            let key = c.key.clone();
+                            let f = files.iter().find(|f| f.key == key).expect("a task input");
+                            set_aside(f, c.reason.clone());
+                            files.retain(|f| f.key != key);
+                            continue;
+                        }
+                        return Err(self.attribute(batch, task, culprit, e));
+                    }
+                    Err(e) => return Err(e),
+                };
+            sink.remove_stale_parts(epoch, batch, task.task, &outputs)
+                .await?;
+            return Ok(TaskRead {
+                rows_in: leaf_rows(&plan),
+                bytes: files.iter().map(|f| f.size).sum(),
+                outputs,
+                quarantined,
+            });
+        }
+    }
+
+    /// Which input makes a task fail, found by reading each alone: first
+    /// whole with the pinned schema (a broken, missing or mismatched file),
+    /// then through the query (a value the query cannot handle).
+    async fn culprit(&self, access: &ScanAccess, files: &[&InputFile]) -> Option<Culprit> {
         let read_all = format!("SELECT * FROM \"{}\"", self.pipeline.source.table);
         let probes = [read_all.as_str(), self.pipeline.sql.as_str()];
-        let mut attempts: Vec<(&str, &InputFile)> = Vec::new();
-        for q in probes {
+        for sql in probes {
             for f in files {
-                attempts.push((q, f));
-            }
-        }
-        for (sql, f) in attempts {
-            let probe = async {
-                let (ctx, plan) = self.plan_query(access, &[f], sql).await?;
-                datafusion::physical_plan::collect(plan, ctx.task_ctx()).await
-            };
-            if let Err(e) = probe.await {
+                let probe = async {
+                    let (ctx, plan) = self.plan_query(access, &[f], sql).await?;
+                    datafusion::physical_plan::collect(plan, ctx.task_ctx()).await
+                };
+                let Err(e) = probe.await else {
+                    continue;
+                };
+                let unreadable = sql == read_all;
                 let message = match &e {
                     DataFusionError::ObjectStore(os)
                         if matches!(**os, object_store::Error::NotFound { .. }) =>
@@ -479,7 +547,7 @@ impl SqlOperator {
                     }
                     // The file reads whole with the pinned schema; the query
                     // fails on its values: the query's fault, not the file's.
-                    _ if sql != read_all => format!(
+                    _ if !unreadable => format!(
                         "the file reads fine, but query.sql fails on its values: {}. Fix the \
                          query (for example TRY_CAST instead of CAST, or a WHERE that keeps \
                          such rows out), then run again",
@@ -490,13 +558,33 @@ impl SqlOperator {
                         e.to_string().trim()
                     ),
                 };
-                return Error::Input {
-                    pipeline: self.pipeline.name.clone(),
-                    batch,
+                return Some(Culprit {
                     key: f.key.clone(),
                     message,
-                };
+                    reason: e.to_string().trim().to_string(),
+                    unreadable,
+                });
             }
+        }
+        None
+    }
+
+    /// The error of a task that failed with `original`, naming the input
+    /// at fault if one was found.
+    fn attribute(
+        &self,
+        batch: u64,
+        task: &TaskPlan,
+        culprit: Option<Culprit>,
+        original: Error,
+    ) -> Error {
+        if let Some(c) = culprit {
+            return Error::Input {
+                pipeline: self.pipeline.name.clone(),
+                batch,
+                key: c.key,
+                message: c.message,
+            };
         }
         match original {
             Error::Execution { message, .. } => Error::Execution {
@@ -509,6 +597,26 @@ impl SqlOperator {
             other => other,
         }
     }
+}
+
+/// The input a failed task was found to fail on.
+struct Culprit {
+    key: String,
+    /// The error to report, with what to do.
+    message: String,
+    /// The reader's error alone (a quarantine record's reason).
+    reason: String,
+    /// The file cannot be read (rather than the query failing on its values).
+    unreadable: bool,
+}
+
+/// What a task read and wrote.
+#[derive(Default)]
+struct TaskRead {
+    rows_in: u64,
+    bytes: u64,
+    outputs: Vec<OutputFile>,
+    quarantined: Vec<Quarantined>,
 }
 
 /// Rows produced by the leaves (the scans) of an executed plan.

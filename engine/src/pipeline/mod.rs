@@ -92,6 +92,24 @@ fn is_default_reconcile_every(n: &u64) -> bool {
     *n == default_reconcile_every()
 }
 
+/// What a run does with an input file that cannot be read at all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BadFilePolicy {
+    /// The batch fails naming the file; nothing is committed.
+    #[default]
+    Fail,
+    /// The file is recorded with the reason and left out; the batch
+    /// commits the rest, and the file waits for `sluice retry-quarantined`.
+    Quarantine,
+}
+
+impl BadFilePolicy {
+    fn is_fail(&self) -> bool {
+        *self == BadFilePolicy::Fail
+    }
+}
+
 /// The source of a pipeline, resolved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Source {
@@ -120,6 +138,9 @@ pub struct Source {
     pub header: bool,
     /// CSV: field delimiter.
     pub delimiter: u8,
+    /// What to do with a file that cannot be read.
+    #[serde(default, skip_serializing_if = "BadFilePolicy::is_fail")]
+    pub on_bad_file: BadFilePolicy,
 }
 
 impl Source {

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{ColumnSpec, Compression, DiscoveryMode, Limits, Pipeline, Source, SourceFormat};
+use super::{
+    BadFilePolicy, ColumnSpec, Compression, DiscoveryMode, Limits, Pipeline, Source, SourceFormat,
+};
 use crate::error::{Error, Result};
 use crate::storage::Location;
 
@@ -31,6 +33,7 @@ struct SourceFile {
     reconcile_every: Option<u64>,
     header: Option<bool>,
     delimiter: Option<String>,
+    on_bad_file: Option<BadFilePolicy>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -270,6 +273,7 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
             .unwrap_or_else(super::default_reconcile_every),
         header: src.header.unwrap_or(true),
         delimiter,
+        on_bad_file: src.on_bad_file.unwrap_or_default(),
     })
 }
 

@@ -47,6 +47,9 @@ pub struct BatchReport {
     pub rows_out: u64,
     /// Output files.
     pub outputs: u64,
+    /// Input files set aside as unreadable (`on_bad_file = "quarantine"`).
+    #[serde(default)]
+    pub quarantined: u64,
     /// Wall time of plan + tasks + commit, ms.
     pub millis: u64,
     /// Planned by an earlier run that did not finish it.
@@ -212,6 +215,7 @@ impl LocalInvoker<'_> {
                 rows_in: c.rows_in,
                 rows_out: c.rows_out,
                 outputs: c.outputs,
+                quarantined: c.quarantined,
                 millis: o.batch_started.elapsed().as_millis() as u64,
                 resumed: o.resumed,
             };

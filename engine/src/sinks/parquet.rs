@@ -181,6 +181,29 @@ impl ParquetSink {
         Ok(outputs)
     }
 
+    /// Write `<sink>/_quarantine/batch=N/files.json` naming the input files
+    /// batch `n` set aside (none: nothing written). Overwritten with the
+    /// same bytes when a commit is finished again; `_` keeps it out of
+    /// globs and Hive-style readers.
+    pub(crate) async fn record_quarantined(
+        &self,
+        n: u64,
+        files: &[crate::checkpoint::Quarantined],
+    ) -> Result<()> {
+        if files.is_empty() {
+            return Ok(());
+        }
+        let body = serde_json::to_vec_pretty(files).expect("plain records serialize");
+        self.store
+            .put(
+                &paths::sink::quarantined_files(n),
+                Bytes::from(body),
+                PutMode::Overwrite,
+            )
+            .await?;
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn finish_part(
         &self,
