@@ -516,8 +516,17 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>9}  trigger",
-        "batch", "committed", "epoch", "files", "quar.", "rows in", "rows out", "ms"
+        "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>9}  trigger",
+        "batch",
+        "committed",
+        "epoch",
+        "files",
+        "quar.",
+        "rows in",
+        "rows out",
+        "bad rows",
+        "nulled",
+        "ms"
     );
     for c in &commits {
         let when = chrono::DateTime::from_timestamp_millis(c.committed_ms)
@@ -525,7 +534,7 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
             .unwrap_or_else(|| "-".into());
         let d = &c.durations;
         println!(
-            "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>9}  {}",
+            "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>9}  {}",
             c.batch,
             when,
             c.epoch,
@@ -533,11 +542,32 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
             c.quarantined.len(),
             c.rows_in,
             c.rows_out,
+            c.rejected.iter().map(|r| r.rows).sum::<u64>(),
+            c.nulled_fields,
             d.plan_ms + d.operate_ms + d.commit_ms,
             c.trigger.as_deref().unwrap_or("-")
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The per-batch note on bad data, if any.
+fn bad_data(files: u64, rows: u64, nulled: u64) -> String {
+    let mut parts = Vec::new();
+    if files > 0 {
+        parts.push(format!("{files} file(s) quarantined"));
+    }
+    if rows > 0 {
+        parts.push(format!("{rows} row(s) quarantined"));
+    }
+    if nulled > 0 {
+        parts.push(format!("{nulled} field(s) made null"));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("  {}", parts.join(", "))
+    }
 }
 
 fn mib(bytes: u64) -> String {
@@ -559,11 +589,7 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
                 b.rows_out,
                 b.millis,
                 if b.resumed { "  (resumed)" } else { "" },
-                if b.quarantined > 0 {
-                    format!("  {} file(s) quarantined", b.quarantined)
-                } else {
-                    String::new()
-                }
+                bad_data(b.quarantined, b.rows_quarantined, b.nulled_fields)
             );
         }
     })
@@ -577,6 +603,8 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
     let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
     let rows_out: u64 = summary.batches.iter().map(|b| b.rows_out).sum();
     let quarantined: u64 = summary.batches.iter().map(|b| b.quarantined).sum();
+    let bad_rows: u64 = summary.batches.iter().map(|b| b.rows_quarantined).sum();
+    let nulled: u64 = summary.batches.iter().map(|b| b.nulled_fields).sum();
     match &summary.end {
         RunEnd::Idle(reason) => println!(
             "{name}: {reason}; nothing written ({} ms, {} storage requests)",
@@ -594,6 +622,13 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
                 format!(
                     "; {quarantined} file(s) quarantined: `sluice show` lists them, \
                      `sluice retry-quarantined` reads them again once fixed"
+                )
+            } else {
+                String::new()
+            } + &if bad_rows + nulled > 0 {
+                format!(
+                    "; {bad_rows} malformed row(s) quarantined under the sink's _quarantine/, \
+                     {nulled} bad field(s) made null"
                 )
             } else {
                 String::new()

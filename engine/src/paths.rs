@@ -191,6 +191,17 @@ pub mod sink {
         format!("{QUARANTINE_PREFIX}batch={n:010}/files.json")
     }
 
+    /// The malformed rows task `task` of batch `n` set aside under lease
+    /// `epoch`.
+    pub(crate) fn rejected_rows(n: u64, task: u32, epoch: u64) -> String {
+        format!("{QUARANTINE_PREFIX}batch={n:010}/rows-{task:05}-e{epoch}.jsonl")
+    }
+
+    /// Prefix of what batch `n` set aside.
+    pub(crate) fn quarantine_prefix(n: u64) -> String {
+        format!("{QUARANTINE_PREFIX}batch={n:010}/")
+    }
+
     /// Prefix of the manifests.
     pub(crate) const MANIFEST_PREFIX: &str = "_sluice/manifest/";
 

@@ -5,6 +5,7 @@
 mod support;
 
 mod bad_input;
+mod bad_rows;
 mod chained;
 mod checkpoint;
 mod claim_model;

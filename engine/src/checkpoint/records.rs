@@ -313,6 +313,14 @@ pub struct Commit {
     /// processed), not of its output.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<Quarantined>,
+    /// Malformed rows set aside (`on_bad_row = "quarantine"`): one
+    /// quarantine file per task that had any, under `<sink>/_quarantine/`
+    /// (`rows` is how many rows each holds).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<OutputFile>,
+    /// Fields made null (`on_bad_row = "null"`).
+    #[serde(default)]
+    pub nulled_fields: u64,
 }
 
 /// An input file set aside because it could not be read.

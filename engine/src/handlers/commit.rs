@@ -92,6 +92,8 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         deferred,
         source: off.source.clone(),
         quarantined,
+        rejected: results.iter().filter_map(|r| r.rejected.clone()).collect(),
+        nulled_fields: results.iter().map(|r| r.nulled_fields).sum(),
     };
     record.durations.commit_ms = started.elapsed().as_millis() as u64;
     // Planner, tasks and this committer, including the commit write itself.
@@ -118,7 +120,7 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
     let p = &ctx.pipeline;
     ctx.sink.publish(record.batch, &record.outputs).await?;
     ctx.sink
-        .record_quarantined(record.batch, &record.quarantined)
+        .record_quarantined(record.batch, &record.quarantined, &record.rejected)
         .await?;
     ctx.sink
         .commit(&Manifest {

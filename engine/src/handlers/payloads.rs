@@ -219,6 +219,12 @@ pub struct CommitSummary {
     /// Input files set aside as unreadable.
     #[serde(default)]
     pub quarantined: u64,
+    /// Malformed rows set aside.
+    #[serde(default)]
+    pub rows_quarantined: u64,
+    /// Fields made null.
+    #[serde(default)]
+    pub nulled_fields: u64,
 }
 
 impl From<&Commit> for CommitSummary {
@@ -232,6 +238,8 @@ impl From<&Commit> for CommitSummary {
             outputs: c.outputs.len() as u64,
             requests: c.requests,
             quarantined: c.quarantined.len() as u64,
+            rows_quarantined: c.rejected.iter().map(|r| r.rows).sum(),
+            nulled_fields: c.nulled_fields,
         }
     }
 }

@@ -7,11 +7,13 @@
 
 mod classify;
 mod drift;
+mod salvage;
 mod scan;
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::datasource::MemTable;
 use datafusion::datasource::file_format::FileFormat;
@@ -29,7 +31,9 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::checkpoint::{InputFile, OutputFile, Quarantined, TaskPlan};
 use crate::error::{Error, ErrorClass, Result};
-use crate::pipeline::{BadFilePolicy, Compression, DiscoveryMode, Pipeline, SourceFormat};
+use crate::pipeline::{
+    BadFilePolicy, BadRowPolicy, Compression, DiscoveryMode, Pipeline, SourceFormat,
+};
 use crate::sinks::ParquetSink;
 use crate::storage::{RequestCounts, ScanAccess, Store};
 use scan::BatchTable;
@@ -64,6 +68,13 @@ pub struct TaskResult {
     /// "quarantine"`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<Quarantined>,
+    /// Malformed rows set aside (`on_bad_row = "quarantine"`): the
+    /// quarantine file of this task (its `rows` is how many).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejected: Option<OutputFile>,
+    /// Fields made null (`on_bad_row = "null"`).
+    #[serde(default)]
+    pub nulled_fields: u64,
 }
 
 /// Runs the pipeline's SQL over task inputs with DataFusion.
@@ -385,6 +396,8 @@ impl SqlOperator {
                     ..Default::default()
                 }),
             quarantined: read.quarantined,
+            rejected: read.rejected,
+            nulled_fields: read.nulled,
         })
     }
 
@@ -444,6 +457,7 @@ impl SqlOperator {
     ) -> Result<TaskRead> {
         let quarantine = self.pipeline.source.on_bad_file == BadFilePolicy::Quarantine;
         let mut quarantined: Vec<Quarantined> = Vec::new();
+        let mut salvaged: Vec<(InputFile, salvage::Salvaged)> = Vec::new();
         let exec = |e: DataFusionError| Error::Execution {
             pipeline: self.pipeline.name.clone(),
             batch,
@@ -462,24 +476,26 @@ impl SqlOperator {
                 });
             };
             if files.is_empty() {
-                // Every input was deferred or set aside.
-                sink.remove_stale_parts(epoch, batch, task.task, &[])
-                    .await?;
-                return Ok(TaskRead {
+                // Every input was deferred, set aside or read row by row.
+                let read = TaskRead {
                     quarantined,
                     ..TaskRead::default()
-                });
+                };
+                return self
+                    .finish_task(access, sink, epoch, batch, task, read, salvaged)
+                    .await;
             }
             let refs: Vec<&InputFile> = files.iter().collect();
             let session = self.scan_session(access);
             let unreadable = self.check_drift(&session, access, batch, &refs).await?;
-            if let Some((f, reason)) = unreadable.first() {
-                if !quarantine {
-                    return Err(self.unreadable(batch, f, reason));
-                }
+            if !unreadable.is_empty() {
                 let keys: Vec<String> = unreadable.iter().map(|(f, _)| f.key.clone()).collect();
                 for (f, reason) in &unreadable {
-                    set_aside(f, reason.clone());
+                    match self.salvage(access, f).await? {
+                        Some(s) => salvaged.push(((*f).clone(), s)),
+                        None if quarantine => set_aside(f, reason.clone()),
+                        None => return Err(self.unreadable(batch, f, reason)),
+                    }
                 }
                 drop(refs);
                 files.retain(|f| !keys.contains(&f.key));
@@ -492,17 +508,22 @@ impl SqlOperator {
             let schema = plan.schema();
             let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
             let outputs =
-                match write_partitions(sink, epoch, batch, task.task, schema, streams).await {
+                match write_partitions(sink, epoch, (batch, task.task, 0), schema, streams).await {
                     Ok(outputs) => outputs,
                     Err(e) if e.class() == ErrorClass::InvalidInput => {
                         let culprit = self.culprit(access, &refs).await;
                         if let Some(c) = &culprit
                             && c.unreadable
-                            && quarantine
                         {
+                            let f = files.iter().find(|f| f.key == c.key).expect("a task input");
+                            if let Some(s) = self.salvage(access, f).await? {
+                                salvaged.push((f.clone(), s));
+                            } else if quarantine {
+                                set_aside(f, c.reason.clone());
+                            } else {
+                                return Err(self.attribute(batch, task, culprit, e));
+                            }
                             let key = c.key.clone();
-                            let f = files.iter().find(|f| f.key == key).expect("a task input");
-                            set_aside(f, c.reason.clone());
                             files.retain(|f| f.key != key);
                             continue;
                         }
@@ -510,15 +531,147 @@ impl SqlOperator {
                     }
                     Err(e) => return Err(e),
                 };
-            sink.remove_stale_parts(epoch, batch, task.task, &outputs)
-                .await?;
-            return Ok(TaskRead {
+            let read = TaskRead {
                 rows_in: leaf_rows(&plan),
                 bytes: files.iter().map(|f| f.size).sum(),
                 outputs,
                 quarantined,
-            });
+                ..TaskRead::default()
+            };
+            return self
+                .finish_task(access, sink, epoch, batch, task, read, salvaged)
+                .await;
         }
+    }
+
+    /// Under `on_bad_row = "quarantine" | "null"`, read a CSV or JSON Lines
+    /// file that failed the scan row by row; `None` when the policy is
+    /// `fail`, the source is Parquet, or the file is not text at all (bad
+    /// compression), which the file policy then decides.
+    async fn salvage(
+        &self,
+        access: &ScanAccess,
+        f: &InputFile,
+    ) -> Result<Option<salvage::Salvaged>> {
+        let s = &self.pipeline.source;
+        if s.on_bad_row == BadRowPolicy::Fail || s.format == SourceFormat::Parquet {
+            return Ok(None);
+        }
+        let path = access.path(&f.key);
+        let got = match object_store::ObjectStoreExt::get(&access.store, &path).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => {
+                return Err(Error::Store(crate::storage::object_store_error(
+                    "get", &f.key, &e,
+                )));
+            }
+        };
+        let bytes = got
+            .bytes()
+            .await
+            .map_err(|e| Error::Store(crate::storage::object_store_error("get", &f.key, &e)))?;
+        let compression = match s.compression {
+            None => FileCompressionType::UNCOMPRESSED,
+            Some(Compression::Gzip) => FileCompressionType::GZIP,
+            Some(Compression::Zstd) => FileCompressionType::ZSTD,
+        };
+        let mut text = Vec::new();
+        let decoded = compression
+            .convert_read(std::io::Cursor::new(bytes))
+            .map_err(|e| e.to_string())
+            .and_then(|mut r| {
+                std::io::Read::read_to_end(&mut r, &mut text).map_err(|e| e.to_string())
+            });
+        if let Err(e) = decoded {
+            tracing::warn!(pipeline = %self.pipeline.name, key = %f.key, error = %e, "cannot decompress; the file policy decides");
+            return Ok(None);
+        }
+        let read = match s.format {
+            SourceFormat::Csv => salvage::csv(
+                &f.key,
+                &text,
+                &self.schema,
+                s.header,
+                s.delimiter,
+                s.on_bad_row,
+            ),
+            _ => salvage::jsonl(&f.key, &text, &self.schema, s.on_bad_row),
+        };
+        match read {
+            Ok(r) => {
+                tracing::warn!(pipeline = %self.pipeline.name, key = %f.key, bad_rows = r.bad.len(), nulled_fields = r.nulled, "file read row by row");
+                Ok(Some(r))
+            }
+            Err(e) => {
+                tracing::warn!(pipeline = %self.pipeline.name, key = %f.key, error = %e, "cannot read row by row; the file policy decides");
+                Ok(None)
+            }
+        }
+    }
+
+    /// After the scan of the task's clean files: run the query over the
+    /// rows kept from files read row by row (output partitions numbered
+    /// after the scan's), write their bad rows to the quarantine
+    /// (`_quarantine/batch=N/rows-T-eE.jsonl`), and remove parts a failed
+    /// attempt of this task left.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_task(
+        &self,
+        access: &ScanAccess,
+        sink: &ParquetSink,
+        epoch: u64,
+        batch: u64,
+        task: &TaskPlan,
+        mut read: TaskRead,
+        salvaged: Vec<(InputFile, salvage::Salvaged)>,
+    ) -> Result<TaskRead> {
+        let _ = access;
+        if !salvaged.is_empty() {
+            let kept: Vec<RecordBatch> = salvaged.iter().map(|(_, s)| s.batch.clone()).collect();
+            let rows: u64 = kept.iter().map(|b| b.num_rows() as u64).sum();
+            let ctx = self.session();
+            let table =
+                MemTable::try_new(self.schema.clone(), vec![kept]).map_err(|e| self.sql_err(e))?;
+            ctx.register_table(self.pipeline.source.table.as_str(), Arc::new(table))
+                .map_err(|e| self.sql_err(e))?;
+            let exec = |e: DataFusionError| Error::Execution {
+                pipeline: self.pipeline.name.clone(),
+                batch,
+                task: Some(task.task),
+                message: e.to_string(),
+                class: ErrorClass::InvalidInput,
+            };
+            let plan = ctx
+                .sql(&self.pipeline.sql)
+                .await
+                .map_err(exec)?
+                .create_physical_plan()
+                .await
+                .map_err(exec)?;
+            let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
+            let first = self.partitions.max(1);
+            let more = write_partitions(
+                sink,
+                epoch,
+                (batch, task.task, first),
+                plan.schema(),
+                streams,
+            )
+            .await?;
+            read.outputs.extend(more);
+            read.rows_in += rows;
+            read.bytes += salvaged.iter().map(|(f, _)| f.size).sum::<u64>();
+            let bad: Vec<&salvage::BadRow> =
+                salvaged.iter().flat_map(|(_, s)| s.bad.iter()).collect();
+            read.nulled = salvaged.iter().map(|(_, s)| s.nulled).sum();
+            if !bad.is_empty() {
+                read.rejected = Some(sink.write_rejected(epoch, batch, task.task, &bad).await?);
+            }
+        }
+        sink.remove_stale_parts(epoch, batch, task.task, &read.outputs)
+            .await?;
+        Ok(read)
     }
 
     /// Which input makes a task fail, found by reading each alone: first
@@ -617,6 +770,10 @@ struct TaskRead {
     bytes: u64,
     outputs: Vec<OutputFile>,
     quarantined: Vec<Quarantined>,
+    /// Bad rows set aside, in one quarantine file.
+    rejected: Option<OutputFile>,
+    /// Fields made null (`on_bad_row = "null"`).
+    nulled: u64,
 }
 
 /// Rows produced by the leaves (the scans) of an executed plan.
@@ -634,14 +791,14 @@ fn leaf_rows(plan: &Arc<dyn ExecutionPlan>) -> u64 {
 async fn write_partitions(
     sink: &ParquetSink,
     epoch: u64,
-    batch: u64,
-    task: u32,
+    (batch, task, first): (u64, u32, usize),
     schema: SchemaRef,
     streams: Vec<SendableRecordBatchStream>,
 ) -> Result<Vec<OutputFile>> {
     let writes: Vec<_> = streams
         .into_iter()
         .enumerate()
+        .map(|(p, stream)| (p + first, stream))
         .map(|(p, stream)| {
             let sink = sink.clone();
             let schema = schema.clone();

@@ -110,6 +110,25 @@ impl BadFilePolicy {
     }
 }
 
+/// What a run does with a malformed row of a CSV or JSON Lines file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BadRowPolicy {
+    /// The batch fails naming the file; nothing is committed.
+    #[default]
+    Fail,
+    /// The row is recorded (key, line, raw text, reason) and left out.
+    Quarantine,
+    /// Each bad field becomes null and the row is kept.
+    Null,
+}
+
+impl BadRowPolicy {
+    fn is_fail(&self) -> bool {
+        *self == BadRowPolicy::Fail
+    }
+}
+
 /// The source of a pipeline, resolved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Source {
@@ -141,6 +160,9 @@ pub struct Source {
     /// What to do with a file that cannot be read.
     #[serde(default, skip_serializing_if = "BadFilePolicy::is_fail")]
     pub on_bad_file: BadFilePolicy,
+    /// What to do with a malformed row (CSV, JSON Lines).
+    #[serde(default, skip_serializing_if = "BadRowPolicy::is_fail")]
+    pub on_bad_row: BadRowPolicy,
 }
 
 impl Source {

@@ -6,7 +6,8 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::{
-    BadFilePolicy, ColumnSpec, Compression, DiscoveryMode, Limits, Pipeline, Source, SourceFormat,
+    BadFilePolicy, BadRowPolicy, ColumnSpec, Compression, DiscoveryMode, Limits, Pipeline, Source,
+    SourceFormat,
 };
 use crate::error::{Error, Result};
 use crate::storage::Location;
@@ -34,6 +35,7 @@ struct SourceFile {
     header: Option<bool>,
     delimiter: Option<String>,
     on_bad_file: Option<BadFilePolicy>,
+    on_bad_row: Option<BadRowPolicy>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -246,6 +248,15 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
                 .to_string(),
         );
     }
+    if src.on_bad_row.is_some_and(|p| p != BadRowPolicy::Fail)
+        && src.format == SourceFormat::Parquet
+    {
+        return Err(
+            "source.on_bad_row applies to csv and jsonl (Parquet has no rows to tell apart: \
+             use on_bad_file)"
+                .to_string(),
+        );
+    }
     if let Some(n) = src.reconcile_every {
         check_count("source.reconcile_every", n, MAX_WINDOW)?;
     }
@@ -274,6 +285,7 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
         header: src.header.unwrap_or(true),
         delimiter,
         on_bad_file: src.on_bad_file.unwrap_or_default(),
+        on_bad_row: src.on_bad_row.unwrap_or_default(),
     })
 }
 

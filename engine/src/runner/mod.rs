@@ -50,6 +50,12 @@ pub struct BatchReport {
     /// Input files set aside as unreadable (`on_bad_file = "quarantine"`).
     #[serde(default)]
     pub quarantined: u64,
+    /// Malformed rows set aside (`on_bad_row = "quarantine"`).
+    #[serde(default)]
+    pub rows_quarantined: u64,
+    /// Fields made null (`on_bad_row = "null"`).
+    #[serde(default)]
+    pub nulled_fields: u64,
     /// Wall time of plan + tasks + commit, ms.
     pub millis: u64,
     /// Planned by an earlier run that did not finish it.
@@ -216,6 +222,8 @@ impl LocalInvoker<'_> {
                 rows_out: c.rows_out,
                 outputs: c.outputs,
                 quarantined: c.quarantined,
+                rows_quarantined: c.rows_quarantined,
+                nulled_fields: c.nulled_fields,
                 millis: o.batch_started.elapsed().as_millis() as u64,
                 resumed: o.resumed,
             };

@@ -189,7 +189,19 @@ impl ParquetSink {
         &self,
         n: u64,
         files: &[crate::checkpoint::Quarantined],
+        rejected: &[OutputFile],
     ) -> Result<()> {
+        // Rows files of attempts the commit did not keep (a retried task of
+        // another run, a fenced one).
+        let stale: Vec<String> = self
+            .store
+            .list(&paths::sink::quarantine_prefix(n), None)
+            .await?
+            .into_iter()
+            .map(|m| m.key)
+            .filter(|k| k.ends_with(".jsonl") && !rejected.iter().any(|r| &r.key == k))
+            .collect();
+        delete_all(&self.store, stale).await?;
         if files.is_empty() {
             return Ok(());
         }
@@ -202,6 +214,34 @@ impl ParquetSink {
             )
             .await?;
         Ok(())
+    }
+
+    /// Write the malformed rows a task set aside to
+    /// `_quarantine/batch=N/rows-TTTTT-eE.jsonl` (one JSON object a line:
+    /// key, line, raw, reason): a retried task of the same run rewrites its
+    /// own file; the commit names the files it keeps and removes the rest.
+    pub(crate) async fn write_rejected<T: serde::Serialize>(
+        &self,
+        epoch: u64,
+        batch: u64,
+        task: u32,
+        rows: &[T],
+    ) -> Result<OutputFile> {
+        let mut body = Vec::new();
+        for r in rows {
+            serde_json::to_writer(&mut body, r).expect("plain records serialize");
+            body.push(b'\n');
+        }
+        let key = paths::sink::rejected_rows(batch, task, epoch);
+        let bytes = body.len() as u64;
+        self.store
+            .put(&key, Bytes::from(body), PutMode::Overwrite)
+            .await?;
+        Ok(OutputFile {
+            key,
+            rows: rows.len() as u64,
+            bytes,
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -370,7 +410,11 @@ impl ParquetSink {
     /// Delete the staged and any published parts of batch `batch` (a batch
     /// abandoned before its commit).
     pub(crate) async fn remove_batch(&self, batch: u64) -> Result<()> {
-        for prefix in [self.staging_prefix(batch), paths::sink::batch_prefix(batch)] {
+        for prefix in [
+            self.staging_prefix(batch),
+            paths::sink::batch_prefix(batch),
+            paths::sink::quarantine_prefix(batch),
+        ] {
             let keys = self.store.list(&prefix, None).await?;
             delete_all(&self.store, keys.into_iter().map(|m| m.key).collect()).await?;
         }

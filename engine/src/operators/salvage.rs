@@ -1,0 +1,333 @@
+//! Row-level reading of a CSV or JSON Lines file that the scan could not
+//! read whole (`on_bad_row = "quarantine" | "null"`). Clean files never
+//! come here: a task scans its files with DataFusion, and only a file that
+//! fails is read again line by line, so bad rows cost nothing until there
+//! are some.
+//!
+//! What counts as a bad row: a value that does not parse as its column's
+//! type, a line with too many or too few fields, invalid UTF-8, a line that
+//! is not a JSON object. Under `quarantine` the row is left out and
+//! recorded (line number, raw text, reason); under `null` (Spark's
+//! PERMISSIVE) each bad field becomes null and the row is kept (a line with
+//! too few fields gets nulls, one with too many loses the extra ones; a
+//! JSON line that does not parse at all has no fields to keep and is
+//! quarantined either way).
+
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, StringArray};
+use datafusion::arrow::compute::{CastOptions, cast_with_options, filter_record_batch};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::json::ReaderBuilder;
+
+use crate::pipeline::BadRowPolicy;
+
+/// One row set aside, as written to the quarantine.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BadRow {
+    /// The source key.
+    pub key: String,
+    /// 1-based line number in the (decompressed) file.
+    pub line: u64,
+    /// The line as it was (lossily decoded if not UTF-8).
+    pub raw: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// What a row-level read gave.
+#[derive(Debug)]
+pub(super) struct Salvaged {
+    /// The rows kept, in the pinned schema.
+    pub batch: RecordBatch,
+    /// The rows set aside (`quarantine`, or JSON lines with no fields).
+    pub bad: Vec<BadRow>,
+    /// Fields made null (`null`).
+    pub nulled: u64,
+}
+
+/// The 1-based line number at each byte offset's line start.
+fn line_of(text: &[u8], offset: usize) -> u64 {
+    text[..offset.min(text.len())]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count() as u64
+        + 1
+}
+
+fn trimmed(raw: &[u8]) -> String {
+    let end = raw
+        .iter()
+        .rposition(|b| *b != b'\n' && *b != b'\r')
+        .map_or(0, |i| i + 1);
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+/// Read CSV `text` row by row against `schema` (by position; the header,
+/// if any, is skipped: its names were checked before).
+pub(super) fn csv(
+    key: &str,
+    text: &[u8],
+    schema: &SchemaRef,
+    header: bool,
+    delimiter: u8,
+    policy: BadRowPolicy,
+) -> Result<Salvaged, String> {
+    let ncols = schema.fields().len();
+    let mut rdr = ::csv::ReaderBuilder::new()
+        .has_headers(false)
+        .delimiter(delimiter)
+        .flexible(true)
+        .from_reader(text);
+    let mut starts: Vec<usize> = Vec::new();
+    let mut records = Vec::new();
+    for rec in rdr.byte_records() {
+        let rec = rec.map_err(|e| format!("not CSV: {e}"))?;
+        let start = rec.position().map_or(0, |p| p.byte() as usize);
+        starts.push(start);
+        records.push(rec);
+    }
+    let skip = usize::from(header && !records.is_empty());
+    let mut cols: Vec<Vec<Option<String>>> = vec![Vec::new(); ncols];
+    let mut rows: Vec<(u64, String)> = Vec::new();
+    let mut bad: Vec<BadRow> = Vec::new();
+    let mut nulled = 0u64;
+    for i in skip..records.len() {
+        let rec = &records[i];
+        let end = starts.get(i + 1).copied().unwrap_or(text.len());
+        let raw = trimmed(&text[starts[i]..end]);
+        let line = line_of(text, starts[i]);
+        if rec.len() == 1 && rec[0].is_empty() {
+            continue; // a blank line
+        }
+        let mut reasons = Vec::new();
+        if rec.len() != ncols {
+            reasons.push(format!("{} fields, expected {ncols}", rec.len()));
+        }
+        let mut fields: Vec<Option<String>> = Vec::with_capacity(ncols);
+        for c in 0..ncols {
+            let value = match rec.get(c) {
+                None | Some(b"") => None,
+                Some(bytes) => match std::str::from_utf8(bytes) {
+                    Ok(s) => Some(s.to_string()),
+                    Err(_) => {
+                        reasons.push(format!("column {}: invalid UTF-8", schema.field(c).name()));
+                        nulled += 1;
+                        None
+                    }
+                },
+            };
+            fields.push(value);
+        }
+        if !reasons.is_empty() && policy == BadRowPolicy::Quarantine {
+            bad.push(BadRow {
+                key: key.to_string(),
+                line,
+                raw,
+                reason: reasons.join("; "),
+            });
+            continue;
+        }
+        if rec.len() < ncols {
+            nulled += (ncols - rec.len()) as u64;
+        }
+        for (c, v) in fields.into_iter().enumerate() {
+            cols[c].push(v);
+        }
+        rows.push((line, raw));
+    }
+    // Each column as text, cast to its pinned type; a value the cast turns
+    // into null does not parse as the type.
+    let safe = CastOptions {
+        safe: true,
+        ..Default::default()
+    };
+    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(ncols);
+    let mut row_reasons: Vec<Vec<String>> = vec![Vec::new(); rows.len()];
+    for (c, values) in cols.iter().enumerate() {
+        let field = schema.field(c);
+        let text_col = StringArray::from(values.clone());
+        let typed = cast_with_options(&text_col, field.data_type(), &safe)
+            .map_err(|e| format!("column {}: {e}", field.name()))?;
+        for (r, v) in values.iter().enumerate() {
+            if let Some(v) = v
+                && typed.is_null(r)
+            {
+                row_reasons[r].push(format!(
+                    "column {}: \"{v}\" is not {}",
+                    field.name(),
+                    field.data_type()
+                ));
+            }
+        }
+        arrays.push(typed);
+    }
+    let all = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| e.to_string())?;
+    let keep: Vec<bool> = row_reasons
+        .iter()
+        .map(|r| r.is_empty() || policy == BadRowPolicy::Null)
+        .collect();
+    for (r, reasons) in row_reasons.into_iter().enumerate() {
+        if reasons.is_empty() {
+            continue;
+        }
+        if policy == BadRowPolicy::Null {
+            nulled += reasons.len() as u64;
+        } else {
+            let (line, raw) = rows[r].clone();
+            bad.push(BadRow {
+                key: key.to_string(),
+                line,
+                raw,
+                reason: reasons.join("; "),
+            });
+        }
+    }
+    let batch = filter_record_batch(&all, &BooleanArray::from(keep)).map_err(|e| e.to_string())?;
+    bad.sort_by_key(|b| b.line);
+    Ok(Salvaged { batch, bad, nulled })
+}
+
+/// Read JSON Lines `text` line by line against `schema`.
+pub(super) fn jsonl(
+    key: &str,
+    text: &[u8],
+    schema: &SchemaRef,
+    policy: BadRowPolicy,
+) -> Result<Salvaged, String> {
+    let mut good: Vec<RecordBatch> = Vec::new();
+    let mut bad = Vec::new();
+    let mut nulled = 0u64;
+    let decode = |line: &[u8]| -> Result<Option<RecordBatch>, String> {
+        let mut d = ReaderBuilder::new(schema.clone())
+            .build_decoder()
+            .map_err(|e| e.to_string())?;
+        d.decode(line).map_err(|e| e.to_string())?;
+        d.flush().map_err(|e| e.to_string())
+    };
+    for (i, raw_line) in text.split(|b| *b == b'\n').enumerate() {
+        let line = i as u64 + 1;
+        if raw_line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let raw = trimmed(raw_line);
+        let reason = match std::str::from_utf8(raw_line) {
+            Err(_) => "invalid UTF-8".to_string(),
+            Ok(_) => match decode(raw_line) {
+                Ok(Some(b)) if b.num_rows() == 1 => {
+                    good.push(b);
+                    continue;
+                }
+                Ok(_) => "not one JSON object".to_string(),
+                Err(e) => e,
+            },
+        };
+        if policy == BadRowPolicy::Null
+            && let Some((b, n)) = nulled_fields(raw_line, schema, &decode)
+        {
+            nulled += n;
+            good.push(b);
+            continue;
+        }
+        bad.push(BadRow {
+            key: key.to_string(),
+            line,
+            raw,
+            reason,
+        });
+    }
+    let batch =
+        datafusion::arrow::compute::concat_batches(schema, &good).map_err(|e| e.to_string())?;
+    Ok(Salvaged { batch, bad, nulled })
+}
+
+/// Decodes one JSON line into a one-row batch.
+type Decode<'a> = dyn Fn(&[u8]) -> Result<Option<RecordBatch>, String> + 'a;
+
+/// A JSON line whose object parses, with each field that does not decode
+/// as its column's type made null: the row and how many fields were nulled.
+fn nulled_fields(raw: &[u8], schema: &SchemaRef, decode: &Decode) -> Option<(RecordBatch, u64)> {
+    let serde_json::Value::Object(mut map) = serde_json::from_slice(raw).ok()? else {
+        return None;
+    };
+    let mut n = 0;
+    for f in schema.fields() {
+        let Some(v) = map.get(f.name()) else {
+            continue;
+        };
+        let alone = serde_json::json!({ f.name(): v }).to_string();
+        if decode(alone.as_bytes()).is_err() {
+            map.insert(f.name().clone(), serde_json::Value::Null);
+            n += 1;
+        }
+    }
+    let fixed = serde_json::Value::Object(map).to_string();
+    let b = decode(fixed.as_bytes()).ok().flatten()?;
+    (b.num_rows() == 1).then_some((b, n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("name", DataType::Utf8, true),
+            Field::new("price", DataType::Float64, true),
+        ]))
+    }
+
+    #[test]
+    fn csv_rows_of_each_kind_of_bad_are_named_with_their_line() {
+        let text = b"id,name,price\n1,a,1.5\nx,b,2.0\n3,c\n4,d,4.0,extra\n5,\"e\",abc\n6,\xff,6.0\n7,g,7.5";
+        let s = csv(
+            "k.csv",
+            text,
+            &schema(),
+            true,
+            b',',
+            BadRowPolicy::Quarantine,
+        )
+        .unwrap();
+        assert_eq!(s.batch.num_rows(), 2); // lines 2 and 8
+        let lines: Vec<u64> = s.bad.iter().map(|b| b.line).collect();
+        assert_eq!(lines, [3, 4, 5, 6, 7]);
+        assert!(
+            s.bad[0].reason.contains("column id: \"x\" is not Int64"),
+            "{:?}",
+            s.bad[0]
+        );
+        assert!(
+            s.bad[1].reason.contains("2 fields, expected 3"),
+            "{:?}",
+            s.bad[1]
+        );
+        assert!(
+            s.bad[2].reason.contains("4 fields, expected 3"),
+            "{:?}",
+            s.bad[2]
+        );
+        assert!(s.bad[3].reason.contains("price"), "{:?}", s.bad[3]);
+        assert!(s.bad[4].reason.contains("invalid UTF-8"), "{:?}", s.bad[4]);
+        assert_eq!(s.bad[0].raw, "x,b,2.0");
+
+        let n = csv("k.csv", text, &schema(), true, b',', BadRowPolicy::Null).unwrap();
+        assert_eq!(n.batch.num_rows(), 7);
+        assert!(n.bad.is_empty());
+        // x, the missing price, abc, the invalid name.
+        assert_eq!(n.nulled, 4);
+    }
+
+    #[test]
+    fn jsonl_bad_lines_are_named_and_null_keeps_what_parses() {
+        let text = b"{\"id\":1,\"name\":\"a\",\"price\":1.5}\n{\"id\":\"x\",\"name\":\"b\"}\nnot json\n{\"id\":4}\n";
+        let q = jsonl("k.jsonl", text, &schema(), BadRowPolicy::Quarantine).unwrap();
+        assert_eq!(q.batch.num_rows(), 2);
+        assert_eq!(q.bad.iter().map(|b| b.line).collect::<Vec<_>>(), [2, 3]);
+        let n = jsonl("k.jsonl", text, &schema(), BadRowPolicy::Null).unwrap();
+        assert_eq!(n.batch.num_rows(), 3);
+        assert_eq!(n.bad.iter().map(|b| b.line).collect::<Vec<_>>(), [3]);
+        assert_eq!(n.nulled, 1);
+    }
+}

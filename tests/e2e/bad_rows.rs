@@ -1,0 +1,220 @@
+//! `on_bad_row`: malformed CSV and JSON Lines rows of each kind, at known
+//! lines. Under `quarantine` every bad row is in the sink's quarantine with
+//! its line and reason and every good row in the output; under `null` the
+//! output equals DuckDB reading every value as text and `TRY_CAST`ing it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sluice_engine::pipeline::SourceFormat;
+
+use crate::support::*;
+
+/// The bad lines put into the second file: (text, what the reason names).
+const BAD: [(&[u8], &str); 5] = [
+    (b"x,2024-01-01T00:00:00,2024-01-01T00:08:00,4,0.33,1,N,257,165,4,7.83,1.0,0.5,0.0,0.0,1.0,10.33,0.0", "column VendorID: \"x\" is not Int64"),
+    (b"1,2024-01-01T00:00:00,2024-01-01T00:08:00,4", "4 fields, expected 18"),
+    (b"1,2024-01-01T00:00:00,2024-01-01T00:08:00,4,0.33,1,N,257,165,4,7.83,1.0,0.5,0.0,0.0,1.0,10.33,0.0,9,9", "20 fields, expected 18"),
+    (b"2,2024-01-01T00:00:00,2024-01-01T00:08:00,4,5.5,1,\xff\xfe,257,165,4,7.83,1.0,0.5,0.0,0.0,1.0,10.33,0.0", "invalid UTF-8"),
+    (b"2,2024-01-01T00:00:00,2024-01-01T00:08:00,4,abc,1,N,257,165,4,7.83,1.0,0.5,0.0,0.0,1.0,10.33,0.0", "column trip_distance: \"abc\" is not Float64"),
+];
+
+/// Two clean CSV files under `root/input` (copies kept under `root/clean`)
+/// and the bad lines inserted into the second at lines 3, 6, 9, ... Returns
+/// (clean copies, the bad file's key, the line of each bad row).
+fn csv_with_bad_rows(root: &Path) -> (Vec<PathBuf>, String, Vec<u64>) {
+    let input = root.join("input");
+    let files =
+        sluice_cli::generator::write_taxi_files(&input, 2, 30, SourceFormat::Csv, None).unwrap();
+    let clean: Vec<PathBuf> = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let to = root.join(format!("clean/{i}.csv"));
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(f, &to).unwrap();
+            to
+        })
+        .collect();
+    let text = std::fs::read(&files[1]).unwrap();
+    let mut lines: Vec<Vec<u8>> = text
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
+    let mut at = Vec::new();
+    for (i, (bad, _)) in BAD.iter().enumerate() {
+        let line = 3 + 3 * i; // 1-based, after the inserts before it
+        lines.insert(line - 1, bad.to_vec());
+        at.push(line as u64);
+    }
+    let mut out = lines.join(&b'\n');
+    out.push(b'\n');
+    std::fs::write(&files[1], out).unwrap();
+    let key = files[1]
+        .strip_prefix(&input)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    (clean, key, at)
+}
+
+fn toml(policy: &str) -> String {
+    pipeline_toml(
+        "rows",
+        "csv",
+        &format!("on_bad_row = \"{policy}\""),
+        "max_files_per_batch = 1",
+    )
+}
+
+/// The quarantined rows under the sink: (key, line, reason).
+fn quarantined_rows(sink: &Path) -> Vec<(String, u64, String)> {
+    let mut out = Vec::new();
+    let dir = sink.join("_quarantine");
+    for batch in std::fs::read_dir(&dir).into_iter().flatten() {
+        for f in std::fs::read_dir(batch.unwrap().path()).unwrap() {
+            let p = f.unwrap().path();
+            if p.extension().is_some_and(|x| x == "jsonl") {
+                for line in std::fs::read_to_string(&p).unwrap().lines() {
+                    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                    out.push((
+                        v["key"].as_str().unwrap().to_string(),
+                        v["line"].as_u64().unwrap(),
+                        v["reason"].as_str().unwrap().to_string(),
+                    ));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn quarantine_keeps_every_good_row_and_names_every_bad_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (clean, key, lines) = csv_with_bad_rows(root);
+    let p = pipeline(root, &toml("quarantine"));
+    let summary = run(&local_context(&p)).await.unwrap();
+    assert_eq!(
+        summary
+            .batches
+            .iter()
+            .map(|b| b.rows_quarantined)
+            .sum::<u64>(),
+        BAD.len() as u64
+    );
+    let sink = root.join("out/sink");
+    // Every good row: DuckDB over the files before the bad rows went in.
+    let list: Vec<String> = clean.iter().map(|f| format!("'{}'", f.display())).collect();
+    let expected = duckdb_sql(&SQL.replace(
+        "FROM trips",
+        &format!("FROM read_csv([{}])", list.join(", ")),
+    ))
+    .await;
+    assert_eq!(committed_rows(&sink, "rows").await, expected);
+    let got = quarantined_rows(&sink);
+    assert_eq!(got.len(), BAD.len(), "{got:?}");
+    for ((k, line, reason), ((_, want), at)) in got.iter().zip(BAD.iter().zip(&lines)) {
+        assert_eq!((k, line), (&key, at));
+        assert!(
+            reason.contains(want),
+            "line {line}: want \"{want}\" in \"{reason}\""
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn null_keeps_rows_with_bad_fields_as_duckdb_try_cast_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    // The first file pins the schema; the second has only type errors: a
+    // value that is not a number in each of two columns.
+    let files =
+        sluice_cli::generator::write_taxi_files(&input, 2, 30, SourceFormat::Csv, None).unwrap();
+    let f = files[1].clone();
+    let text = std::fs::read_to_string(&f).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines[2] = lines[2].replacen('1', "x", 1); // VendorID
+    let mut fields: Vec<String> = lines[4].split(',').map(str::to_string).collect();
+    fields[4] = "abc".into(); // trip_distance
+    lines[4] = fields.join(",");
+    std::fs::write(&f, lines.join("\n") + "\n").unwrap();
+    let p = pipeline(root, &toml("null"));
+    let summary = run(&local_context(&p)).await.unwrap();
+    assert_eq!(
+        summary.batches.iter().map(|b| b.nulled_fields).sum::<u64>(),
+        2
+    );
+    let expected = duckdb_sql(&format!(
+        "SELECT TRY_CAST(\"VendorID\" AS BIGINT) AS \"VendorID\", \
+         TRY_CAST(tpep_pickup_datetime AS TIMESTAMP) AS tpep_pickup_datetime, \
+         TRY_CAST(\"PULocationID\" AS BIGINT) AS \"PULocationID\", \
+         TRY_CAST(trip_distance AS DOUBLE) AS trip_distance, \
+         TRY_CAST(fare_amount AS DOUBLE) AS fare_amount, \
+         TRY_CAST(total_amount AS DOUBLE) - TRY_CAST(fare_amount AS DOUBLE) AS surcharges \
+         FROM read_csv(['{}', '{}'], all_varchar = true) \
+         WHERE TRY_CAST(trip_distance AS DOUBLE) > 1.0",
+        files[0].display(),
+        f.display()
+    ))
+    .await;
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "rows").await,
+        expected
+    );
+    assert!(quarantined_rows(&root.join("out/sink")).is_empty());
+}
+
+/// A batch with quarantined rows, failed at each of its writes in turn,
+/// then run again: the same output and the same quarantined rows, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_with_bad_rows_crashed_at_each_write_recovers() {
+    let clean_dir = tempfile::tempdir().unwrap();
+    let (clean, _, _) = csv_with_bad_rows(clean_dir.path());
+    let writes = Arc::new(AtomicU64::new(0));
+    run(&fault_context(
+        clean_dir.path(),
+        &toml("quarantine"),
+        writes.clone(),
+        0,
+    ))
+    .await
+    .unwrap();
+    let total = writes.load(Ordering::SeqCst);
+    let list: Vec<String> = clean.iter().map(|f| format!("'{}'", f.display())).collect();
+    let expected = duckdb_sql(&SQL.replace(
+        "FROM trips",
+        &format!("FROM read_csv([{}])", list.join(", ")),
+    ))
+    .await;
+    let want_rows = quarantined_rows(&clean_dir.path().join("out/sink"));
+    assert_eq!(want_rows.len(), BAD.len());
+    for k in 1..=total {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        csv_with_bad_rows(root);
+        let failed = run(&fault_context(
+            root,
+            &toml("quarantine"),
+            Arc::new(AtomicU64::new(0)),
+            k,
+        ))
+        .await;
+        assert!(failed.is_err(), "write {k} was injected to fail");
+        let again = run(&local_context(&pipeline(root, &toml("quarantine"))))
+            .await
+            .unwrap_or_else(|e| panic!("rerun after failing write {k}: {e}"));
+        assert_recovered(root, "rows", &again.end, &expected, k).await;
+        assert_eq!(
+            quarantined_rows(&root.join("out/sink")),
+            want_rows,
+            "quarantined rows after failing write {k}"
+        );
+    }
+}
