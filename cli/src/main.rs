@@ -676,12 +676,18 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             }
             if let Some(lc) = &status.last_commit {
                 println!(
-                    "  that batch {} files, {}, {} rows in, {} rows out, {} output files",
+                    "  that batch {} files, {}, {} rows in, {} rows out, {} output files{}",
                     lc.files,
                     mib(lc.bytes_read),
                     lc.rows_in,
                     lc.rows_out,
-                    lc.outputs.len()
+                    lc.outputs.len(),
+                    bad_data(
+                        lc.quarantined.len() as u64,
+                        lc.rejected.iter().map(|r| r.rows).sum(),
+                        lc.nulled_fields
+                    )
+                    .replacen("  ", ", ", 1)
                 );
             }
             let t = &c.totals;

@@ -103,6 +103,7 @@ pub(super) fn csv(
             reasons.push(format!("{} fields, expected {ncols}", rec.len()));
         }
         let mut fields: Vec<Option<String>> = Vec::with_capacity(ncols);
+        let mut unreadable = 0u64;
         for c in 0..ncols {
             let value = match rec.get(c) {
                 None | Some(b"") => None,
@@ -110,7 +111,7 @@ pub(super) fn csv(
                     Ok(s) => Some(s.to_string()),
                     Err(_) => {
                         reasons.push(format!("column {}: invalid UTF-8", schema.field(c).name()));
-                        nulled += 1;
+                        unreadable += 1;
                         None
                     }
                 },
@@ -126,6 +127,8 @@ pub(super) fn csv(
             });
             continue;
         }
+        // Kept (null policy): its undecodable and missing fields are null.
+        nulled += unreadable;
         if rec.len() < ncols {
             nulled += (ncols - rec.len()) as u64;
         }
