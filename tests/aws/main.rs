@@ -664,7 +664,87 @@ max_files_per_batch = 2
     // 7. A pipeline in notify mode: the trigger Lambda records the
     //    notifications in the pipeline's inbox on S3, runs plan from it.
     notify_mode(&stack, &cfg, &sfn, bucket).await;
+
+    // 8. A poison upload under `on_bad_file = "quarantine"`: the run
+    //    through the functions commits the good files and records it.
+    quarantine(&stack, &cfg, &sfn, bucket).await;
     eprintln!("aws e2e: proxy saw {}", stats(&stack));
+}
+
+/// A fourth pipeline with `on_bad_file = "quarantine"`: two good files and
+/// one that is not Parquet land with one notification; the execution
+/// succeeds, the good files' rows are committed (DuckDB's rows), and the
+/// poison file is named in the commit record and in the sink's
+/// `_quarantine/batch=0000000000/files.json` on S3.
+async fn quarantine(stack: &Stack, cfg: &S3Config, sfn: &StepFunctions, bucket: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input");
+    let files = gen_files(&input, 3, 200);
+    std::fs::write(&files[2], b"not parquet: a poison upload").unwrap();
+    let source = S3Store::new(cfg, bucket, "poisoned");
+    let mut keys = Vec::new();
+    for f in &files {
+        let rel = f
+            .strip_prefix(&input)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        let bytes = Bytes::from(std::fs::read(f).unwrap());
+        source.put(&rel, bytes, PutMode::Overwrite).await.unwrap();
+        keys.push(format!("poisoned/{rel}"));
+    }
+    let toml = format!(
+        r#"name = "poison"
+[source]
+uri = "s3://{bucket}/poisoned/"
+format = "parquet"
+table = "trips"
+on_bad_file = "quarantine"
+[query]
+sql = '''{SQL}'''
+[sink]
+uri = "s3://{bucket}/poison-out/"
+[checkpoint]
+uri = "s3://{bucket}/checkpoints/"
+"#
+    );
+    let p = Pipeline::parse(&toml, "poison.toml", dir.path()).unwrap();
+    let ctx = Context::open(p, Some(cfg)).unwrap();
+    // Registered from the good files: the first listed file pins the schema.
+    source.delete(&keys[2]["poisoned/".len()..]).await.unwrap();
+    admin::register(&ctx).await.unwrap();
+    let bytes = Bytes::from(std::fs::read(&files[2]).unwrap());
+    let poison_key = &keys[2]["poisoned/".len()..];
+    source
+        .put(poison_key, bytes, PutMode::Overwrite)
+        .await
+        .unwrap();
+
+    let e = started_epoch(&invoke_trigger(stack, &s3_event(bucket, &keys)), "poison");
+    let end = wait_execution(sfn, stack, "poison", e).await;
+    assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    let out = tempfile::tempdir().unwrap();
+    download(cfg, bucket, "poison-out", out.path()).await;
+    assert_eq!(
+        committed_rows(out.path(), "poison").await,
+        duckdb_rows(&files[..2], SQL).await
+    );
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    let commit = ctx
+        .checkpoint
+        .commit(c.last_committed.unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let named: Vec<&str> = commit.quarantined.iter().map(|q| q.key.as_str()).collect();
+    assert_eq!(named, [poison_key], "{commit:?}");
+    assert_eq!(c.quarantined.len(), 1, "{c:?}");
+    let record = out
+        .path()
+        .join(sluice_engine::paths::sink::quarantined_files(commit.batch));
+    let text = std::fs::read_to_string(&record).unwrap();
+    assert!(text.contains(poison_key), "{text}");
 }
 
 /// A third pipeline with `discovery = "notify"`. Three files land and only

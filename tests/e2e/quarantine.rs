@@ -153,6 +153,26 @@ async fn poison_files_are_quarantined_and_read_once_after_a_retry() {
     );
 }
 
+/// A poison file that is the first to land does not stop the schema from
+/// being inferred (from the next file) under quarantine.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_poison_first_file_is_passed_over_by_inference() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let files = gen_files(&root.join("input"), 3, 50);
+    std::fs::write(&files[0], b"not parquet").unwrap();
+    let p = pipeline(root, &toml(""));
+    let summary = run(&local_context(&p)).await.unwrap();
+    assert_eq!(
+        summary.batches.iter().map(|b| b.quarantined).sum::<u64>(),
+        1
+    );
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "quar").await,
+        duckdb_rows(&files[1..], SQL).await
+    );
+}
+
 /// A file still unreadable when asked for again is set aside again (with
 /// the later batch), never read half, and the rest goes on.
 #[tokio::test(flavor = "multi_thread")]

@@ -94,8 +94,18 @@ async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<
     let mut fields: Vec<Field> = Vec::new();
     let mut read = 0;
     let mut first_key = None;
+    let quarantine = p.source.on_bad_file == crate::pipeline::BadFilePolicy::Quarantine;
     for file in candidates.iter().take(MAX_INFER_FILES) {
-        let found = infer_file(ctx, file).await?;
+        let found = match infer_file(ctx, file).await {
+            Ok(found) => found,
+            // A poison first upload must not stop a pipeline that sets
+            // unreadable files aside: its task will.
+            Err(e) if quarantine => {
+                tracing::warn!(pipeline = %p.name, key = %file.key, error = %e, "schema not inferred from an unreadable file");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         read += 1;
         if found.fields().is_empty() {
             continue;
