@@ -111,3 +111,102 @@ max_files_per_batch = 2
     }
     assert_eq!(rows_of(&batches), one_shot_rows(&input).await);
 }
+
+/// A file replaced on S3 after its batch was planned is not read (every
+/// read is pinned to the planned ETag with If-Match): the batch fails
+/// naming it, nothing is committed, and the next run plans afresh and
+/// commits the new version, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_replaced_after_planning_is_not_read_as_planned() {
+    use sluice_engine::handlers::{self, PlanOutcome};
+    let cfg = S3Config::from_env().await;
+    let bucket = fresh_bucket(&cfg, "pinned").await;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input");
+    let files = gen_files(&input, 2, 300);
+    let source = S3Store::new(&cfg, &bucket, "in");
+    let keys: Vec<String> = files
+        .iter()
+        .map(|f| {
+            f.strip_prefix(&input)
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    for (f, k) in files.iter().zip(&keys) {
+        let bytes = Bytes::from(std::fs::read(f).unwrap());
+        source.put(k, bytes, PutMode::Overwrite).await.unwrap();
+    }
+    let toml = format!(
+        r#"name = "pinned"
+[source]
+uri = "s3://{bucket}/in/"
+format = "parquet"
+table = "trips"
+[query]
+sql = '''{SQL}'''
+[sink]
+uri = "s3://{bucket}/out/"
+[checkpoint]
+uri = "s3://{bucket}/ck/"
+"#
+    );
+    let p = Pipeline::parse(&toml, "pinned.toml", dir.path()).unwrap();
+    let open = || {
+        let mut ctx = Context::open(p.clone(), Some(&cfg)).unwrap();
+        test_mode(&mut ctx);
+        ctx
+    };
+    let ctx = open();
+    let PlanOutcome::Batch { run: r, batch } = handlers::plan(&ctx, None).await.unwrap() else {
+        panic!("a batch was planned");
+    };
+    // The second file is replaced by another (other rows, other size).
+    let other = sluice_cli::generator::encode(
+        &sluice_cli::generator::taxi_batch(77, 500),
+        sluice_engine::pipeline::SourceFormat::Parquet,
+        None,
+    )
+    .unwrap();
+    std::fs::write(&files[1], &other).unwrap();
+    source
+        .put(&keys[1], Bytes::from(other), PutMode::Overwrite)
+        .await
+        .unwrap();
+    let mut failed = None;
+    for task in &batch.tasks {
+        if let Err(e) = handlers::operate(&ctx, &r, batch.batch, *task).await {
+            failed = Some(e.to_string());
+        }
+    }
+    let err = failed.expect("a task read the replaced file");
+    assert!(
+        err.contains(&keys[1]) && err.contains("replaced since the batch was planned"),
+        "{err}"
+    );
+    // The run ends as the state machine would end it (the refusal drops
+    // the plan); the next run commits the new version, once.
+    let req = handlers::CommitRequest {
+        action: handlers::CommitAction::Abandon,
+        pipeline: "pinned".into(),
+        run: r.clone(),
+        batch: batch.batch,
+    };
+    handlers::handle_commit(&ctx, req).await.unwrap();
+    let next = run(&open()).await.unwrap();
+    assert_eq!(next.batches.iter().map(|b| b.files).sum::<u64>(), 2);
+    let out = tempfile::tempdir().unwrap();
+    let sink = S3Store::new(&cfg, &bucket, "out");
+    for m in sink.list("", None).await.unwrap() {
+        let obj = sink.get(&m.key).await.unwrap().unwrap();
+        let path = out.path().join(&m.key);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, obj.bytes).unwrap();
+    }
+    assert_eq!(
+        committed_rows(out.path(), "pinned").await,
+        duckdb_rows(&files, SQL).await
+    );
+}

@@ -94,14 +94,23 @@ impl SqlOperator {
 
     /// A file whose schema cannot be read at all.
     pub(super) fn unreadable(&self, batch: u64, f: &InputFile, e: impl std::fmt::Display) -> Error {
+        let e = e.to_string();
+        let message = if e.to_lowercase().contains("precondition") {
+            "replaced since the batch was planned (it no longer has the planned ETag), so it is \
+             not read: the batch's plan is dropped and the next run plans afresh with the new \
+             version"
+                .to_string()
+        } else {
+            format!(
+                "{}; fix or replace the file (same key), then run again",
+                e.trim()
+            )
+        };
         Error::Input {
             pipeline: self.pipeline.name.clone(),
             batch,
             key: f.key.clone(),
-            message: format!(
-                "{}; fix or replace the file (same key), then run again",
-                e.to_string().trim()
-            ),
+            message,
         }
     }
 }

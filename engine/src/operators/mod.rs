@@ -377,6 +377,14 @@ impl SqlOperator {
         let access = source.scan_access()?;
         let planned = self.planned_inputs(batch, inputs, task)?;
         let (files, deferred, heads) = self.readable_now(&access, batch, task, &planned).await?;
+        // On S3, every read of a file is pinned to the version planned (its
+        // ETag): one replaced since fails its read rather than being read
+        // as input the plan did not name. (Local files: checked above.)
+        let access = if access.url.as_str() == "file:///" {
+            access
+        } else {
+            access.pinned(files.iter().map(|f| (f.key.as_str(), f.etag.as_deref())))
+        };
         let read = op
             .read_and_write(&access, sink, epoch, batch, task, files)
             .await?;
@@ -690,7 +698,12 @@ impl SqlOperator {
                     continue;
                 };
                 let unreadable = sql == read_all;
+                let replaced = e.to_string().to_lowercase().contains("precondition");
                 let message = match &e {
+                    _ if replaced => "replaced since the batch was planned (it no longer has the \
+                                      planned ETag), so it is not read: the batch's plan is \
+                                      dropped and the next run plans afresh with the new version"
+                        .to_string(),
                     DataFusionError::ObjectStore(os)
                         if matches!(**os, object_store::Error::NotFound { .. }) =>
                     {

@@ -20,6 +20,7 @@ mod counting;
 pub mod fanout;
 mod local;
 mod memory;
+mod pinned;
 mod s3;
 
 pub use counting::CountingStore;
