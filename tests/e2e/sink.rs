@@ -257,3 +257,41 @@ async fn csv_timestamps_reach_a_glob_reader_as_timestamps() {
     assert!(expected[0].contains("2024-01-01T"), "{}", expected[0]);
     assert_eq!(globbed, expected);
 }
+
+/// Moving `sink.uri` of a pipeline with history would leave the new sink
+/// with only later batches: refused, naming both; `sluice reset` starts
+/// over in the new sink (the old one is left as it is).
+#[tokio::test(flavor = "multi_thread")]
+async fn changing_the_sink_of_a_pipeline_with_history_is_refused_until_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let files = gen_files(&root.join("input"), 2, 100);
+    let toml = pipeline_toml("moved", "parquet", "", "");
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let old = snapshot(&root.join("out/sink"));
+    gen_files(&root.join("input"), 1, 100);
+    let moved = toml.replace("uri = \"out/sink\"", "uri = \"out/sink2\"");
+    let p = pipeline(root, &moved);
+    let err = run(&local_context(&p)).await.unwrap_err().to_string();
+    assert!(
+        err.contains("sink.uri changed") && err.contains("sink2") && err.contains("sluice reset"),
+        "{err}"
+    );
+    assert_eq!(snapshot(&root.join("out/sink")), old);
+    admin::reset(&local_context(&p)).await.unwrap();
+    run(&local_context(&p)).await.unwrap();
+    let all: Vec<_> = std::fs::read_dir(root.join("input/date=2024-01-01"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(all.len(), files.len() + 1);
+    assert_eq!(
+        committed_rows(&root.join("out/sink2"), "moved").await,
+        duckdb_rows(&all, SQL).await
+    );
+    assert_eq!(
+        snapshot(&root.join("out/sink")),
+        old,
+        "the old sink is left as it is"
+    );
+}

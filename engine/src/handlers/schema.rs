@@ -74,6 +74,21 @@ fn check_source_kept(was: &Pipeline, p: &Pipeline) -> Result<()> {
             message,
         });
     }
+    // The output so far is in the old sink: a new one would hold only the
+    // batches from here on, and readers of either would miss rows.
+    if was.sink != p.sink {
+        return Err(Error::Incompatible {
+            pipeline: p.name.clone(),
+            message: format!(
+                "sink.uri changed ({} -> {}) after this pipeline wrote to the old one: the new \
+                 sink would hold only later batches. Keep sink.uri, register a new pipeline \
+                 (new name) for the new sink, or run `sluice reset` on the pipeline file to \
+                 start over there (the old sink is left as it is)",
+                was.sink.display(),
+                p.sink.display()
+            ),
+        });
+    }
     Ok(())
 }
 
