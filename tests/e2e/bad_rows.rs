@@ -218,3 +218,53 @@ async fn a_batch_with_bad_rows_crashed_at_each_write_recovers() {
         );
     }
 }
+
+/// JSON Lines: a line that is not JSON, a value of the wrong type, and a
+/// truncated last line. Under `quarantine` the output equals DuckDB's over
+/// the file without them and each is quarantined with its line.
+#[tokio::test(flavor = "multi_thread")]
+async fn jsonl_bad_lines_are_quarantined_and_good_ones_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    let files =
+        sluice_cli::generator::write_taxi_files(&input, 2, 20, SourceFormat::Jsonl, None).unwrap();
+    let clean: Vec<PathBuf> = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let to = root.join(format!("clean/{i}.jsonl"));
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(f, &to).unwrap();
+            to
+        })
+        .collect();
+    let text = std::fs::read_to_string(&files[1]).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines.insert(2, "not json at all".into()); // line 3
+    let (_, rest) = lines[0].split_once(',').unwrap();
+    lines.insert(5, format!("{{\"VendorID\":\"x\",{rest}")); // line 6
+    let mut out = lines.join("\n");
+    out.push_str("\n{\"VendorID\":2,\"tpep_pick"); // truncated last line
+    std::fs::write(&files[1], &out).unwrap();
+    assert!(lines[5].contains("\"VendorID\":\"x\""), "{}", lines[5]);
+    let last = out.lines().count() as u64;
+
+    let toml = pipeline_toml(
+        "jrows",
+        "jsonl",
+        "on_bad_row = \"quarantine\"",
+        "max_files_per_batch = 1",
+    );
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let list: Vec<String> = clean.iter().map(|f| format!("'{}'", f.display())).collect();
+    let expected = duckdb_sql(&SQL.replace(
+        "FROM trips",
+        &format!("FROM read_json([{}])", list.join(", ")),
+    ))
+    .await;
+    let sink = root.join("out/sink");
+    assert_eq!(committed_rows(&sink, "jrows").await, expected);
+    let got: Vec<u64> = quarantined_rows(&sink).iter().map(|r| r.1).collect();
+    assert_eq!(got, [3, 6, last]);
+}
