@@ -551,6 +551,26 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
     Ok(ExitCode::SUCCESS)
 }
 
+/// `sluice show`'s list of quarantined files, if any.
+fn print_quarantine(status: &admin::Status) {
+    let Some(c) = &status.control else {
+        return;
+    };
+    if c.quarantined.is_empty() {
+        return;
+    }
+    println!(
+        "quarantined  {} files (unreadable; fix or replace, then `sluice retry-quarantined`):",
+        c.quarantined.len()
+    );
+    for q in &c.quarantined {
+        println!("  {} (batch {}): {}", q.key, q.batch, q.reason);
+    }
+    if !c.retry.is_empty() {
+        println!("  asked for again: {}", c.retry.join(", "));
+    }
+}
+
 /// The per-batch note on bad data, if any.
 fn bad_data(files: u64, rows: u64, nulled: u64) -> String {
     let mut parts = Vec::new();
@@ -706,20 +726,7 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         status.waiting_files,
         mib(status.waiting_bytes)
     );
-    if let Some(c) = &status.control
-        && !c.quarantined.is_empty()
-    {
-        println!(
-            "quarantined  {} files (unreadable; fix or replace, then `sluice retry-quarantined`):",
-            c.quarantined.len()
-        );
-        for q in &c.quarantined {
-            println!("  {} (batch {}): {}", q.key, q.batch, q.reason);
-        }
-        if !c.retry.is_empty() {
-            println!("  asked for again: {}", c.retry.join(", "));
-        }
-    }
+    print_quarantine(&status);
     if !status.skipped.is_empty() {
         println!(
             "skipped      {} files whose names cannot be keys (rename them to read them): {}",

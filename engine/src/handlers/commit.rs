@@ -23,23 +23,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     let started_ms = ctx.now();
     owned_control(ctx, run.epoch).await?;
     let off = ctx.planned(batch, "at commit").await?;
-    let mut results: Vec<TaskResult> = Vec::with_capacity(off.tasks.len());
-    for t in &off.tasks {
-        let key = paths::checkpoint::work(batch, t.task, run.epoch);
-        let Some(obj) = ctx.checkpoint.store().get(&key).await? else {
-            return Err(Error::Execution {
-                pipeline: ctx.pipeline.name.clone(),
-                batch,
-                task: Some(t.task),
-                message: format!(
-                    "no result at {key}: the task did not finish under this run; run again"
-                ),
-                class: ErrorClass::Fatal,
-            });
-        };
-        results
-            .push(serde_json::from_slice(&obj.bytes).map_err(|e| ctx.broken(key, e.to_string()))?);
-    }
+    let results = task_results(ctx, run, batch, &off).await?;
     // Inputs a task left for the next run (changed since listed) are not
     // part of the batch: not counted, not marked processed.
     let mut deferred: Vec<crate::checkpoint::InputFile> = results
@@ -111,6 +95,34 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     }
     finish_commit(ctx, run, &record).await?;
     Ok(record)
+}
+
+/// The results the tasks of `batch` recorded under this run, in task order;
+/// a task without one did not finish under this run.
+async fn task_results(
+    ctx: &Context,
+    run: &RunState,
+    batch: u64,
+    off: &crate::checkpoint::Offsets,
+) -> Result<Vec<TaskResult>> {
+    let mut results: Vec<TaskResult> = Vec::with_capacity(off.tasks.len());
+    for t in &off.tasks {
+        let key = paths::checkpoint::work(batch, t.task, run.epoch);
+        let Some(obj) = ctx.checkpoint.store().get(&key).await? else {
+            return Err(Error::Execution {
+                pipeline: ctx.pipeline.name.clone(),
+                batch,
+                task: Some(t.task),
+                message: format!(
+                    "no result at {key}: the task did not finish under this run; run again"
+                ),
+                class: ErrorClass::Fatal,
+            });
+        };
+        results
+            .push(serde_json::from_slice(&obj.bytes).map_err(|e| ctx.broken(key, e.to_string()))?);
+    }
+    Ok(results)
 }
 
 /// After `commits/N` exists: publish the batch's parts and its manifest,

@@ -678,6 +678,35 @@ async fn reconcile_inbox(
         .collect())
 }
 
+/// The new input in batches within the limits: whole upstream manifests
+/// (each batch with its cursor) in `manifests` mode, files otherwise.
+fn split_batches(
+    fresh: &[InputFile],
+    upstream: Option<&discovery::Upstream>,
+    limits: &crate::pipeline::Limits,
+) -> Vec<(Vec<InputFile>, Option<checkpoint::SourceCursor>)> {
+    match upstream {
+        Some(u) => {
+            let manifests: Vec<(String, Vec<InputFile>)> = u
+                .manifests
+                .iter()
+                .map(|m| (m.key.clone(), m.files.clone()))
+                .collect();
+            planning::split_manifests(&manifests, limits)
+                .into_iter()
+                .map(|(inputs, manifest)| {
+                    let history = u.history.clone();
+                    (inputs, Some(checkpoint::SourceCursor { manifest, history }))
+                })
+                .collect()
+        }
+        None => planning::split_batches(fresh, limits)
+            .into_iter()
+            .map(|b| (b, None))
+            .collect(),
+    }
+}
+
 /// Discover new input (AvailableNow: what is there now) and write the plans
 /// of all its batches, create-only, before any output exists.
 async fn discover_and_plan(
@@ -716,26 +745,7 @@ async fn discover_and_plan(
     let first = control.next_batch();
     let now = ctx.now();
     let mut plans = Vec::new();
-    let batches: Vec<(Vec<InputFile>, Option<checkpoint::SourceCursor>)> = match &upstream {
-        Some(u) => {
-            let manifests: Vec<(String, Vec<InputFile>)> = u
-                .manifests
-                .iter()
-                .map(|m| (m.key.clone(), m.files.clone()))
-                .collect();
-            planning::split_manifests(&manifests, &p.limits)
-                .into_iter()
-                .map(|(inputs, manifest)| {
-                    let history = u.history.clone();
-                    (inputs, Some(checkpoint::SourceCursor { manifest, history }))
-                })
-                .collect()
-        }
-        None => planning::split_batches(&fresh, &p.limits)
-            .into_iter()
-            .map(|b| (b, None))
-            .collect(),
-    };
+    let batches = split_batches(&fresh, upstream.as_ref(), &p.limits);
     for (i, (inputs, source)) in batches.into_iter().enumerate() {
         let tasks = planning::split_tasks(&inputs, p.limits.max_bytes_per_task);
         let consumed = inputs

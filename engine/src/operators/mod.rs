@@ -520,22 +520,20 @@ impl SqlOperator {
                     Ok(outputs) => outputs,
                     Err(e) if e.class() == ErrorClass::InvalidInput => {
                         let culprit = self.culprit(access, &refs).await;
-                        if let Some(c) = &culprit
-                            && c.unreadable
-                        {
-                            let f = files.iter().find(|f| f.key == c.key).expect("a task input");
-                            if let Some(s) = self.salvage(access, f).await? {
-                                salvaged.push((f.clone(), s));
-                            } else if quarantine {
-                                set_aside(f, c.reason.clone());
-                            } else {
-                                return Err(self.attribute(batch, task, culprit, e));
-                            }
-                            let key = c.key.clone();
-                            files.retain(|f| f.key != key);
-                            continue;
+                        let Some(c) = culprit.as_ref().filter(|c| c.unreadable) else {
+                            return Err(self.attribute(batch, task, culprit, e));
+                        };
+                        let f = files.iter().find(|f| f.key == c.key).expect("a task input");
+                        if let Some(s) = self.salvage(access, f).await? {
+                            salvaged.push((f.clone(), s));
+                        } else if quarantine {
+                            set_aside(f, c.reason.clone());
+                        } else {
+                            return Err(self.attribute(batch, task, culprit, e));
                         }
-                        return Err(self.attribute(batch, task, culprit, e));
+                        let key = f.key.clone();
+                        files.retain(|f| f.key != key);
+                        continue;
                     }
                     Err(e) => return Err(e),
                 };

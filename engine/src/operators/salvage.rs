@@ -71,7 +71,45 @@ pub(super) fn csv(
     delimiter: u8,
     policy: BadRowPolicy,
 ) -> Result<Salvaged, String> {
-    let ncols = schema.fields().len();
+    let mut read = csv_records(key, text, schema.fields().len(), header, delimiter, policy)?;
+    read.field_names(schema);
+    typed(key, read, schema, policy)
+}
+
+/// The rows of a CSV file as text, before typing: the fields of each row
+/// kept (per column), each kept row's line and raw text, and the rows set
+/// aside for their shape or encoding.
+struct TextRows {
+    cols: Vec<Vec<Option<String>>>,
+    rows: Vec<(u64, String)>,
+    bad: Vec<BadRow>,
+    nulled: u64,
+}
+
+impl TextRows {
+    /// Name the columns in reasons given by position.
+    fn field_names(&mut self, schema: &SchemaRef) {
+        for b in &mut self.bad {
+            for (c, f) in schema.fields().iter().enumerate() {
+                b.reason = b
+                    .reason
+                    .replace(&format!("column #{c}:"), &format!("column {}:", f.name()));
+            }
+        }
+    }
+}
+
+/// Split CSV `text` into rows of `ncols` text fields; a row with another
+/// number of fields or invalid UTF-8 is set aside (`quarantine`) or kept
+/// with those fields null (`null`).
+fn csv_records(
+    key: &str,
+    text: &[u8],
+    ncols: usize,
+    header: bool,
+    delimiter: u8,
+    policy: BadRowPolicy,
+) -> Result<TextRows, String> {
     let mut rdr = ::csv::ReaderBuilder::new()
         .has_headers(false)
         .delimiter(delimiter)
@@ -81,45 +119,42 @@ pub(super) fn csv(
     let mut records = Vec::new();
     for rec in rdr.byte_records() {
         let rec = rec.map_err(|e| format!("not CSV: {e}"))?;
-        let start = rec.position().map_or(0, |p| p.byte() as usize);
-        starts.push(start);
+        starts.push(rec.position().map_or(0, |p| p.byte() as usize));
         records.push(rec);
     }
+    let mut out = TextRows {
+        cols: vec![Vec::new(); ncols],
+        rows: Vec::new(),
+        bad: Vec::new(),
+        nulled: 0,
+    };
     let skip = usize::from(header && !records.is_empty());
-    let mut cols: Vec<Vec<Option<String>>> = vec![Vec::new(); ncols];
-    let mut rows: Vec<(u64, String)> = Vec::new();
-    let mut bad: Vec<BadRow> = Vec::new();
-    let mut nulled = 0u64;
     for i in skip..records.len() {
         let rec = &records[i];
-        let end = starts.get(i + 1).copied().unwrap_or(text.len());
-        let raw = trimmed(&text[starts[i]..end]);
-        let line = line_of(text, starts[i]);
         if rec.len() == 1 && rec[0].is_empty() {
             continue; // a blank line
         }
+        let end = starts.get(i + 1).copied().unwrap_or(text.len());
+        let raw = trimmed(&text[starts[i]..end]);
+        let line = line_of(text, starts[i]);
         let mut reasons = Vec::new();
         if rec.len() != ncols {
             reasons.push(format!("{} fields, expected {ncols}", rec.len()));
         }
-        let mut fields: Vec<Option<String>> = Vec::with_capacity(ncols);
-        let mut unreadable = 0u64;
-        for c in 0..ncols {
-            let value = match rec.get(c) {
+        let fields: Vec<Option<String>> = (0..ncols)
+            .map(|c| match rec.get(c) {
                 None | Some(b"") => None,
                 Some(bytes) => match std::str::from_utf8(bytes) {
                     Ok(s) => Some(s.to_string()),
                     Err(_) => {
-                        reasons.push(format!("column {}: invalid UTF-8", schema.field(c).name()));
-                        unreadable += 1;
+                        reasons.push(format!("column #{c}: invalid UTF-8"));
                         None
                     }
                 },
-            };
-            fields.push(value);
-        }
+            })
+            .collect();
         if !reasons.is_empty() && policy == BadRowPolicy::Quarantine {
-            bad.push(BadRow {
+            out.bad.push(BadRow {
                 key: key.to_string(),
                 line,
                 raw,
@@ -128,22 +163,36 @@ pub(super) fn csv(
             continue;
         }
         // Kept (null policy): its undecodable and missing fields are null.
-        nulled += unreadable;
-        if rec.len() < ncols {
-            nulled += (ncols - rec.len()) as u64;
-        }
+        out.nulled += reasons.iter().filter(|r| r.ends_with("UTF-8")).count() as u64;
+        out.nulled += ncols.saturating_sub(rec.len()) as u64;
         for (c, v) in fields.into_iter().enumerate() {
-            cols[c].push(v);
+            out.cols[c].push(v);
         }
-        rows.push((line, raw));
+        out.rows.push((line, raw));
     }
-    // Each column as text, cast to its pinned type; a value the cast turns
-    // into null does not parse as the type.
+    Ok(out)
+}
+
+/// Type the text rows: each column cast to its pinned type; a value the
+/// cast turns into null does not parse as the type, and its row is set
+/// aside (`quarantine`) or kept with the field null (`null`).
+fn typed(
+    key: &str,
+    read: TextRows,
+    schema: &SchemaRef,
+    policy: BadRowPolicy,
+) -> Result<Salvaged, String> {
+    let TextRows {
+        cols,
+        rows,
+        mut bad,
+        mut nulled,
+    } = read;
     let safe = CastOptions {
         safe: true,
         ..Default::default()
     };
-    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(ncols);
+    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(cols.len());
     let mut row_reasons: Vec<Vec<String>> = vec![Vec::new(); rows.len()];
     for (c, values) in cols.iter().enumerate() {
         let field = schema.field(c);
