@@ -219,12 +219,7 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         let fresh = discovery::new_inputs(&listed, &index, ctx.pipeline.source.discovery);
         fresh
             .into_iter()
-            .map(|f| ObjectMeta {
-                key: f.key,
-                size: f.size,
-                etag: None,
-                last_modified: None,
-            })
+            .map(crate::checkpoint::InputFile::into_meta)
             .collect()
     };
     Ok(Status {

@@ -671,6 +671,24 @@ max_files_per_batch = 2
     eprintln!("aws e2e: proxy saw {}", stats(&stack));
 }
 
+/// Upload `files` (under `input`) to `source` (at `prefix` in the bucket)
+/// under their relative paths; returns their bucket keys.
+async fn upload_all(
+    source: &S3Store,
+    input: &Path,
+    files: &[PathBuf],
+    prefix: &str,
+) -> Vec<String> {
+    let mut keys = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(input).unwrap().to_str().unwrap().to_string();
+        let bytes = Bytes::from(std::fs::read(f).unwrap());
+        source.put(&rel, bytes, PutMode::Overwrite).await.unwrap();
+        keys.push(format!("{prefix}/{rel}"));
+    }
+    keys
+}
+
 /// A fourth pipeline with `on_bad_file = "quarantine"`: two good files and
 /// one that is not Parquet land with one notification; the execution
 /// succeeds, the good files' rows are committed (DuckDB's rows), and the
@@ -682,18 +700,7 @@ async fn quarantine(stack: &Stack, cfg: &S3Config, sfn: &StepFunctions, bucket: 
     let files = gen_files(&input, 3, 200);
     std::fs::write(&files[2], b"not parquet: a poison upload").unwrap();
     let source = S3Store::new(cfg, bucket, "poisoned");
-    let mut keys = Vec::new();
-    for f in &files {
-        let rel = f
-            .strip_prefix(&input)
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_string();
-        let bytes = Bytes::from(std::fs::read(f).unwrap());
-        source.put(&rel, bytes, PutMode::Overwrite).await.unwrap();
-        keys.push(format!("poisoned/{rel}"));
-    }
+    let keys = upload_all(&source, &input, &files, "poisoned").await;
     let toml = format!(
         r#"name = "poison"
 [source]
@@ -758,18 +765,7 @@ async fn notify_mode(stack: &Stack, cfg: &S3Config, sfn: &StepFunctions, bucket:
     let input = dir.path().join("input");
     let files = gen_files(&input, 4, 200);
     let source = S3Store::new(cfg, bucket, "notified");
-    let mut keys = Vec::new();
-    for f in &files {
-        let rel = f
-            .strip_prefix(&input)
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_string();
-        let bytes = Bytes::from(std::fs::read(f).unwrap());
-        source.put(&rel, bytes, PutMode::Overwrite).await.unwrap();
-        keys.push(format!("notified/{rel}"));
-    }
+    let keys = upload_all(&source, &input, &files, "notified").await;
     let toml = format!(
         r#"name = "inbox"
 [source]

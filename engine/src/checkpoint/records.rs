@@ -230,6 +230,18 @@ pub struct InputFile {
     pub modified_ms: Option<i64>,
 }
 
+impl InputFile {
+    /// As a listed object (size and key; no tag or time).
+    pub(crate) fn into_meta(self) -> crate::storage::ObjectMeta {
+        crate::storage::ObjectMeta {
+            key: self.key,
+            size: self.size,
+            etag: None,
+            last_modified: None,
+        }
+    }
+}
+
 /// The inputs of one task.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskPlan {

@@ -42,12 +42,7 @@ impl Upstream {
     pub(crate) fn listed(&self) -> Vec<ObjectMeta> {
         self.inputs()
             .into_iter()
-            .map(|f| ObjectMeta {
-                key: f.key,
-                size: f.size,
-                etag: None,
-                last_modified: None,
-            })
+            .map(InputFile::into_meta)
             .collect()
     }
 

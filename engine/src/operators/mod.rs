@@ -490,7 +490,7 @@ impl SqlOperator {
                     ..TaskRead::default()
                 };
                 return self
-                    .finish_task(access, sink, epoch, batch, task, read, salvaged)
+                    .finish_task(sink, epoch, batch, task, read, salvaged)
                     .await;
             }
             let refs: Vec<&InputFile> = files.iter().collect();
@@ -545,7 +545,7 @@ impl SqlOperator {
                 ..TaskRead::default()
             };
             return self
-                .finish_task(access, sink, epoch, batch, task, read, salvaged)
+                .finish_task(sink, epoch, batch, task, read, salvaged)
                 .await;
         }
     }
@@ -624,7 +624,6 @@ impl SqlOperator {
     #[allow(clippy::too_many_arguments)]
     async fn finish_task(
         &self,
-        access: &ScanAccess,
         sink: &ParquetSink,
         epoch: u64,
         batch: u64,
@@ -632,7 +631,6 @@ impl SqlOperator {
         mut read: TaskRead,
         salvaged: Vec<(InputFile, salvage::Salvaged)>,
     ) -> Result<TaskRead> {
-        let _ = access;
         if !salvaged.is_empty() {
             let kept: Vec<RecordBatch> = salvaged.iter().map(|(_, s)| s.batch.clone()).collect();
             let rows: u64 = kept.iter().map(|b| b.num_rows() as u64).sum();
