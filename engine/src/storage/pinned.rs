@@ -6,11 +6,9 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::ops::Range;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use futures::stream::BoxStream;
 use object_store::path::Path;
 use object_store::{
@@ -86,18 +84,8 @@ impl ObjectStore for PinnedStore {
         self.inner.get_opts(location, options).await
     }
 
-    async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
-        // Each range through `get_opts`, so each is conditional.
-        let mut out = Vec::with_capacity(ranges.len());
-        for r in ranges {
-            let opts = GetOptions {
-                range: Some(r.clone().into()),
-                ..GetOptions::default()
-            };
-            out.push(self.get_opts(location, opts).await?.bytes().await?);
-        }
-        Ok(out)
-    }
+    // `get_ranges` keeps the trait's coalescing default, which reads each
+    // range through `get_opts` above: every range is conditional.
 
     fn delete_stream(
         &self,
