@@ -131,8 +131,16 @@ async fn task_results(
 pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result<()> {
     let p = &ctx.pipeline;
     ctx.sink.publish(record.batch, &record.outputs).await?;
+    // Tasks write bad-row files only under an `on_bad_row` policy.
+    let rows_written =
+        !record.rejected.is_empty() || p.source.on_bad_row != crate::pipeline::BadRowPolicy::Fail;
     ctx.sink
-        .record_quarantined(record.batch, &record.quarantined, &record.rejected)
+        .record_quarantined(
+            record.batch,
+            &record.quarantined,
+            &record.rejected,
+            rows_written,
+        )
         .await?;
     ctx.sink
         .commit(&Manifest {

@@ -190,18 +190,13 @@ impl ParquetSink {
         n: u64,
         files: &[crate::checkpoint::Quarantined],
         rejected: &[OutputFile],
+        rows_written: bool,
     ) -> Result<()> {
         // Rows files of attempts the commit did not keep (a retried task of
-        // another run, a fenced one).
-        let stale: Vec<String> = self
-            .store
-            .list(&paths::sink::quarantine_prefix(n), None)
-            .await?
-            .into_iter()
-            .map(|m| m.key)
-            .filter(|k| k.ends_with(".jsonl") && !rejected.iter().any(|r| &r.key == k))
-            .collect();
-        delete_all(&self.store, stale).await?;
+        // another run, a fenced one), where tasks may have written any.
+        if rows_written {
+            self.remove_unnamed_rows(n, rejected).await?;
+        }
         if files.is_empty() {
             return Ok(());
         }
@@ -214,6 +209,19 @@ impl ParquetSink {
             )
             .await?;
         Ok(())
+    }
+
+    /// Delete the bad-row files of batch `n` that `keep` does not name.
+    async fn remove_unnamed_rows(&self, n: u64, keep: &[OutputFile]) -> Result<()> {
+        let stale: Vec<String> = self
+            .store
+            .list(&paths::sink::quarantine_prefix(n), None)
+            .await?
+            .into_iter()
+            .map(|m| m.key)
+            .filter(|k| k.ends_with(".jsonl") && !keep.iter().any(|r| &r.key == k))
+            .collect();
+        delete_all(&self.store, stale).await
     }
 
     /// Write the malformed rows a task set aside to
