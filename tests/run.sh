@@ -77,8 +77,11 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
-echo "== cargo doc (engine, warnings are errors)"
-RUSTDOCFLAGS="-D warnings" cargo doc -p sluice-engine --no-deps --locked --quiet
+echo "== cargo doc (the workspace's crates, warnings are errors)"
+# --workspace, not -p: the same feature set as clippy, so the dependencies'
+# check builds are reused (a -p build resolves other features and checks
+# every dependency again on a fresh machine).
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 echo "== sam validate --lint template.yaml"
 wait $SAM_INSTALL || { cat "$CACHE/sam-install.log"; exit 1; }
