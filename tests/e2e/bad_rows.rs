@@ -20,23 +20,37 @@ const BAD: [(&[u8], &str); 5] = [
     (b"2,2024-01-01T00:00:00,2024-01-01T00:08:00,4,abc,1,N,257,165,4,7.83,1.0,0.5,0.0,0.0,1.0,10.33,0.0", "column trip_distance: \"abc\" is not Float64"),
 ];
 
-/// Two clean CSV files under `root/input` (copies kept under `root/clean`)
-/// and the bad lines inserted into the second at lines 3, 6, 9, ... Returns
-/// (clean copies, the bad file's key, the line of each bad row).
-fn csv_with_bad_rows(root: &Path) -> (Vec<PathBuf>, String, Vec<u64>) {
-    let input = root.join("input");
-    let files =
-        sluice_cli::generator::write_taxi_files(&input, 2, 30, SourceFormat::Csv, None).unwrap();
-    let clean: Vec<PathBuf> = files
+/// Two taxi files of `rows` rows in `format` under `root/input`, and copies
+/// of them under `root/clean` (as they were before a test spoils them).
+fn taxi_with_copies(
+    root: &Path,
+    format: SourceFormat,
+    rows: usize,
+) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let files = sluice_cli::generator::write_taxi_files(&root.join("input"), 2, rows, format, None)
+        .unwrap();
+    let clean = files
         .iter()
         .enumerate()
         .map(|(i, f)| {
-            let to = root.join(format!("clean/{i}.csv"));
+            let to = root.join(format!(
+                "clean/{i}.{}",
+                f.extension().unwrap().to_str().unwrap()
+            ));
             std::fs::create_dir_all(to.parent().unwrap()).unwrap();
             std::fs::copy(f, &to).unwrap();
             to
         })
         .collect();
+    (files, clean)
+}
+
+/// Two clean CSV files under `root/input` (copies kept under `root/clean`)
+/// and the bad lines inserted into the second at lines 3, 6, 9, ... Returns
+/// (clean copies, the bad file's key, the line of each bad row).
+fn csv_with_bad_rows(root: &Path) -> (Vec<PathBuf>, String, Vec<u64>) {
+    let input = root.join("input");
+    let (files, clean) = taxi_with_copies(root, SourceFormat::Csv, 30);
     let text = std::fs::read(&files[1]).unwrap();
     let mut lines: Vec<Vec<u8>> = text
         .split(|b| *b == b'\n')
@@ -226,19 +240,7 @@ async fn a_batch_with_bad_rows_crashed_at_each_write_recovers() {
 async fn jsonl_bad_lines_are_quarantined_and_good_ones_kept() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let input = root.join("input");
-    let files =
-        sluice_cli::generator::write_taxi_files(&input, 2, 20, SourceFormat::Jsonl, None).unwrap();
-    let clean: Vec<PathBuf> = files
-        .iter()
-        .enumerate()
-        .map(|(i, f)| {
-            let to = root.join(format!("clean/{i}.jsonl"));
-            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-            std::fs::copy(f, &to).unwrap();
-            to
-        })
-        .collect();
+    let (files, clean) = taxi_with_copies(root, SourceFormat::Jsonl, 20);
     let text = std::fs::read_to_string(&files[1]).unwrap();
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
     lines.insert(2, "not json at all".into()); // line 3

@@ -466,13 +466,7 @@ impl SqlOperator {
         let quarantine = self.pipeline.source.on_bad_file == BadFilePolicy::Quarantine;
         let mut quarantined: Vec<Quarantined> = Vec::new();
         let mut salvaged: Vec<(InputFile, salvage::Salvaged)> = Vec::new();
-        let exec = |e: DataFusionError| Error::Execution {
-            pipeline: self.pipeline.name.clone(),
-            batch,
-            task: Some(task.task),
-            message: e.to_string(),
-            class: ErrorClass::InvalidInput,
-        };
+        let exec = self.exec_err(batch, task);
         loop {
             let mut set_aside = |f: &InputFile, reason: String| {
                 tracing::warn!(pipeline = %self.pipeline.name, batch, key = %f.key, %reason, "input file quarantined");
@@ -547,6 +541,23 @@ impl SqlOperator {
             return self
                 .finish_task(sink, epoch, batch, task, read, salvaged)
                 .await;
+        }
+    }
+
+    /// How a query error of task `task` is reported: an input problem, which
+    /// [`Self::culprit`] then pins on a file or the query.
+    fn exec_err(
+        &self,
+        batch: u64,
+        task: &TaskPlan,
+    ) -> impl Fn(DataFusionError) -> Error + Copy + '_ {
+        let task = task.task;
+        move |e: DataFusionError| Error::Execution {
+            pipeline: self.pipeline.name.clone(),
+            batch,
+            task: Some(task),
+            message: e.to_string(),
+            class: ErrorClass::InvalidInput,
         }
     }
 
@@ -639,13 +650,7 @@ impl SqlOperator {
                 MemTable::try_new(self.schema.clone(), vec![kept]).map_err(|e| self.sql_err(e))?;
             ctx.register_table(self.pipeline.source.table.as_str(), Arc::new(table))
                 .map_err(|e| self.sql_err(e))?;
-            let exec = |e: DataFusionError| Error::Execution {
-                pipeline: self.pipeline.name.clone(),
-                batch,
-                task: Some(task.task),
-                message: e.to_string(),
-                class: ErrorClass::InvalidInput,
-            };
+            let exec = self.exec_err(batch, task);
             let plan = ctx
                 .sql(&self.pipeline.sql)
                 .await
