@@ -712,12 +712,14 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             }
             let t = &c.totals;
             println!(
-                "so far       {} batches, {} files, {}, {} rows in, {} rows out",
+                "so far       {} batches, {} files, {}, {} rows in, {} rows out{}",
                 t.batches,
                 t.files,
                 mib(t.bytes),
                 t.rows_in,
-                t.rows_out
+                t.rows_out,
+                bad_data(t.files_quarantined, t.rows_quarantined, t.nulled_fields)
+                    .replacen("  ", ", ", 1)
             );
         }
     }

@@ -133,6 +133,8 @@ async fn quarantine_keeps_every_good_row_and_names_every_bad_one() {
     assert_eq!(committed_rows(&sink, "rows").await, expected);
     let got = quarantined_rows(&sink);
     assert_eq!(got.len(), BAD.len(), "{got:?}");
+    let c = control_of(root, &toml("quarantine")).await;
+    assert_eq!(c.totals.rows_quarantined, BAD.len() as u64);
     for ((k, line, reason), ((_, want), at)) in got.iter().zip(BAD.iter().zip(&lines)) {
         assert_eq!((k, line), (&key, at));
         assert!(

@@ -252,6 +252,11 @@ fn quarantine_and_retry_through_the_cli() {
         show.contains("quarantined  1 files") && show.contains(key),
         "{show}"
     );
+    assert!(
+        show.lines()
+            .any(|l| l.starts_with("so far") && l.ends_with(", 1 file(s) quarantined")),
+        "{show}"
+    );
     let history = stdout(&sluice(&["history", file]));
     assert!(history.contains("quar."), "{history}");
     let counts: Vec<&str> = history

@@ -79,6 +79,19 @@ pub struct Totals {
     pub rows_in: u64,
     /// Rows written.
     pub rows_out: u64,
+    /// Input files set aside as unreadable (`on_bad_file = "quarantine"`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub files_quarantined: u64,
+    /// Malformed rows set aside (`on_bad_row = "quarantine"`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rows_quarantined: u64,
+    /// Fields made null (`on_bad_row = "null"`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nulled_fields: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// `control.json`: the run lease and the pointer to the last commit.

@@ -198,6 +198,9 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
         c.totals.bytes += record.bytes_read;
         c.totals.rows_in += record.rows_in;
         c.totals.rows_out += record.rows_out;
+        c.totals.files_quarantined += record.quarantined.len() as u64;
+        c.totals.rows_quarantined += record.rejected.iter().map(|r| r.rows).sum::<u64>();
+        c.totals.nulled_fields += record.nulled_fields;
     })
     .await?;
     let floor = checkpoint::retention_floor(record.batch, p.retain_batches);
