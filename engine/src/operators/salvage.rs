@@ -44,15 +44,6 @@ pub(super) struct Salvaged {
     pub nulled: u64,
 }
 
-/// The 1-based line number at each byte offset's line start.
-fn line_of(text: &[u8], offset: usize) -> u64 {
-    text[..offset.min(text.len())]
-        .iter()
-        .filter(|b| **b == b'\n')
-        .count() as u64
-        + 1
-}
-
 fn trimmed(raw: &[u8]) -> String {
     let end = raw
         .iter()
@@ -115,11 +106,15 @@ fn csv_records(
         .delimiter(delimiter)
         .flexible(true)
         .from_reader(text);
+    // Where each record starts: its byte offset and (1-based) line.
     let mut starts: Vec<usize> = Vec::new();
+    let mut lines: Vec<u64> = Vec::new();
     let mut records = Vec::new();
     for rec in rdr.byte_records() {
         let rec = rec.map_err(|e| format!("not CSV: {e}"))?;
-        starts.push(rec.position().map_or(0, |p| p.byte() as usize));
+        let pos = rec.position();
+        starts.push(pos.map_or(0, |p| p.byte() as usize));
+        lines.push(pos.map_or(1, ::csv::Position::line));
         records.push(rec);
     }
     let mut out = TextRows {
@@ -136,7 +131,7 @@ fn csv_records(
         }
         let end = starts.get(i + 1).copied().unwrap_or(text.len());
         let raw = trimmed(&text[starts[i]..end]);
-        let line = line_of(text, starts[i]);
+        let line = lines[i];
         let mut reasons = Vec::new();
         if rec.len() != ncols {
             reasons.push(format!("{} fields, expected {ncols}", rec.len()));
