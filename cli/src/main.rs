@@ -516,7 +516,7 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>9}  trigger",
+        "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>9}  trigger",
         "batch",
         "committed",
         "epoch",
@@ -526,6 +526,8 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
         "rows out",
         "bad rows",
         "nulled",
+        "rescued",
+        "schema",
         "ms"
     );
     for c in &commits {
@@ -534,7 +536,7 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
             .unwrap_or_else(|| "-".into());
         let d = &c.durations;
         println!(
-            "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>9}  {}",
+            "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>9}  {}",
             c.batch,
             when,
             c.epoch,
@@ -544,6 +546,12 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
             c.rows_out,
             c.rejected.iter().map(|r| r.rows).sum::<u64>(),
             c.nulled_fields,
+            c.rescued_fields,
+            format!(
+                "v{}{}",
+                c.schema_version.unwrap_or(1),
+                if c.added_columns.is_empty() { "" } else { "+" }
+            ),
             d.plan_ms + d.operate_ms + d.commit_ms,
             c.trigger.as_deref().unwrap_or("-")
         );
@@ -571,22 +579,44 @@ fn print_quarantine(status: &admin::Status) {
     }
 }
 
-/// The per-batch note on bad data, if any.
-fn bad_data(files: u64, rows: u64, nulled: u64) -> String {
-    let mut parts = Vec::new();
-    if files > 0 {
-        parts.push(format!("{files} file(s) quarantined"));
-    }
-    if rows > 0 {
-        parts.push(format!("{rows} row(s) quarantined"));
-    }
-    if nulled > 0 {
-        parts.push(format!("{nulled} field(s) made null"));
-    }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("  {}", parts.join(", "))
+/// What a batch (or all of them) did with bad data and schema changes.
+#[derive(Default)]
+struct BadData<'a> {
+    files: u64,
+    rows: u64,
+    nulled: u64,
+    rescued: u64,
+    added: &'a [String],
+    version: Option<u32>,
+}
+
+impl std::fmt::Display for BadData<'_> {
+    /// Nothing, or `  <what>, <what>`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if self.files > 0 {
+            parts.push(format!("{} file(s) quarantined", self.files));
+        }
+        if self.rows > 0 {
+            parts.push(format!("{} row(s) quarantined", self.rows));
+        }
+        if self.nulled > 0 {
+            parts.push(format!("{} field(s) made null", self.nulled));
+        }
+        if self.rescued > 0 {
+            parts.push(format!("{} field(s) rescued", self.rescued));
+        }
+        if !self.added.is_empty() {
+            parts.push(format!(
+                "column(s) {} added (schema version {})",
+                self.added.join(", "),
+                self.version.unwrap_or(1)
+            ));
+        }
+        if !parts.is_empty() {
+            write!(f, "  {}", parts.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -609,7 +639,14 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
                 b.rows_out,
                 b.millis,
                 if b.resumed { "  (resumed)" } else { "" },
-                bad_data(b.quarantined, b.rows_quarantined, b.nulled_fields)
+                BadData {
+                    files: b.quarantined,
+                    rows: b.rows_quarantined,
+                    nulled: b.nulled_fields,
+                    rescued: b.rescued_fields,
+                    added: &b.added_columns,
+                    version: b.schema_version,
+                }
             );
         }
     })
@@ -625,6 +662,17 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
     let quarantined: u64 = summary.batches.iter().map(|b| b.quarantined).sum();
     let bad_rows: u64 = summary.batches.iter().map(|b| b.rows_quarantined).sum();
     let nulled: u64 = summary.batches.iter().map(|b| b.nulled_fields).sum();
+    let rescued: u64 = summary.batches.iter().map(|b| b.rescued_fields).sum();
+    let added: Vec<String> = summary
+        .batches
+        .iter()
+        .flat_map(|b| b.added_columns.iter().cloned())
+        .collect();
+    let version = summary
+        .batches
+        .iter()
+        .filter_map(|b| b.schema_version)
+        .max();
     match &summary.end {
         RunEnd::Idle(reason) => println!(
             "{name}: {reason}; nothing written ({} ms, {} storage requests)",
@@ -652,6 +700,18 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
                 )
             } else {
                 String::new()
+            } + &if rescued > 0 {
+                format!("; {rescued} field(s) that did not fit the schema kept in _rescued")
+            } else {
+                String::new()
+            } + &if added.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; new column(s) {} joined the output (schema version {})",
+                    added.join(", "),
+                    version.unwrap_or(1)
+                )
             }
         ),
     }
@@ -702,11 +762,15 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                     lc.rows_in,
                     lc.rows_out,
                     lc.outputs.len(),
-                    bad_data(
-                        lc.quarantined.len() as u64,
-                        lc.rejected.iter().map(|r| r.rows).sum(),
-                        lc.nulled_fields
-                    )
+                    BadData {
+                        files: lc.quarantined.len() as u64,
+                        rows: lc.rejected.iter().map(|r| r.rows).sum(),
+                        nulled: lc.nulled_fields,
+                        rescued: lc.rescued_fields,
+                        added: &lc.added_columns,
+                        version: lc.schema_version,
+                    }
+                    .to_string()
                     .replacen("  ", ", ", 1)
                 );
             }
@@ -718,9 +782,28 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                 mib(t.bytes),
                 t.rows_in,
                 t.rows_out,
-                bad_data(t.files_quarantined, t.rows_quarantined, t.nulled_fields)
-                    .replacen("  ", ", ", 1)
+                BadData {
+                    files: t.files_quarantined,
+                    rows: t.rows_quarantined,
+                    nulled: t.nulled_fields,
+                    rescued: t.rescued_fields,
+                    ..BadData::default()
+                }
+                .to_string()
+                .replacen("  ", ", ", 1)
             );
+            if let Some(v) = &c.schema {
+                let columns: Vec<String> = v
+                    .columns
+                    .iter()
+                    .map(|c| format!("{} {}", c.name, c.data_type))
+                    .collect();
+                println!(
+                    "schema       version {} (columns added since the first): {}",
+                    v.version,
+                    columns.join(", ")
+                );
+            }
         }
     }
     println!(

@@ -31,7 +31,11 @@ pub async fn register(ctx: &Context) -> Result<PipelineRecord> {
                 p.source.location.display()
             ),
         })?;
-    SqlOperator::new(p.clone(), schema.clone()).check().await?;
+    let control = ctx.checkpoint.control().await?.map(|(c, _)| c);
+    let reading = crate::handlers::in_force(p, control.as_ref(), &schema);
+    let reading =
+        crate::handlers::arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?;
+    SqlOperator::new(p.clone(), reading).check().await?;
     let record = PipelineRecord {
         format_version: checkpoint::FORMAT_VERSION,
         spec_hash: p.spec_hash(),

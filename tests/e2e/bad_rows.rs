@@ -272,3 +272,55 @@ async fn jsonl_bad_lines_are_quarantined_and_good_ones_kept() {
     let got: Vec<u64> = quarantined_rows(&sink).iter().map(|r| r.1).collect();
     assert_eq!(got, [3, 6, last]);
 }
+
+/// `corrupt_record = true` under `on_bad_row = "null"` (Spark's
+/// `_corrupt_record`): a repaired row keeps its raw line there; rows read
+/// whole (by the scan, or row by row without a flaw) have null. Golden rows
+/// computed by hand; the SQL may select the column.
+#[tokio::test(flavor = "multi_thread")]
+async fn repaired_rows_keep_their_raw_text_in_corrupt_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = r#"name = "corrupt"
+[source]
+uri = "input"
+format = "csv"
+table = "t"
+on_bad_row = "null"
+corrupt_record = true
+[query]
+sql = "SELECT a, b, _corrupt_record FROM t"
+[sink]
+uri = "out/sink"
+[checkpoint]
+uri = "out/checkpoint"
+"#;
+    let input = root.join("input");
+    std::fs::create_dir_all(&input).unwrap();
+    std::fs::write(input.join("1.csv"), "a,b\n1,x\n2,y\n").unwrap();
+    run(&local_context(&pipeline(root, toml))).await.unwrap();
+    std::fs::write(input.join("2.csv"), "a,b\n3,z\nbad,w\n4\n").unwrap();
+    run(&local_context(&pipeline(root, toml))).await.unwrap();
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "corrupt").await,
+        [
+            "1|x|NULL",
+            "2|y|NULL",
+            "3|z|NULL",
+            "4|NULL|4",
+            "NULL|w|bad,w"
+        ]
+    );
+    // Asked for without the null policy: refused, naming both.
+    let refused = sluice_engine::pipeline::Pipeline::parse(
+        &toml.replace("on_bad_row = \"null\"\n", ""),
+        "test.toml",
+        root,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        refused.contains("corrupt_record") && refused.contains("on_bad_row = \"null\""),
+        "{refused}"
+    );
+}

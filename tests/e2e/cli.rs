@@ -284,3 +284,56 @@ fn quarantine_and_retry_through_the_cli() {
     let show = stdout(&sluice(&["show", file]));
     assert!(!show.contains("quarantined  "), "{show}");
 }
+
+/// Schema changes through the binary: under `add-columns` an upload with a
+/// new column is reported by `run` (summary line), `show` (the version in
+/// force and its columns) and `history` (the version, `+` where added).
+#[test]
+fn schema_versions_show_in_run_show_and_history() {
+    use datafusion::arrow::array::{RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let (dir, file) = sample_copy();
+    let toml = std::fs::read_to_string(&file).unwrap().replace(
+        "lookback = 100             # ordered mode",
+        "lookback = 100\non_schema_change = \"add-columns\" # ordered mode",
+    );
+    std::fs::write(&file, toml).unwrap();
+    let file = file.as_str();
+    stdout(&sluice(&["run", file]));
+
+    let base = sluice_cli::generator::taxi_batch(99, 40);
+    let mut fields: Vec<Field> = base
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("congestion_note", DataType::Utf8, true));
+    let mut cols = base.columns().to_vec();
+    cols.push(std::sync::Arc::new(StringArray::from(vec!["slow"; 40])));
+    let batch = RecordBatch::try_new(std::sync::Arc::new(Schema::new(fields)), cols).unwrap();
+    crate::schema::write_parquet(
+        &dir.path().join("data/date=2024-01-01/trips-999999.parquet"),
+        &batch,
+    );
+
+    let ran = stdout(&sluice(&["run", file]));
+    assert!(
+        ran.contains("column(s) congestion_note added (schema version 2)")
+            && ran.contains("new column(s) congestion_note joined the output (schema version 2)"),
+        "{ran}"
+    );
+    let show = stdout(&sluice(&["show", file]));
+    assert!(
+        show.contains("schema       version 2") && show.contains("congestion_note Utf8"),
+        "{show}"
+    );
+    let history = stdout(&sluice(&["history", file]));
+    let schemas: Vec<&str> = history
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().nth(10).unwrap())
+        .collect();
+    assert_eq!(schemas.first(), Some(&"v2+"), "{history}");
+    assert!(schemas[1..].iter().all(|s| *s == "v1"), "{history}");
+}

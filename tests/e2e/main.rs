@@ -19,6 +19,7 @@ mod notify;
 mod quarantine;
 mod s3;
 mod schema;
+mod schema_change;
 mod sink;
 mod storage_contract;
 mod trigger_storm;

@@ -124,7 +124,7 @@ async fn a_zero_byte_first_jsonl_does_not_pin_an_empty_schema() {
     );
 }
 
-fn write_parquet(path: &Path, batch: &RecordBatch) {
+pub fn write_parquet(path: &Path, batch: &RecordBatch) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     let file = std::fs::File::create(path).unwrap();
     let mut w =

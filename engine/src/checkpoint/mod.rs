@@ -24,8 +24,8 @@ mod records;
 pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};
 pub use records::{
     Commit, Control, Durations, FORMAT_VERSION, Index, InputFile, KeyClaim, ListingState, Manifest,
-    Offsets, OutputFile, PipelineRecord, Quarantined, RunStatus, SinkOwner, SourceCursor, TaskPlan,
-    Totals,
+    Offsets, OutputFile, PipelineRecord, Quarantined, RunStatus, SchemaVersion, SinkOwner,
+    SourceCursor, TaskPlan, Totals,
 };
 
 /// Which batches' offsets and commits may be deleted once `last_committed`

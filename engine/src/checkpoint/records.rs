@@ -88,6 +88,9 @@ pub struct Totals {
     /// Fields made null (`on_bad_row = "null"`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub nulled_fields: u64,
+    /// Fields put into `_rescued` (`on_schema_change = "rescue"`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rescued_fields: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -155,6 +158,23 @@ pub struct Control {
     /// planned batch takes them, and its commit removes them here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retry: Vec<String>,
+    /// The source schema in force once `on_schema_change = "add-columns"`
+    /// added columns (version 2 on); `None` while it is `pipeline.json`'s
+    /// (version 1). Set by the commit of the batch that added them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<SchemaVersion>,
+}
+
+/// A version of the source schema. Version 1 is the schema pinned in
+/// `pipeline.json`; each batch that brings new columns under
+/// `on_schema_change = "add-columns"` reads with the next version, which
+/// its commit puts in force.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SchemaVersion {
+    /// 1, 2, ...
+    pub version: u32,
+    /// The columns, in order.
+    pub columns: Vec<ColumnSpec>,
 }
 
 impl Control {
@@ -180,6 +200,7 @@ impl Control {
             source_history: None,
             quarantined: Vec::new(),
             retry: Vec::new(),
+            schema: None,
         }
     }
 
@@ -212,6 +233,13 @@ pub struct Offsets {
     /// manifest up to it is read by it or an earlier batch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<SourceCursor>,
+    /// The source schema this batch reads with (plans of older builds have
+    /// none: they read with `pipeline.json`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<SchemaVersion>,
+    /// Columns this batch adds to the schema (its `schema` is a new version).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added_columns: Vec<String>,
     /// Time the planner spent up to this plan, ms.
     #[serde(default)]
     pub plan_ms: u64,
@@ -346,6 +374,20 @@ pub struct Commit {
     /// Fields made null (`on_bad_row = "null"`).
     #[serde(default)]
     pub nulled_fields: u64,
+    /// The schema version the batch read with (absent: 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_version: Option<u32>,
+    /// Columns the batch added to the schema (`on_schema_change =
+    /// "add-columns"`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added_columns: Vec<String>,
+    /// With `added_columns`: the new schema version, which this commit puts
+    /// in force (`control.schema`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<SchemaVersion>,
+    /// Fields put into `_rescued` (`on_schema_change = "rescue"`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rescued_fields: u64,
 }
 
 /// An input file set aside because it could not be read.

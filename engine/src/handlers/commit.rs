@@ -78,6 +78,12 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         quarantined,
         rejected: results.iter().filter_map(|r| r.rejected.clone()).collect(),
         nulled_fields: results.iter().map(|r| r.nulled_fields).sum(),
+        schema_version: off.schema.as_ref().map(|s| s.version),
+        added_columns: off.added_columns.clone(),
+        schema: (!off.added_columns.is_empty())
+            .then(|| off.schema.clone())
+            .flatten(),
+        rescued_fields: results.iter().map(|r| r.rescued_fields).sum(),
     };
     record.durations.commit_ms = started.elapsed().as_millis() as u64;
     // Planner, tasks and this committer, including the commit write itself.
@@ -201,6 +207,13 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
         c.totals.files_quarantined += record.quarantined.len() as u64;
         c.totals.rows_quarantined += record.rejected.iter().map(|r| r.rows).sum::<u64>();
         c.totals.nulled_fields += record.nulled_fields;
+        c.totals.rescued_fields += record.rescued_fields;
+        // Columns this batch added are in force from the next batch on.
+        if let Some(s) = &record.schema
+            && c.schema.as_ref().is_none_or(|now| now.version < s.version)
+        {
+            c.schema = Some(s.clone());
+        }
     })
     .await?;
     let floor = checkpoint::retention_floor(record.batch, p.retain_batches);

@@ -35,7 +35,12 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     // never published: the commit publishes only what its record names.)
     let (control, etag) = owned_control(ctx, run.epoch).await?;
     beat_if_due(ctx, &control, &etag).await?;
-    let schema = ctx.schema().await?;
+    // The plan names the schema its batch reads with (plans of older
+    // builds do not: `pipeline.json`'s).
+    let schema = match &off.schema {
+        Some(v) => super::schema::arrow_of(ctx, v, paths::checkpoint::offsets(batch))?,
+        None => ctx.schema().await?,
+    };
     let op = SqlOperator::new(ctx.pipeline.clone(), schema);
     // Views that count only this task's requests.
     let source = CountingStore::new(ctx.source.clone());

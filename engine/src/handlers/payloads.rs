@@ -225,6 +225,19 @@ pub struct CommitSummary {
     /// Fields made null.
     #[serde(default)]
     pub nulled_fields: u64,
+    /// Fields put into `_rescued`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rescued_fields: u64,
+    /// Columns the batch added to the schema.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added_columns: Vec<String>,
+    /// The schema version the batch read with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_version: Option<u32>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl From<&Commit> for CommitSummary {
@@ -240,6 +253,9 @@ impl From<&Commit> for CommitSummary {
             quarantined: c.quarantined.len() as u64,
             rows_quarantined: c.rejected.iter().map(|r| r.rows).sum(),
             nulled_fields: c.nulled_fields,
+            rescued_fields: c.rescued_fields,
+            added_columns: c.added_columns.clone(),
+            schema_version: c.schema_version,
         }
     }
 }

@@ -12,7 +12,7 @@ use super::context::Context;
 use super::lease::{continue_run, owned_control, release, release_idle, update_control};
 use super::ownership::{self, SinkCheck};
 use super::payloads::{BatchRef, PlanOutcome, RunState, TaskList};
-use super::schema::resolve_schema;
+use super::schema::{evolve, in_force, resolve_schema};
 use crate::checkpoint::owner::Owner;
 use crate::checkpoint::{
     self, Claim, Control, Index, InputFile, Offsets, PipelineRecord, RunStatus,
@@ -414,7 +414,9 @@ async fn checked_schema(
             (schema, record.is_some_and(|r| r.spec_hash == p.spec_hash()))
         }
     };
-    SqlOperator::new(p.clone(), schema.clone()).check().await?;
+    let reading = in_force(p, control, &schema);
+    let reading = super::schema::arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?;
+    SqlOperator::new(p.clone(), reading).check().await?;
     ctx.pin_schema(schema.clone());
     Ok(Some((schema, current)))
 }
@@ -746,7 +748,12 @@ async fn discover_and_plan(
     let now = ctx.now();
     let mut plans = Vec::new();
     let batches = split_batches(&fresh, upstream.as_ref(), &p.limits);
+    // Each batch reads with the schema the batches before it leave
+    // (`add-columns` may add columns at any of them).
+    let mut schema = in_force(p, Some(control), ctx.schema().await?.as_ref());
     for (i, (inputs, source)) in batches.into_iter().enumerate() {
+        let (read_with, added_columns) = evolve(ctx, &schema, &inputs).await?;
+        schema = read_with;
         let tasks = planning::split_tasks(&inputs, p.limits.max_bytes_per_task);
         let consumed = inputs
             .iter()
@@ -761,6 +768,8 @@ async fn discover_and_plan(
             tasks,
             consumed,
             source,
+            schema: Some(schema.clone()),
+            added_columns,
             plan_ms: 0,
             plan_requests: RequestCounts::default(),
         });

@@ -7,13 +7,110 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::execution::context::SessionContext;
 
 use super::context::Context;
-use crate::checkpoint::{Index, InputFile, PipelineRecord};
+use crate::checkpoint::{Control, Index, InputFile, PipelineRecord, SchemaVersion};
 use crate::discovery;
 use crate::error::{Error, Result};
 use crate::operators::SqlOperator;
-use crate::pipeline::schema::{columns_of, schema_change, schema_of};
-use crate::pipeline::{DiscoveryMode, Pipeline};
+use crate::pipeline::schema::{casts_losslessly, columns_of, schema_change, schema_of};
+use crate::pipeline::{
+    CORRUPT_RECORD, ColumnSpec, DERIVED, DiscoveryMode, Pipeline, RESCUED, SchemaChangePolicy,
+};
 use crate::storage::ObjectMeta;
+
+/// The schema a new batch reads with: the version `control` holds (once
+/// `add-columns` evolved it), else `pinned` as version 1; then the text
+/// columns Sluice fills, when asked for: `_corrupt_record`
+/// (`corrupt_record = true`) and `_rescued` (`on_schema_change =
+/// "rescue"`).
+pub(crate) fn in_force(p: &Pipeline, control: Option<&Control>, pinned: &Schema) -> SchemaVersion {
+    let mut v = match control.and_then(|c| c.schema.clone()) {
+        Some(v) => v,
+        None => SchemaVersion {
+            version: 1,
+            columns: columns_of(pinned),
+        },
+    };
+    v.columns.retain(|c| !DERIVED.contains(&c.name.as_str()));
+    let text = |name: &str| ColumnSpec {
+        name: name.into(),
+        data_type: DataType::Utf8.to_string(),
+        nullable: true,
+    };
+    if p.source.corrupt_record {
+        v.columns.push(text(CORRUPT_RECORD));
+    }
+    if p.source.on_schema_change == SchemaChangePolicy::Rescue {
+        v.columns.push(text(RESCUED));
+    }
+    v
+}
+
+/// The Arrow schema of a stored schema version; a type that does not parse
+/// is a broken record, named.
+pub(crate) fn arrow_of(ctx: &Context, v: &SchemaVersion, key: String) -> Result<SchemaRef> {
+    schema_of(&v.columns).map_err(|e| ctx.broken(key, format!("schema version {}{e}", v.version)))
+}
+
+/// Under `on_schema_change = "add-columns"`: the schema batch `inputs`
+/// reads with, after `current`: the columns of its files that `current`
+/// lacks join it, nullable, in the order the files bring them, with the
+/// type of the first file that gives one a type (widened where a later
+/// file's type does not fit it but it fits the later one); a column null
+/// throughout waits for a file with values. Returns the new version and
+/// the names added (none: `current` unchanged). One schema read per file;
+/// a file whose schema cannot be read adds nothing (its task reports it).
+pub(crate) async fn evolve(
+    ctx: &Context,
+    current: &SchemaVersion,
+    inputs: &[InputFile],
+) -> Result<(SchemaVersion, Vec<String>)> {
+    let p = &ctx.pipeline;
+    if p.source.on_schema_change != SchemaChangePolicy::AddColumns || inputs.is_empty() {
+        return Ok((current.clone(), Vec::new()));
+    }
+    let access = ctx.source.scan_access()?;
+    let op = SqlOperator::new(p.clone(), std::sync::Arc::new(Schema::empty()));
+    let found = op.file_schemas(&access, inputs).await?;
+    let mut added: Vec<Field> = Vec::new();
+    for (key, schema) in found {
+        let Ok(schema) = schema else {
+            tracing::warn!(pipeline = %p.name, %key, "schema not read at planning; the task decides");
+            continue;
+        };
+        for f in schema.fields() {
+            if f.data_type() == &DataType::Null
+                || DERIVED.contains(&f.name().as_str())
+                || current.columns.iter().any(|c| &c.name == f.name())
+            {
+                continue;
+            }
+            match added.iter_mut().find(|a| a.name() == f.name()) {
+                None => added.push(Field::new(f.name(), f.data_type().clone(), true)),
+                Some(a) => {
+                    if !casts_losslessly(f.data_type(), a.data_type())
+                        && casts_losslessly(a.data_type(), f.data_type())
+                    {
+                        *a = a.clone().with_data_type(f.data_type().clone());
+                    }
+                }
+            }
+        }
+    }
+    if added.is_empty() {
+        return Ok((current.clone(), Vec::new()));
+    }
+    let names: Vec<String> = added.iter().map(|f| f.name().clone()).collect();
+    tracing::info!(pipeline = %p.name, columns = %names.join(", "), version = current.version + 1, "new columns join the schema");
+    let mut columns = current.columns.clone();
+    columns.extend(columns_of(&Schema::new(added)));
+    Ok((
+        SchemaVersion {
+            version: current.version + 1,
+            columns,
+        },
+        names,
+    ))
+}
 
 /// The source schema: declared, else pinned, else inferred from the first
 /// listed input. `None` when there is nothing to infer from.

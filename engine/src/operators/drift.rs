@@ -1,55 +1,98 @@
-//! Schema drift: before a task reads its files with the pinned schema, each
-//! file's own columns are compared with it. A column missing, renamed, added,
-//! or of a type that does not cast to the pinned one without loss would be
-//! read silently as nulls or truncated values; instead the batch fails,
-//! naming the file, the columns and both types.
+//! Schema drift: before a task reads its files with the batch's schema,
+//! each file's own columns are compared with it. A column missing, renamed,
+//! added, of a type that does not cast to the pinned one without loss, or
+//! (CSV, read by position) in another order would be read silently as
+//! nulls, truncated or shifted values. Under `on_schema_change = "fail"`
+//! the batch fails instead, naming the file, the columns and both types;
+//! under `add-columns` and `rescue` such a file is read apart, by its own
+//! column names (`adapt`).
 
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::prelude::SessionContext;
 
 use super::SqlOperator;
 use crate::checkpoint::InputFile;
 use crate::error::{Error, Result};
-use crate::pipeline::SourceFormat;
 use crate::pipeline::schema::{DriftCheck, drift};
+use crate::pipeline::{RESCUED, SchemaChangePolicy, SourceFormat};
 use crate::storage::ScanAccess;
 use crate::storage::fanout::concurrently;
+
+/// What the drift check made of a task's files.
+#[derive(Default)]
+pub(super) struct Checked<'a> {
+    /// Files whose schema cannot be read at all, with the reader's error.
+    pub unreadable: Vec<(&'a InputFile, String)>,
+    /// Files whose columns differ in a way the schema policy takes: read
+    /// apart, by their own column names, and adapted (`adapt`), each with
+    /// its own schema.
+    pub adapted: Vec<(&'a InputFile, SchemaRef)>,
+}
 
 impl SqlOperator {
     /// What of a file's inferred schema is compared for this source: names
     /// and types for Parquet and JSON (where a missing key is a null), names
-    /// for CSV with a header (its types belong to each value); nothing for
-    /// CSV without one (columns are by position).
+    /// and their order for CSV with a header (read by position; the types
+    /// belong to each value); nothing for CSV without one (columns are by
+    /// position). Once the policy takes schema changes, a column a Parquet
+    /// file lacks reads as null.
     fn drift_check(&self) -> Option<DriftCheck> {
         let s = &self.pipeline.source;
         match s.format {
             SourceFormat::Parquet => Some(DriftCheck {
                 types: true,
-                absent_is_null: false,
+                absent_is_null: s.on_schema_change != SchemaChangePolicy::Fail,
+                order: false,
             }),
             SourceFormat::Jsonl => Some(DriftCheck {
                 types: true,
                 absent_is_null: true,
+                order: false,
             }),
             SourceFormat::Csv if s.header => Some(DriftCheck {
                 types: false,
                 absent_is_null: false,
+                order: true,
             }),
             SourceFormat::Csv => None,
         }
     }
 
-    /// Compare each of `files` (concurrently) with the pinned schema; the
-    /// first that differs fails the task, named. Returns the files whose
-    /// schema cannot be read at all, with the reader's error.
+    /// The schema DataFusion infers from each of `files` (concurrently), by
+    /// key; the reader's error for a file it cannot read.
+    pub(crate) async fn file_schemas(
+        &self,
+        access: &ScanAccess,
+        files: &[InputFile],
+    ) -> Result<Vec<(String, std::result::Result<SchemaRef, String>)>> {
+        let format = Self::format(&self.pipeline);
+        let state = Arc::new(self.scan_session(access).state());
+        concurrently(files.to_vec(), |f| {
+            let (format, state) = (format.clone(), state.clone());
+            let (store, meta) = (access.store.clone(), Self::object_meta(access, &f));
+            async move {
+                let schema = format.infer_schema(state.as_ref(), &store, &[meta]).await;
+                Ok((f.key, schema.map_err(|e| e.to_string().trim().to_string())))
+            }
+        })
+        .await
+    }
+
+    /// Compare each of `files` (concurrently) with the batch's schema. A
+    /// file that differs in a way the schema policy does not take fails the
+    /// task, named; one it takes is to be read apart. Returns those, and the
+    /// files whose schema cannot be read at all.
     pub(super) async fn check_drift<'a>(
         &self,
         session: &SessionContext,
         access: &ScanAccess,
         batch: u64,
         files: &[&'a InputFile],
-    ) -> Result<Vec<(&'a InputFile, String)>> {
+    ) -> Result<Checked<'a>> {
         let Some(check) = self.drift_check() else {
-            return Ok(Vec::new());
+            return Ok(Checked::default());
         };
         let format = Self::format(&self.pipeline);
         let state = std::sync::Arc::new(session.state());
@@ -63,33 +106,79 @@ impl SqlOperator {
             }
         })
         .await?;
-        let mut unreadable = Vec::new();
-        let mut drifted = None;
+        // `_rescued` and `_corrupt_record` are filled, never read from a file.
+        let pinned = self.file_schema();
+        let policy = self.pipeline.source.on_schema_change;
+        let mut checked = Checked::default();
         for (i, (_, schema)) in found.into_iter().enumerate() {
-            match schema {
-                Err(e) => unreadable.push((files[i], e.to_string().trim().to_string())),
-                Ok(schema) => {
-                    if drifted.is_none()
-                        && let Some(d) = drift(&self.schema, &schema, check)
-                    {
-                        drifted = Some((files[i], d));
-                    }
+            let schema = match schema {
+                Err(e) => {
+                    checked
+                        .unreadable
+                        .push((files[i], e.to_string().trim().to_string()));
+                    continue;
                 }
+                Ok(schema) => schema,
+            };
+            let Some(d) = drift(&pinned, &schema, check) else {
+                continue;
+            };
+            // Columns null throughout the file hold nothing to add or rescue.
+            let typed_new: Vec<&String> = d
+                .added
+                .iter()
+                .filter(|n| {
+                    schema
+                        .field_with_name(n)
+                        .is_ok_and(|f| f.data_type() != &DataType::Null)
+                })
+                .collect();
+            let refused = match policy {
+                SchemaChangePolicy::Fail => Some(format!(
+                    "its columns do not match the pinned source schema: {d}. Fix or replace the \
+                     file (same key); to take such files as they come, set \
+                     source.on_schema_change = \"add-columns\" (new columns join the output) or \
+                     \"rescue\" (what does not fit goes into {RESCUED}); if the source changed \
+                     for good, declare source.schema with the new columns and run `sluice reset` \
+                     on the pipeline file"
+                )),
+                SchemaChangePolicy::AddColumns if !d.retyped.is_empty() => Some(format!(
+                    "a column changed type, which add-columns does not take: {d}. Fix or replace \
+                     the file (same key), or set source.on_schema_change = \"rescue\" to keep \
+                     such values in {RESCUED}"
+                )),
+                SchemaChangePolicy::AddColumns if !typed_new.is_empty() => Some(format!(
+                    "it has column(s) the batch's plan did not see ({}): it was replaced since \
+                     the batch was planned; the batch's plan is dropped and the next run plans \
+                     afresh",
+                    typed_new
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+                _ => None,
+            };
+            if let Some(message) = refused {
+                return Err(Error::Input {
+                    pipeline: self.pipeline.name.clone(),
+                    batch,
+                    key: files[i].key.clone(),
+                    message,
+                });
+            }
+            // CSV is read by position: any change of its header is read
+            // apart, by name. Parquet and JSON read missing columns as null
+            // in the scan; what they hold beyond the schema, or in another
+            // type, is read apart (rescue).
+            let apart = self.pipeline.source.format == SourceFormat::Csv
+                || !d.retyped.is_empty()
+                || !typed_new.is_empty();
+            if apart {
+                checked.adapted.push((files[i], schema));
             }
         }
-        if let Some((f, d)) = drifted {
-            return Err(Error::Input {
-                pipeline: self.pipeline.name.clone(),
-                batch,
-                key: f.key.clone(),
-                message: format!(
-                    "its columns do not match the pinned source schema: {d}. Fix or replace the \
-                     file (same key); if the source changed for good, declare source.schema \
-                     with the new columns and run `sluice reset` on the pipeline file"
-                ),
-            });
-        }
-        Ok(unreadable)
+        Ok(checked)
     }
 
     /// A file whose schema cannot be read at all.

@@ -5,6 +5,7 @@
 //! the input table, a table provider over a fixed list of files with their
 //! planned sizes, so DataFusion never lists the source.
 
+mod adapt;
 mod classify;
 mod drift;
 mod salvage;
@@ -32,7 +33,8 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use crate::checkpoint::{InputFile, OutputFile, Quarantined, TaskPlan};
 use crate::error::{Error, ErrorClass, Result};
 use crate::pipeline::{
-    BadFilePolicy, BadRowPolicy, Compression, DiscoveryMode, Pipeline, SourceFormat,
+    BadFilePolicy, BadRowPolicy, CORRUPT_RECORD, Compression, DiscoveryMode, Pipeline,
+    SourceFormat, derived_count,
 };
 use crate::sinks::ParquetSink;
 use crate::storage::{RequestCounts, ScanAccess, Store};
@@ -75,6 +77,9 @@ pub struct TaskResult {
     /// Fields made null (`on_bad_row = "null"`).
     #[serde(default)]
     pub nulled_fields: u64,
+    /// Fields put into `_rescued` (`on_schema_change = "rescue"`).
+    #[serde(default)]
+    pub rescued_fields: u64,
 }
 
 /// Runs the pipeline's SQL over task inputs with DataFusion.
@@ -94,6 +99,14 @@ impl SqlOperator {
             schema,
             partitions,
         }
+    }
+
+    /// The batch's schema without the columns Sluice fills: what a file
+    /// holds.
+    fn file_schema(&self) -> datafusion::arrow::datatypes::Schema {
+        let fields = self.schema.fields();
+        let read = fields.len() - derived_count(&self.schema);
+        datafusion::arrow::datatypes::Schema::new(fields[..read].to_vec())
     }
 
     /// The DataFusion file format of the pipeline's source.
@@ -406,6 +419,7 @@ impl SqlOperator {
             quarantined: read.quarantined,
             rejected: read.rejected,
             nulled_fields: read.nulled,
+            rescued_fields: read.rescued,
         })
     }
 
@@ -466,6 +480,8 @@ impl SqlOperator {
         let quarantine = self.pipeline.source.on_bad_file == BadFilePolicy::Quarantine;
         let mut quarantined: Vec<Quarantined> = Vec::new();
         let mut salvaged: Vec<(InputFile, salvage::Salvaged)> = Vec::new();
+        let mut adapted: Vec<(InputFile, SchemaRef)> = Vec::new();
+        let mut drift_checked = false;
         let exec = self.exec_err(batch, task);
         loop {
             let mut set_aside = |f: &InputFile, reason: String| {
@@ -483,26 +499,37 @@ impl SqlOperator {
                     quarantined,
                     ..TaskRead::default()
                 };
+                let apart = Apart { salvaged, adapted };
                 return self
-                    .finish_task(sink, epoch, batch, task, read, salvaged)
+                    .finish_task(access, sink, (epoch, batch), task, read, apart)
                     .await;
             }
-            let refs: Vec<&InputFile> = files.iter().collect();
             let session = self.scan_session(access);
-            let unreadable = self.check_drift(&session, access, batch, &refs).await?;
-            if !unreadable.is_empty() {
-                let keys: Vec<String> = unreadable.iter().map(|(f, _)| f.key.clone()).collect();
-                for (f, reason) in &unreadable {
+            if !drift_checked {
+                // Once: later rounds read a subset of the files checked.
+                drift_checked = true;
+                let refs: Vec<&InputFile> = files.iter().collect();
+                let checked = self.check_drift(&session, access, batch, &refs).await?;
+                let mut keys: Vec<String> = Vec::new();
+                for (f, reason) in &checked.unreadable {
+                    keys.push(f.key.clone());
                     match self.salvage(access, f).await? {
                         Some(s) => salvaged.push(((*f).clone(), s)),
                         None if quarantine => set_aside(f, reason.clone()),
                         None => return Err(self.unreadable(batch, f, reason)),
                     }
                 }
-                drop(refs);
+                for (f, found) in &checked.adapted {
+                    keys.push(f.key.clone());
+                    adapted.push(((*f).clone(), found.clone()));
+                }
+                drop(checked);
                 files.retain(|f| !keys.contains(&f.key));
-                continue;
+                if files.is_empty() {
+                    continue;
+                }
             }
+            let refs: Vec<&InputFile> = files.iter().collect();
             let (ctx, plan) = self
                 .plan_query_in(session, access, &refs, &self.pipeline.sql)
                 .await
@@ -538,8 +565,9 @@ impl SqlOperator {
                 quarantined,
                 ..TaskRead::default()
             };
+            let apart = Apart { salvaged, adapted };
             return self
-                .finish_task(sink, epoch, batch, task, read, salvaged)
+                .finish_task(access, sink, (epoch, batch), task, read, apart)
                 .await;
         }
     }
@@ -604,17 +632,29 @@ impl SqlOperator {
             tracing::warn!(pipeline = %self.pipeline.name, key = %f.key, error = %e, "cannot decompress; the file policy decides");
             return Ok(None);
         }
+        // Derived columns are not in the file: filled after.
+        let schema = Arc::new(self.file_schema());
         let read = match s.format {
-            SourceFormat::Csv => salvage::csv(
-                &f.key,
-                &text,
-                &self.schema,
-                s.header,
-                s.delimiter,
-                s.on_bad_row,
-            ),
-            _ => salvage::jsonl(&f.key, &text, &self.schema, s.on_bad_row),
+            SourceFormat::Csv => {
+                salvage::csv(&f.key, &text, &schema, s.header, s.delimiter, s.on_bad_row)
+            }
+            _ => salvage::jsonl(&f.key, &text, &schema, s.on_bad_row),
         };
+        let read = read.and_then(|mut r| {
+            let mut columns = r.batch.columns().to_vec();
+            for f in &self.schema.fields()[schema.fields().len()..] {
+                columns.push(if f.name() == CORRUPT_RECORD {
+                    Arc::new(datafusion::arrow::array::StringArray::from(
+                        r.corrupt.clone(),
+                    ))
+                } else {
+                    datafusion::arrow::array::new_null_array(f.data_type(), r.batch.num_rows())
+                });
+            }
+            r.batch =
+                RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| e.to_string())?;
+            Ok(r)
+        });
         match read {
             Ok(r) => {
                 tracing::warn!(pipeline = %self.pipeline.name, key = %f.key, bad_rows = r.bad.len(), nulled_fields = r.nulled, "file read row by row");
@@ -628,20 +668,24 @@ impl SqlOperator {
     }
 
     /// After the scan of the task's clean files: run the query over the
-    /// rows kept from files read row by row (output partitions numbered
-    /// after the scan's), write their bad rows to the quarantine
-    /// (`_quarantine/batch=N/rows-T-eE.jsonl`), and remove parts a failed
-    /// attempt of this task left.
-    #[allow(clippy::too_many_arguments)]
+    /// rows kept from files read row by row and over the files read apart
+    /// (output partitions numbered after the scan's), write the bad rows to
+    /// the quarantine (`_quarantine/batch=N/rows-T-eE.jsonl`), and remove
+    /// parts a failed attempt of this task left.
     async fn finish_task(
         &self,
+        access: &ScanAccess,
         sink: &ParquetSink,
-        epoch: u64,
-        batch: u64,
+        (epoch, batch): (u64, u64),
         task: &TaskPlan,
         mut read: TaskRead,
-        salvaged: Vec<(InputFile, salvage::Salvaged)>,
+        apart: Apart,
     ) -> Result<TaskRead> {
+        let Apart { salvaged, adapted } = apart;
+        if !adapted.is_empty() {
+            self.write_adapted(access, sink, (epoch, batch), task, &mut read, adapted)
+                .await?;
+        }
         if !salvaged.is_empty() {
             let kept: Vec<RecordBatch> = salvaged.iter().map(|(_, s)| s.batch.clone()).collect();
             let rows: u64 = kept.iter().map(|b| b.num_rows() as u64).sum();
@@ -681,6 +725,86 @@ impl SqlOperator {
         sink.remove_stale_parts(epoch, batch, task.task, &read.outputs)
             .await?;
         Ok(read)
+    }
+
+    /// Run the query over the files read apart (`adapt`) and write its
+    /// parts, numbered after the scan's and the salvaged rows'. A file that
+    /// fails to read is found by reading each alone, and set aside or named
+    /// as the file policy says.
+    async fn write_adapted(
+        &self,
+        access: &ScanAccess,
+        sink: &ParquetSink,
+        (epoch, batch): (u64, u64),
+        task: &TaskPlan,
+        read: &mut TaskRead,
+        mut adapted: Vec<(InputFile, SchemaRef)>,
+    ) -> Result<()> {
+        let quarantine = self.pipeline.source.on_bad_file == BadFilePolicy::Quarantine;
+        let exec = self.exec_err(batch, task);
+        let run = |files: &[(InputFile, SchemaRef)], sql: &str| {
+            let tally = Arc::new(adapt::Tally::default());
+            let table = self.adapted_table(access, files, &tally);
+            let ctx = self.session();
+            let sql = sql.to_string();
+            async move {
+                ctx.register_table(self.pipeline.source.table.as_str(), Arc::new(table?))?;
+                let plan = ctx.sql(&sql).await?.create_physical_plan().await?;
+                Ok::<_, DataFusionError>((ctx, plan, tally))
+            }
+        };
+        while !adapted.is_empty() {
+            let (ctx, plan, tally) = run(&adapted, &self.pipeline.sql).await.map_err(exec)?;
+            let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
+            let first = 2 * self.partitions.max(1);
+            let e = match write_partitions(
+                sink,
+                epoch,
+                (batch, task.task, first),
+                plan.schema(),
+                streams,
+            )
+            .await
+            {
+                Ok(more) => {
+                    read.outputs.extend(more);
+                    read.rows_in += tally.rows.load(std::sync::atomic::Ordering::Relaxed);
+                    read.rescued += tally.rescued.load(std::sync::atomic::Ordering::Relaxed);
+                    read.bytes += adapted.iter().map(|(f, _)| f.size).sum::<u64>();
+                    return Ok(());
+                }
+                Err(e) if e.class() == ErrorClass::InvalidInput => e,
+                Err(e) => return Err(e),
+            };
+            // Which file: each read alone, whole.
+            let read_all = format!("SELECT * FROM \"{}\"", self.pipeline.source.table);
+            let mut culprit = None;
+            for one in &adapted {
+                let probe = async {
+                    let (ctx, plan, _) = run(std::slice::from_ref(one), &read_all).await?;
+                    datafusion::physical_plan::collect(plan, ctx.task_ctx()).await
+                };
+                if let Err(e) = probe.await {
+                    culprit = Some((one.0.clone(), e.to_string().trim().to_string()));
+                    break;
+                }
+            }
+            match culprit {
+                Some((f, reason)) if quarantine => {
+                    tracing::warn!(pipeline = %self.pipeline.name, batch, key = %f.key, %reason, "input file quarantined");
+                    read.quarantined.push(Quarantined {
+                        key: f.key.clone(),
+                        size: f.size,
+                        batch,
+                        reason,
+                    });
+                    adapted.retain(|(a, _)| a.key != f.key);
+                }
+                Some((f, reason)) => return Err(self.unreadable(batch, &f, reason)),
+                None => return Err(self.attribute(batch, task, None, e)),
+            }
+        }
+        Ok(())
     }
 
     /// Which input makes a task fail, found by reading each alone: first
@@ -788,6 +912,15 @@ struct TaskRead {
     rejected: Option<OutputFile>,
     /// Fields made null (`on_bad_row = "null"`).
     nulled: u64,
+    /// Fields put into `_rescued`.
+    rescued: u64,
+}
+
+/// Files of a task not read by its scan: read row by row (`salvage`), or
+/// read apart by their own columns (`adapt`).
+struct Apart {
+    salvaged: Vec<(InputFile, salvage::Salvaged)>,
+    adapted: Vec<(InputFile, SchemaRef)>,
 }
 
 /// Rows produced by the leaves (the scans) of an executed plan.

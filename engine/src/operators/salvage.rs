@@ -42,6 +42,8 @@ pub(super) struct Salvaged {
     pub bad: Vec<BadRow>,
     /// Fields made null (`null`).
     pub nulled: u64,
+    /// Per kept row: its raw text if fields of it were made null.
+    pub corrupt: Vec<Option<String>>,
 }
 
 fn trimmed(raw: &[u8]) -> String {
@@ -73,6 +75,8 @@ pub(super) fn csv(
 struct TextRows {
     cols: Vec<Vec<Option<String>>>,
     rows: Vec<(u64, String)>,
+    /// Per row: kept with fields made null for its shape or encoding.
+    flawed: Vec<bool>,
     bad: Vec<BadRow>,
     nulled: u64,
 }
@@ -120,6 +124,7 @@ fn csv_records(
     let mut out = TextRows {
         cols: vec![Vec::new(); ncols],
         rows: Vec::new(),
+        flawed: Vec::new(),
         bad: Vec::new(),
         nulled: 0,
     };
@@ -164,6 +169,7 @@ fn csv_records(
             out.cols[c].push(v);
         }
         out.rows.push((line, raw));
+        out.flawed.push(!reasons.is_empty());
     }
     Ok(out)
 }
@@ -180,6 +186,7 @@ fn typed(
     let TextRows {
         cols,
         rows,
+        flawed,
         mut bad,
         mut nulled,
     } = read;
@@ -212,6 +219,10 @@ fn typed(
         .iter()
         .map(|r| r.is_empty() || policy == BadRowPolicy::Null)
         .collect();
+    let corrupt: Vec<Option<String>> = (0..rows.len())
+        .filter(|r| keep[*r])
+        .map(|r| (flawed[r] || !row_reasons[r].is_empty()).then(|| rows[r].1.clone()))
+        .collect();
     for (r, reasons) in row_reasons.into_iter().enumerate() {
         if reasons.is_empty() {
             continue;
@@ -230,7 +241,12 @@ fn typed(
     }
     let batch = filter_record_batch(&all, &BooleanArray::from(keep)).map_err(|e| e.to_string())?;
     bad.sort_by_key(|b| b.line);
-    Ok(Salvaged { batch, bad, nulled })
+    Ok(Salvaged {
+        batch,
+        bad,
+        nulled,
+        corrupt,
+    })
 }
 
 /// Read JSON Lines `text` line by line against `schema`.
@@ -241,6 +257,7 @@ pub(super) fn jsonl(
     policy: BadRowPolicy,
 ) -> Result<Salvaged, String> {
     let mut good: Vec<RecordBatch> = Vec::new();
+    let mut corrupt = Vec::new();
     let mut bad = Vec::new();
     let mut nulled = 0u64;
     let decode = |line: &[u8]| -> Result<Option<RecordBatch>, String> {
@@ -261,6 +278,7 @@ pub(super) fn jsonl(
             Ok(_) => match decode(raw_line) {
                 Ok(Some(b)) if b.num_rows() == 1 => {
                     good.push(b);
+                    corrupt.push(None);
                     continue;
                 }
                 Ok(_) => "not one JSON object".to_string(),
@@ -272,6 +290,7 @@ pub(super) fn jsonl(
         {
             nulled += n;
             good.push(b);
+            corrupt.push(Some(raw));
             continue;
         }
         bad.push(BadRow {
@@ -283,7 +302,12 @@ pub(super) fn jsonl(
     }
     let batch =
         datafusion::arrow::compute::concat_batches(schema, &good).map_err(|e| e.to_string())?;
-    Ok(Salvaged { batch, bad, nulled })
+    Ok(Salvaged {
+        batch,
+        bad,
+        nulled,
+        corrupt,
+    })
 }
 
 /// Decodes one JSON line into a one-row batch.
@@ -364,6 +388,12 @@ mod tests {
         assert!(n.bad.is_empty());
         // x, the missing price, abc, the invalid name.
         assert_eq!(n.nulled, 4);
+        // Lines 3 to 7 were repaired (the extra field dropped counts too).
+        let corrupt: Vec<&str> = n.corrupt.iter().flatten().map(String::as_str).collect();
+        assert_eq!(corrupt.len(), 5);
+        assert_eq!(corrupt[0], "x,b,2.0");
+        assert_eq!(corrupt[2], "4,d,4.0,extra");
+        assert_eq!(n.corrupt.len(), n.batch.num_rows());
     }
 
     #[test]
@@ -376,5 +406,13 @@ mod tests {
         assert_eq!(n.batch.num_rows(), 3);
         assert_eq!(n.bad.iter().map(|b| b.line).collect::<Vec<_>>(), [3]);
         assert_eq!(n.nulled, 1);
+        assert_eq!(
+            n.corrupt,
+            [
+                None,
+                Some("{\"id\":\"x\",\"name\":\"b\"}".to_string()),
+                None
+            ]
+        );
     }
 }

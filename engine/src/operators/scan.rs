@@ -13,8 +13,14 @@ use datafusion::datasource::{TableProvider, TableType};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::scalar::ScalarValue;
 
-/// A table over a fixed list of files: one task's inputs.
+use crate::pipeline::derived_count;
+
+/// A table over a fixed list of files: one task's inputs. The last
+/// columns named in [`DERIVED`] (`_corrupt_record`, `_rescued`) are not
+/// read from the files: they are null in every row a scan gives (only rows
+/// read row by row or apart have values there).
 #[derive(Debug)]
 pub(crate) struct BatchTable {
     pub(crate) schema: SchemaRef,
@@ -45,12 +51,30 @@ impl TableProvider for BatchTable {
         // planned order.
         let n = self.partitions.clamp(1, self.files.len().max(1));
         let mut groups: Vec<Vec<PartitionedFile>> = vec![Vec::new(); n];
+        // Derived columns are constants of each file (partition columns),
+        // null.
+        let fields = self.schema.fields();
+        let read = fields.len() - derived_count(&self.schema);
+        let derived = fields[read..].to_vec();
+        let table = if derived.is_empty() {
+            TableSchema::from(self.schema.clone())
+        } else {
+            TableSchema::builder(Arc::new(datafusion::arrow::datatypes::Schema::new(
+                fields[..read].to_vec(),
+            )))
+            .with_table_partition_cols(derived.clone())
+            .build()
+        };
+        let nulls = derived
+            .iter()
+            .map(|d| ScalarValue::try_from(d.data_type()))
+            .collect::<datafusion::error::Result<Vec<_>>>()?;
         for (i, f) in self.files.iter().enumerate() {
-            groups[i % n].push(f.clone());
+            let mut f = f.clone();
+            f.partition_values = nulls.clone();
+            groups[i % n].push(f);
         }
-        let source = self
-            .format
-            .file_source(TableSchema::from(self.schema.clone()));
+        let source = self.format.file_source(table);
         let config = FileScanConfigBuilder::new(self.url.clone(), source)
             .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
             .with_projection_indices(projection.cloned())?

@@ -66,7 +66,7 @@ impl DiscoveryMode {
 }
 
 /// A column of a declared source schema.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ColumnSpec {
     /// Column name.
@@ -129,6 +129,54 @@ impl BadRowPolicy {
     }
 }
 
+/// What a run does with an input file whose columns differ from the
+/// schema in force (new, missing or renamed columns, a type that does not
+/// cast without loss, CSV columns in another order).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchemaChangePolicy {
+    /// The batch fails naming the file, the columns and both types.
+    #[default]
+    Fail,
+    /// New columns join the schema (nullable) from the batch that first
+    /// holds them on, as a new schema version; missing columns read as
+    /// null. A changed type still fails.
+    AddColumns,
+    /// The schema stays; what does not fit it (new columns, values a
+    /// changed type cannot hold) goes into the `_rescued` column as JSON.
+    Rescue,
+}
+
+impl SchemaChangePolicy {
+    fn is_fail(&self) -> bool {
+        *self == SchemaChangePolicy::Fail
+    }
+}
+
+/// The column that holds, under `on_schema_change = "rescue"`, each row's
+/// fields that do not fit the schema, as a JSON object (with the file's key
+/// under `_file`); null where nothing was rescued.
+pub const RESCUED: &str = "_rescued";
+
+/// The column that holds, under `on_bad_row = "null"` with
+/// `corrupt_record = true`, the raw text of each row that had fields made
+/// null (Spark's `_corrupt_record`); null for rows read whole.
+pub const CORRUPT_RECORD: &str = "_corrupt_record";
+
+/// Columns Sluice fills rather than reads from a file, last in the schema
+/// in this order when the pipeline asks for them.
+pub const DERIVED: [&str; 2] = [CORRUPT_RECORD, RESCUED];
+
+/// How many of `schema`'s last columns are [`DERIVED`].
+pub(crate) fn derived_count(schema: &datafusion::arrow::datatypes::Schema) -> usize {
+    schema
+        .fields()
+        .iter()
+        .rev()
+        .take_while(|f| DERIVED.contains(&f.name().as_str()))
+        .count()
+}
+
 /// The source of a pipeline, resolved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Source {
@@ -163,6 +211,13 @@ pub struct Source {
     /// What to do with a malformed row (CSV, JSON Lines).
     #[serde(default, skip_serializing_if = "BadRowPolicy::is_fail")]
     pub on_bad_row: BadRowPolicy,
+    /// What to do with a file whose columns differ from the schema.
+    #[serde(default, skip_serializing_if = "SchemaChangePolicy::is_fail")]
+    pub on_schema_change: SchemaChangePolicy,
+    /// Under `on_bad_row = "null"`: keep each repaired row's raw text in
+    /// [`CORRUPT_RECORD`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub corrupt_record: bool,
 }
 
 impl Source {

@@ -6,8 +6,8 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::{
-    BadFilePolicy, BadRowPolicy, ColumnSpec, Compression, DiscoveryMode, Limits, Pipeline, Source,
-    SourceFormat,
+    BadFilePolicy, BadRowPolicy, ColumnSpec, Compression, DiscoveryMode, Limits, Pipeline,
+    SchemaChangePolicy, Source, SourceFormat,
 };
 use crate::error::{Error, Result};
 use crate::storage::Location;
@@ -36,6 +36,8 @@ struct SourceFile {
     delimiter: Option<String>,
     on_bad_file: Option<BadFilePolicy>,
     on_bad_row: Option<BadRowPolicy>,
+    on_schema_change: Option<SchemaChangePolicy>,
+    corrupt_record: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -257,6 +259,13 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
                 .to_string(),
         );
     }
+    if src.corrupt_record == Some(true) && src.on_bad_row != Some(BadRowPolicy::Null) {
+        return Err(
+            "source.corrupt_record keeps the raw text of rows repaired under \
+             on_bad_row = \"null\": set that policy too, or remove corrupt_record"
+                .to_string(),
+        );
+    }
     if let Some(n) = src.reconcile_every {
         check_count("source.reconcile_every", n, MAX_WINDOW)?;
     }
@@ -270,6 +279,17 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
             );
         }
         super::schema::schema_of(cols).map_err(|e| format!("source.schema{e}"))?;
+        if let Some(c) = cols
+            .iter()
+            .find(|c| super::DERIVED.contains(&c.name.as_str()))
+        {
+            return Err(format!(
+                "source.schema declares {}, a column Sluice fills (on_schema_change = \
+                 \"rescue\" adds _rescued, corrupt_record = true adds _corrupt_record): leave \
+                 it out",
+                c.name
+            ));
+        }
     }
     Ok(Source {
         location,
@@ -286,6 +306,8 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
         delimiter,
         on_bad_file: src.on_bad_file.unwrap_or_default(),
         on_bad_row: src.on_bad_row.unwrap_or_default(),
+        on_schema_change: src.on_schema_change.unwrap_or_default(),
+        corrupt_record: src.corrupt_record.unwrap_or(false),
     })
 }
 

@@ -104,6 +104,9 @@ pub(crate) struct Drift {
     /// Columns whose type in the file does not cast to the pinned type
     /// without loss: (name, pinned, in the file).
     pub retyped: Vec<(String, DataType, DataType)>,
+    /// CSV: the file's pinned columns, in the file's order, when that is
+    /// not the pinned order (a CSV file is read by position).
+    pub reordered: Option<Vec<String>>,
 }
 
 impl fmt::Display for Drift {
@@ -123,6 +126,12 @@ impl fmt::Display for Drift {
         for name in &self.added {
             parts.push(format!("column {name} is new"));
         }
+        if let Some(order) = &self.reordered {
+            parts.push(format!(
+                "the columns are in another order ({}) than pinned",
+                order.join(", ")
+            ));
+        }
         f.write_str(&parts.join("; "))
     }
 }
@@ -136,6 +145,8 @@ pub(crate) struct DriftCheck {
     /// A pinned column the file lacks reads as null by design (JSON omits
     /// keys whose value is null).
     pub absent_is_null: bool,
+    /// The order of the columns matters (CSV is read by position).
+    pub order: bool,
 }
 
 /// How `file` differs from `pinned`, if it does in a way that matters.
@@ -166,6 +177,23 @@ pub(crate) fn drift(pinned: &Schema, file: &Schema, check: DriftCheck) -> Option
     for f in file.fields() {
         if pinned.field_with_name(f.name()).is_err() {
             d.added.push(f.name().clone());
+        }
+    }
+    if check.order {
+        let in_file: Vec<String> = file
+            .fields()
+            .iter()
+            .filter(|f| pinned.field_with_name(f.name()).is_ok())
+            .map(|f| f.name().clone())
+            .collect();
+        let in_pin: Vec<String> = pinned
+            .fields()
+            .iter()
+            .filter(|p| file.field_with_name(p.name()).is_ok())
+            .map(|p| p.name().clone())
+            .collect();
+        if in_file != in_pin {
+            d.reordered = Some(in_file);
         }
     }
     (d != Drift::default()).then_some(d)
@@ -265,6 +293,7 @@ mod tests {
         let all = DriftCheck {
             types: true,
             absent_is_null: false,
+            order: false,
         };
         // Wider or equal types, and an all-null column, read as pinned.
         let fine = schema(&[
@@ -309,11 +338,13 @@ mod tests {
         let names = DriftCheck {
             types: false,
             absent_is_null: false,
+            order: false,
         };
         assert_eq!(drift(&pinned, &bad, names).unwrap().retyped, []);
         let json = DriftCheck {
             types: true,
             absent_is_null: true,
+            order: false,
         };
         assert_eq!(drift(&pinned, &bad, json).unwrap().missing, []);
         assert!(!casts_losslessly(&Int64, &Int32));

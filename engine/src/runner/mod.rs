@@ -56,6 +56,15 @@ pub struct BatchReport {
     /// Fields made null (`on_bad_row = "null"`).
     #[serde(default)]
     pub nulled_fields: u64,
+    /// Fields put into `_rescued` (`on_schema_change = "rescue"`).
+    #[serde(default)]
+    pub rescued_fields: u64,
+    /// Columns the batch added (`on_schema_change = "add-columns"`).
+    #[serde(default)]
+    pub added_columns: Vec<String>,
+    /// The schema version the batch read with.
+    #[serde(default)]
+    pub schema_version: Option<u32>,
     /// Wall time of plan + tasks + commit, ms.
     pub millis: u64,
     /// Planned by an earlier run that did not finish it.
@@ -224,6 +233,9 @@ impl LocalInvoker<'_> {
                 quarantined: c.quarantined,
                 rows_quarantined: c.rows_quarantined,
                 nulled_fields: c.nulled_fields,
+                rescued_fields: c.rescued_fields,
+                added_columns: c.added_columns.clone(),
+                schema_version: c.schema_version,
                 millis: o.batch_started.elapsed().as_millis() as u64,
                 resumed: o.resumed,
             };
