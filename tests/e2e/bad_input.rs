@@ -313,3 +313,111 @@ async fn a_query_failing_on_values_is_blamed_on_the_query_not_the_file() {
     );
     assert!(!err.contains("replace the file"), "{err}");
 }
+
+/// A file deleted between planning and reading has nothing left to
+/// process: its batch commits the other files, the commit record names it
+/// under `gone` (not among the batch's inputs, so a file uploaded again
+/// under that key is read then), and nothing fails. Before: the task's
+/// check of the local file failed the batch ("head ...: not found"), and
+/// every run planned and failed it again until the plan was deleted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_deleted_after_planning_is_left_out_of_its_batch() {
+    use sluice_engine::handlers::{self, PlanOutcome};
+    for (discovery, format) in [
+        ("", "parquet"),
+        ("discovery = \"ordered\"", "parquet"),
+        ("", "csv"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let input = root.join("input");
+        let files = sluice_cli::generator::write_taxi_files(
+            &input,
+            3,
+            50,
+            if format == "csv" {
+                SourceFormat::Csv
+            } else {
+                SourceFormat::Parquet
+            },
+            None,
+        )
+        .unwrap();
+        let p = pipeline(root, &pipeline_toml("gone", format, discovery, ""));
+        let ctx = local_context(&p);
+        let PlanOutcome::Batch { run: r, batch } = handlers::plan(&ctx, None).await.unwrap() else {
+            panic!("a batch was planned");
+        };
+        assert_eq!(batch.files, 3);
+        std::fs::remove_file(&files[1]).unwrap();
+        for task in &batch.tasks {
+            handlers::operate(&ctx, &r, batch.batch, *task)
+                .await
+                .unwrap_or_else(|e| panic!("{discovery} {format}: {e}"));
+        }
+        let record = handlers::commit(&ctx, &r, batch.batch).await.unwrap();
+        let key = files[1].strip_prefix(&input).unwrap().to_str().unwrap();
+        assert_eq!(record.gone, [key], "{discovery} {format}");
+        assert_eq!(record.files, 2);
+        assert!(!record.input_keys.iter().any(|k| k == key));
+        handlers::release(&ctx, &r, sluice_engine::checkpoint::RunStatus::Idle)
+            .await
+            .unwrap();
+        let left = [files[0].clone(), files[2].clone()];
+        let expected = if format == "csv" {
+            one_shot_csv_rows(&input).await
+        } else {
+            duckdb_rows(&left, SQL).await
+        };
+        assert_eq!(
+            committed_rows(&root.join("out/sink"), "gone").await,
+            expected,
+            "{discovery} {format}"
+        );
+    }
+}
+
+/// Plan a batch with `ctx`, delete `doomed` from the source, run the tasks
+/// and commit: the first error stops it (the file is deleted either way).
+async fn batch_losing_a_file(
+    ctx: &sluice_engine::handlers::Context,
+    doomed: &std::path::Path,
+) -> sluice_engine::Result<sluice_engine::checkpoint::Commit> {
+    use sluice_engine::handlers::{self, PlanOutcome};
+    let planned = handlers::plan(ctx, None).await;
+    std::fs::remove_file(doomed).unwrap();
+    let PlanOutcome::Batch { run: r, batch } = planned? else {
+        panic!("a batch was planned");
+    };
+    for task in &batch.tasks {
+        handlers::operate(ctx, &r, batch.batch, *task).await?;
+    }
+    handlers::commit(ctx, &r, batch.batch).await
+}
+
+/// A batch leaving out a deleted file, crashed at each of its writes, then
+/// run again: the other files are committed once and nothing uncommitted
+/// is left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_losing_a_file_crashed_at_each_write_recovers() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicU64;
+    let toml = pipeline_toml("gonec", "parquet", "", "");
+    let mut k = 1;
+    loop {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let files = gen_files(&root.join("input"), 3, 40);
+        let ctx = fault_context(root, &toml, Arc::new(AtomicU64::new(0)), k);
+        if batch_losing_a_file(&ctx, &files[1]).await.is_ok() {
+            assert!(k > 5, "only {k} writes");
+            break;
+        }
+        let again = run(&local_context(&pipeline(root, &toml)))
+            .await
+            .unwrap_or_else(|e| panic!("rerun after failing write {k}: {e}"));
+        let expected = duckdb_rows(&[files[0].clone(), files[2].clone()], SQL).await;
+        assert_recovered(root, "gonec", &again.end, &expected, k).await;
+        k += 1;
+    }
+}

@@ -210,3 +210,73 @@ uri = "s3://{bucket}/ck/"
         duckdb_rows(&files, SQL).await
     );
 }
+
+/// A file deleted from S3 between planning and reading (its pinned read
+/// finds no object): the batch commits the other files and names it under
+/// `gone`; no failure, nothing read twice. Before: "not found; fix or
+/// replace the file", and every run planned and failed it again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_deleted_from_s3_after_planning_is_left_out() {
+    use sluice_engine::handlers::{self, PlanOutcome};
+    let cfg = S3Config::from_env().await;
+    let bucket = fresh_bucket(&cfg, "gone").await;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input");
+    let files = gen_files(&input, 3, 100);
+    let source = S3Store::new(&cfg, &bucket, "in");
+    let key = |f: &std::path::Path| {
+        f.strip_prefix(&input)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    for f in &files {
+        let bytes = Bytes::from(std::fs::read(f).unwrap());
+        source
+            .put(&key(f), bytes, PutMode::Overwrite)
+            .await
+            .unwrap();
+    }
+    let toml = format!(
+        r#"name = "gone"
+[source]
+uri = "s3://{bucket}/in/"
+format = "parquet"
+table = "trips"
+[query]
+sql = '''{SQL}'''
+[sink]
+uri = "s3://{bucket}/out/"
+[checkpoint]
+uri = "s3://{bucket}/ck/"
+"#
+    );
+    let p = Pipeline::parse(&toml, "gone.toml", dir.path()).unwrap();
+    let mut ctx = Context::open(p, Some(&cfg)).unwrap();
+    test_mode(&mut ctx);
+    let PlanOutcome::Batch { run: r, batch } = handlers::plan(&ctx, None).await.unwrap() else {
+        panic!("a batch was planned");
+    };
+    source.delete(&key(&files[1])).await.unwrap();
+    for task in &batch.tasks {
+        handlers::operate(&ctx, &r, batch.batch, *task)
+            .await
+            .unwrap();
+    }
+    let record = handlers::commit(&ctx, &r, batch.batch).await.unwrap();
+    assert_eq!(record.gone, [key(&files[1])]);
+    assert_eq!(record.files, 2);
+    let out = tempfile::tempdir().unwrap();
+    let sink = S3Store::new(&cfg, &bucket, "out");
+    for m in sink.list("", None).await.unwrap() {
+        let obj = sink.get(&m.key).await.unwrap().unwrap();
+        let path = out.path().join(&m.key);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, obj.bytes).unwrap();
+    }
+    assert_eq!(
+        committed_rows(out.path(), "gone").await,
+        duckdb_rows(&[files[0].clone(), files[2].clone()], SQL).await
+    );
+}

@@ -358,6 +358,11 @@ pub struct Commit {
     /// with that size.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deferred: Vec<InputFile>,
+    /// Planned inputs deleted from the source before a task read them:
+    /// nothing left to process; not among `input_keys`, so a file uploaded
+    /// again under such a key is read by a later batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gone: Vec<String>,
     /// `manifests` mode: the plan's [`Offsets::source`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<SourceCursor>,

@@ -31,10 +31,13 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         .flat_map(|r| r.deferred.iter().cloned())
         .collect();
     deferred.sort_by(|a, b| a.key.cmp(&b.key));
+    // Inputs deleted before a task read them: nothing to process.
+    let mut gone: Vec<String> = results.iter().flat_map(|r| r.gone.clone()).collect();
+    gone.sort();
     let taken: Vec<&crate::checkpoint::InputFile> = off
         .inputs
         .iter()
-        .filter(|i| !deferred.iter().any(|d| d.key == i.key))
+        .filter(|i| !deferred.iter().any(|d| d.key == i.key) && !gone.contains(&i.key))
         .collect();
     // Inputs set aside as unreadable are taken (processed: not listed as
     // new again) but not read.
@@ -74,6 +77,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         trigger: run.trigger.clone(),
         consumed: off.consumed.clone(),
         deferred,
+        gone,
         source: off.source.clone(),
         quarantined,
         rejected: results.iter().filter_map(|r| r.rejected.clone()).collect(),

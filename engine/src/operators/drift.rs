@@ -25,6 +25,8 @@ use crate::storage::fanout::concurrently;
 pub(super) struct Checked<'a> {
     /// Files whose schema cannot be read at all, with the reader's error.
     pub unreadable: Vec<(&'a InputFile, String)>,
+    /// Files deleted since they were planned.
+    pub gone: Vec<&'a InputFile>,
     /// Files whose columns differ in a way the schema policy takes: read
     /// apart, by their own column names, and adapted (`adapt`), each with
     /// its own schema.
@@ -112,6 +114,10 @@ impl SqlOperator {
         let mut checked = Checked::default();
         for (i, (_, schema)) in found.into_iter().enumerate() {
             let schema = match schema {
+                Err(e) if super::is_not_found(&e) => {
+                    checked.gone.push(files[i]);
+                    continue;
+                }
                 Err(e) => {
                     checked
                         .unreadable

@@ -66,6 +66,9 @@ pub struct TaskResult {
     /// not part of the batch, left for the next run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deferred: Vec<InputFile>,
+    /// Inputs deleted from the source since they were planned (keys).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gone: Vec<String>,
     /// Inputs that could not be read, set aside (`on_bad_file =
     /// "quarantine"`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -277,14 +280,25 @@ impl SqlOperator {
         batch: u64,
         task: &TaskPlan,
         planned: &[&InputFile],
-    ) -> Result<Vec<InputFile>> {
+    ) -> Result<(Vec<InputFile>, Vec<String>)> {
         let mut changed = Vec::new();
+        let mut gone = Vec::new();
         for f in planned {
-            let meta = object_store::ObjectStoreExt::head(&access.store, &access.path(&f.key))
+            let meta = match object_store::ObjectStoreExt::head(&access.store, &access.path(&f.key))
                 .await
-                .map_err(|e| {
-                    Error::Store(crate::storage::object_store_error("head", &f.key, &e))
-                })?;
+            {
+                Ok(meta) => meta,
+                Err(object_store::Error::NotFound { .. }) => {
+                    self.warn_gone(batch, &f.key);
+                    gone.push(f.key.clone());
+                    continue;
+                }
+                Err(e) => {
+                    return Err(Error::Store(crate::storage::object_store_error(
+                        "head", &f.key, &e,
+                    )));
+                }
+            };
             let moved = f
                 .modified_ms
                 .is_some_and(|m| m != meta.last_modified.timestamp_millis());
@@ -313,7 +327,11 @@ impl SqlOperator {
                 ),
             });
         }
-        Ok(changed)
+        Ok((changed, gone))
+    }
+
+    fn warn_gone(&self, batch: u64, key: &str) {
+        tracing::warn!(pipeline = %self.pipeline.name, batch, %key, "input deleted since the batch was planned; nothing to read, left out of the batch");
     }
 
     /// Notify mode over a local folder: the inputs whose size now is not
@@ -389,7 +407,8 @@ impl SqlOperator {
         };
         let access = source.scan_access()?;
         let planned = self.planned_inputs(batch, inputs, task)?;
-        let (files, deferred, heads) = self.readable_now(&access, batch, task, &planned).await?;
+        let (files, deferred, mut gone, heads) =
+            self.readable_now(&access, batch, task, &planned).await?;
         // On S3, every read of a file is pinned to the version planned (its
         // ETag): one replaced since fails its read rather than being read
         // as input the plan did not name. (Local files: checked above.)
@@ -401,8 +420,10 @@ impl SqlOperator {
         let read = op
             .read_and_write(&access, sink, epoch, batch, task, files)
             .await?;
+        gone.extend(read.gone);
         Ok(TaskResult {
             deferred,
+            gone,
             task: task.task,
             rows_in: read.rows_in,
             rows_out: read.outputs.iter().map(|o| o.rows).sum(),
@@ -431,7 +452,7 @@ impl SqlOperator {
         batch: u64,
         task: &TaskPlan,
         planned: &[&InputFile],
-    ) -> Result<(Vec<InputFile>, Vec<InputFile>, u64)> {
+    ) -> Result<(Vec<InputFile>, Vec<InputFile>, Vec<String>, u64)> {
         let local = access.url.as_str() == "file:///";
         let keep = |files: Vec<InputFile>, deferred: &[InputFile]| -> Vec<InputFile> {
             files
@@ -448,17 +469,26 @@ impl SqlOperator {
                 } else {
                     Vec::new()
                 };
-                Ok((keep(current, &deferred), deferred, planned.len() as u64))
+                Ok((
+                    keep(current, &deferred),
+                    deferred,
+                    Vec::new(),
+                    planned.len() as u64,
+                ))
             }
             // A source sink's published parts never change: no check.
-            DiscoveryMode::Manifests => Ok((owned(), Vec::new(), 0)),
+            DiscoveryMode::Manifests => Ok((owned(), Vec::new(), Vec::new(), 0)),
             _ if local => {
-                let deferred = self
+                let (deferred, gone) = self
                     .changed_since_listed(access, batch, task, planned)
                     .await?;
-                Ok((keep(owned(), &deferred), deferred, 0))
+                let files = keep(owned(), &deferred)
+                    .into_iter()
+                    .filter(|f| !gone.contains(&f.key))
+                    .collect();
+                Ok((files, deferred, gone, 0))
             }
-            _ => Ok((owned(), Vec::new(), 0)),
+            _ => Ok((owned(), Vec::new(), Vec::new(), 0)),
         }
     }
 
@@ -481,6 +511,7 @@ impl SqlOperator {
         let mut quarantined: Vec<Quarantined> = Vec::new();
         let mut salvaged: Vec<(InputFile, salvage::Salvaged)> = Vec::new();
         let mut adapted: Vec<(InputFile, SchemaRef)> = Vec::new();
+        let mut gone: Vec<String> = Vec::new();
         let mut drift_checked = false;
         let exec = self.exec_err(batch, task);
         loop {
@@ -497,6 +528,7 @@ impl SqlOperator {
                 // Every input was deferred, set aside or read row by row.
                 let read = TaskRead {
                     quarantined,
+                    gone,
                     ..TaskRead::default()
                 };
                 let apart = Apart { salvaged, adapted };
@@ -511,6 +543,11 @@ impl SqlOperator {
                 let refs: Vec<&InputFile> = files.iter().collect();
                 let checked = self.check_drift(&session, access, batch, &refs).await?;
                 let mut keys: Vec<String> = Vec::new();
+                for f in &checked.gone {
+                    self.warn_gone(batch, &f.key);
+                    keys.push(f.key.clone());
+                    gone.push(f.key.clone());
+                }
                 for (f, reason) in &checked.unreadable {
                     keys.push(f.key.clone());
                     match self.salvage(access, f).await? {
@@ -545,7 +582,10 @@ impl SqlOperator {
                             return Err(self.attribute(batch, task, culprit, e));
                         };
                         let f = files.iter().find(|f| f.key == c.key).expect("a task input");
-                        if let Some(s) = self.salvage(access, f).await? {
+                        if c.gone {
+                            self.warn_gone(batch, &f.key);
+                            gone.push(f.key.clone());
+                        } else if let Some(s) = self.salvage(access, f).await? {
                             salvaged.push((f.clone(), s));
                         } else if quarantine {
                             set_aside(f, c.reason.clone());
@@ -563,6 +603,7 @@ impl SqlOperator {
                 bytes: files.iter().map(|f| f.size).sum(),
                 outputs,
                 quarantined,
+                gone,
                 ..TaskRead::default()
             };
             let apart = Apart { salvaged, adapted };
@@ -824,6 +865,7 @@ impl SqlOperator {
                 };
                 let unreadable = sql == read_all;
                 let replaced = e.to_string().to_lowercase().contains("precondition");
+                let gone = is_not_found(&e);
                 let message = match &e {
                     _ if replaced => "replaced since the batch was planned (it no longer has the \
                                       planned ETag), so it is not read: the batch's plan is \
@@ -854,6 +896,7 @@ impl SqlOperator {
                     message,
                     reason: e.to_string().trim().to_string(),
                     unreadable,
+                    gone,
                 });
             }
         }
@@ -899,6 +942,16 @@ struct Culprit {
     reason: String,
     /// The file cannot be read (rather than the query failing on its values).
     unreadable: bool,
+    /// The file was deleted since it was planned.
+    gone: bool,
+}
+
+/// Whether a read failed because the object is not there.
+fn is_not_found(e: &DataFusionError) -> bool {
+    match e.find_root() {
+        DataFusionError::ObjectStore(os) => matches!(**os, object_store::Error::NotFound { .. }),
+        _ => false,
+    }
 }
 
 /// What a task read and wrote.
@@ -914,6 +967,8 @@ struct TaskRead {
     nulled: u64,
     /// Fields put into `_rescued`.
     rescued: u64,
+    /// Inputs deleted since they were planned.
+    gone: Vec<String>,
 }
 
 /// Files of a task not read by its scan: read row by row (`salvage`), or
