@@ -6,6 +6,7 @@
 //! planned sizes, so DataFusion never lists the source.
 
 mod adapt;
+mod aggregate;
 mod classify;
 mod drift;
 mod salvage;
