@@ -106,6 +106,12 @@ impl Staged {
         Ok(Some(Staged { plan, top, first }))
     }
 
+    /// The states' group-key columns (the first ones), by index: what
+    /// states are hash-partitioned by.
+    pub(crate) fn key_columns(&self) -> Vec<usize> {
+        (0..self.first.group_expr().expr().len()).collect()
+    }
+
     /// The schema of the states (group columns, then each aggregate's state
     /// fields).
     pub(crate) fn state_schema(&self) -> Result<SchemaRef> {
@@ -193,6 +199,85 @@ fn collect_aggregates(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<Arc<dyn Execu
     }
     for c in plan.children() {
         collect_aggregates(c, out);
+    }
+}
+
+/// Schema metadata of a state file: the aggregate it holds states of.
+const STATE_AGGREGATE: &str = "sluice.state.aggregate";
+/// Schema metadata of a state file: the DataFusion that wrote it.
+const STATE_DATAFUSION: &str = "sluice.state.datafusion";
+
+impl Staged {
+    /// The aggregate as text: its group keys and aggregate functions with
+    /// their arguments. A state written for another one cannot be merged.
+    pub(crate) fn signature(&self) -> String {
+        let f = &self.first;
+        let keys: Vec<String> = f
+            .group_expr()
+            .expr()
+            .iter()
+            .map(|(e, name)| format!("{name}={e}"))
+            .collect();
+        let aggs: Vec<String> = f.aggr_expr().iter().map(|a| a.name().to_string()).collect();
+        format!("GROUP BY {} AGGREGATE {}", keys.join(", "), aggs.join(", "))
+    }
+
+    /// `states` as a state file: Arrow IPC whose schema records the
+    /// aggregate and the DataFusion version.
+    pub(crate) fn write_state(&self, states: &[RecordBatch]) -> Result<Vec<u8>> {
+        let schema = self.state_schema()?;
+        let mut meta = schema.metadata().clone();
+        meta.insert(STATE_AGGREGATE.into(), self.signature());
+        meta.insert(
+            STATE_DATAFUSION.into(),
+            datafusion::DATAFUSION_VERSION.into(),
+        );
+        let schema = Arc::new(schema.as_ref().clone().with_metadata(meta));
+        let batches = states
+            .iter()
+            .map(|b| RecordBatch::try_new(schema.clone(), b.columns().to_vec()))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        to_ipc(&schema, &batches)
+    }
+
+    /// The states of a state file (`key` names it in errors). A file
+    /// written for another aggregate, or whose state columns are not this
+    /// query's (another DataFusion's accumulators), is refused: merging it
+    /// would give wrong answers.
+    pub(crate) fn read_state(
+        &self,
+        key: &str,
+        bytes: &[u8],
+    ) -> std::result::Result<Vec<RecordBatch>, String> {
+        let r = StreamReader::try_new(std::io::Cursor::new(bytes), None)
+            .map_err(|e| format!("state {key} is not Arrow IPC: {e}"))?;
+        let found = r.schema();
+        let meta = found.metadata();
+        let written = meta.get(STATE_AGGREGATE).cloned().unwrap_or_default();
+        let by = meta.get(STATE_DATAFUSION).cloned().unwrap_or_default();
+        let want = self.state_schema().map_err(|e| e.to_string())?;
+        let fields_match = found.fields().len() == want.fields().len()
+            && found
+                .fields()
+                .iter()
+                .zip(want.fields())
+                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+        if written != self.signature() || !fields_match {
+            return Err(format!(
+                "state {key} was written for another aggregate or by another DataFusion \
+                 ({written}, DataFusion {by}; this query: {}, DataFusion {}): merging it would \
+                 give wrong answers. Restore the query, or run `sluice reset` on the pipeline \
+                 file to start the state over",
+                self.signature(),
+                datafusion::DATAFUSION_VERSION
+            ));
+        }
+        let want = Arc::new(want.as_ref().clone());
+        r.map(|b| {
+            b.and_then(|b| RecordBatch::try_new(want.clone(), b.columns().to_vec()))
+                .map_err(|e| format!("state {key}: {e}"))
+        })
+        .collect()
     }
 }
 
@@ -299,12 +384,21 @@ mod tests {
         render(&collect(plan, ctx.task_ctx()).await.unwrap())
     }
 
-    /// The same rows arriving in `chunks`: a partial per chunk, kept as IPC,
-    /// folded into a running state every `fold` partials (PartialReduce),
-    /// finished once at the end.
-    async fn staged(rows: &[Row], chunks: &[usize], fold: usize, partitions: usize) -> Vec<String> {
-        let mut state: Vec<RecordBatch> = Vec::new();
-        let mut pending: Vec<RecordBatch> = Vec::new();
+    /// The same rows arriving in `chunks`: a partial per chunk, split by
+    /// group key into `parts` partitions and kept as IPC, folded into each
+    /// partition's running state every `fold` partials (PartialReduce),
+    /// each partition finished once at the end.
+    async fn staged(
+        rows: &[Row],
+        chunks: &[usize],
+        fold: usize,
+        partitions: usize,
+        parts: u32,
+    ) -> Vec<String> {
+        let n = parts as usize;
+        let mut state: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
+        let mut pending: Vec<Vec<RecordBatch>> = vec![Vec::new(); n];
+        let mut folded = 0;
         let mut at = 0;
         let mut last = None;
         for size in chunks {
@@ -312,35 +406,57 @@ mod tests {
             let (ctx, plan) = planned(&rows[at..end], partitions).await;
             at = end;
             let staged = Staged::of(plan).unwrap().expect("an aggregate");
-            let partial = collect(staged.partial().unwrap(), ctx.task_ctx())
-                .await
-                .unwrap();
             let schema = staged.state_schema().unwrap();
-            pending.extend(from_ipc(&to_ipc(&schema, &partial).unwrap()).unwrap());
-            if pending.len() >= fold {
-                let mut all = std::mem::take(&mut state);
-                all.append(&mut pending);
-                let reduced = collect(staged.reduce(all).unwrap(), ctx.task_ctx())
-                    .await
-                    .unwrap();
-                state = from_ipc(&to_ipc(&schema, &reduced).unwrap()).unwrap();
+            let keys = staged.key_columns();
+            for b in collect(staged.partial().unwrap(), ctx.task_ctx())
+                .await
+                .unwrap()
+            {
+                for (p, piece) in crate::operators::partition::split(&b, &keys, parts)
+                    .unwrap()
+                    .into_iter()
+                    .enumerate()
+                {
+                    pending[p].extend(from_ipc(&to_ipc(&schema, &[piece]).unwrap()).unwrap());
+                }
+            }
+            folded += 1;
+            if folded >= fold {
+                folded = 0;
+                for p in 0..n {
+                    let mut all = std::mem::take(&mut state[p]);
+                    all.append(&mut pending[p]);
+                    let reduced = collect(staged.reduce(all).unwrap(), ctx.task_ctx())
+                        .await
+                        .unwrap();
+                    state[p] = from_ipc(&to_ipc(&schema, &reduced).unwrap()).unwrap();
+                }
             }
             last = Some((ctx, staged));
         }
         let (ctx, staged) = last.expect("at least one chunk");
-        state.append(&mut pending);
-        render(
-            &collect(staged.finish(state).unwrap(), ctx.task_ctx())
+        let mut out = Vec::new();
+        for p in 0..n {
+            let mut all = std::mem::take(&mut state[p]);
+            all.append(&mut pending[p]);
+            if all.iter().all(|b| b.num_rows() == 0) {
+                continue;
+            }
+            let done = collect(staged.finish(all).unwrap(), ctx.task_ctx())
                 .await
-                .unwrap(),
-        )
+                .unwrap();
+            out.extend(render(&done));
+        }
+        out.sort();
+        out
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
-        /// However rows are split into batches and partials are folded,
-        /// and however many partitions DataFusion plans with, the staged
-        /// result equals the one-shot GROUP BY.
+        /// However rows are split into batches, states into hash
+        /// partitions (1 to 8) and partials folded, and however many
+        /// partitions DataFusion plans with, the staged result equals the
+        /// one-shot GROUP BY.
         #[test]
         fn staged_aggregation_equals_the_one_shot_query(
             rows in proptest::collection::vec(
@@ -350,6 +466,7 @@ mod tests {
             chunks in proptest::collection::vec(1usize..40, 1..8),
             fold in 1usize..4,
             partitions in 1usize..4,
+            parts in 1u32..9,
         ) {
             let rt = tokio::runtime::Runtime::new().unwrap();
             let mut chunks = chunks;
@@ -358,7 +475,7 @@ mod tests {
                 chunks.push(rows.len() - covered);
             }
             let want = rt.block_on(one_shot(&rows));
-            let got = rt.block_on(staged(&rows, &chunks, fold, partitions));
+            let got = rt.block_on(staged(&rows, &chunks, fold, partitions, parts));
             prop_assert_eq!(got, want);
         }
     }
@@ -433,6 +550,34 @@ mod tests {
                     .unwrap(),
             );
             assert_eq!(got, ["10"]);
+        });
+    }
+
+    /// A state file holds its aggregate: read back by the same query it
+    /// gives the states; read by another (a changed aggregate) it is
+    /// refused, naming both.
+    #[test]
+    fn a_state_file_is_refused_by_another_aggregate() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let rows: Vec<Row> = (0..6).map(|i| (Some(i as u8 % 2), Some(1), i)).collect();
+            let (ctx, plan) = planned(&rows, 1).await;
+            let staged = Staged::of(plan).unwrap().unwrap();
+            let states = collect(staged.partial().unwrap(), ctx.task_ctx())
+                .await
+                .unwrap();
+            let bytes = staged.write_state(&states).unwrap();
+            let back = staged.read_state("state/p=0/v=3.arrow", &bytes).unwrap();
+            assert_eq!(render(&back), render(&states));
+            let (_, other) = planned_sql(&rows, 1, "SELECT k, sum(x) AS s FROM t GROUP BY k").await;
+            let other = Staged::of(other).unwrap().unwrap();
+            let e = other.read_state("state/p=0/v=3.arrow", &bytes).unwrap_err();
+            assert!(
+                e.contains("state/p=0/v=3.arrow")
+                    && e.contains("written for another aggregate")
+                    && e.contains("sluice reset"),
+                "{e}"
+            );
         });
     }
 }

@@ -9,6 +9,7 @@ mod adapt;
 mod aggregate;
 mod classify;
 mod drift;
+mod partition;
 mod salvage;
 mod scan;
 
