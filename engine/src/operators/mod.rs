@@ -12,6 +12,7 @@ mod drift;
 mod partition;
 mod salvage;
 mod scan;
+mod window;
 
 use std::sync::Arc;
 use std::time::Instant;

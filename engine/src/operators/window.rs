@@ -1,0 +1,599 @@
+//! Event-time windows as Spark spells them: `GROUP BY window(ts, '15
+//! minutes')` (tumbling), `window(ts, '10 minutes', '5 minutes')`
+//! (sliding), with `window.start` and `window.end` in the SELECT. The query
+//! is rewritten to group by two columns, `__window_start` and
+//! `__window_end`, that the engine adds to each input row ([`assign`]: one
+//! copy of the row per window it falls in); DataFusion then runs it as any
+//! GROUP BY. Session windows (`session_window(ts, '5 minutes')`) are
+//! recognised and refused until their operator exists.
+
+// Not called by a run yet: see `aggregate`.
+#![allow(dead_code)]
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, UInt32Array};
+use datafusion::arrow::compute::{cast, take_record_batch};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, TimeUnit};
+use datafusion::arrow::error::ArrowError;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::sql::sqlparser::ast::{
+    Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Ident, SetExpr, Statement,
+    Value, visit_expressions_mut,
+};
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+
+/// The column holding each row's window start, added by [`assign`].
+pub(crate) const WINDOW_START: &str = "__window_start";
+/// The column holding each row's window end.
+pub(crate) const WINDOW_END: &str = "__window_end";
+
+/// A window of event time over a timestamp column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WindowSpec {
+    /// The event-time column.
+    pub column: String,
+    /// Window length, microseconds.
+    pub size_us: i64,
+    /// Distance between window starts, microseconds (= size: tumbling).
+    pub slide_us: i64,
+}
+
+/// A query with its window, rewritten for DataFusion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Windowed {
+    /// The SQL to run over the input with the window columns added.
+    pub sql: String,
+    /// The window, if the query groups by one.
+    pub window: Option<WindowSpec>,
+}
+
+/// Find Spark's `window(...)` in the query's GROUP BY and rewrite the query
+/// to group by [`WINDOW_START`] and [`WINDOW_END`] instead (and read
+/// `window.start` / `window.end` from them). A query without one is
+/// returned as it is. Refused with a message: two window functions, a
+/// window whose arguments are not a column and literal durations, a slide
+/// longer than the window, a session window.
+pub(crate) fn rewrite(sql: &str) -> Result<Windowed, String> {
+    let mut statements =
+        Parser::parse_sql(&GenericDialect {}, sql).map_err(|e| format!("the query: {e}"))?;
+    let [Statement::Query(query)] = statements.as_mut_slice() else {
+        return Ok(Windowed {
+            sql: sql.to_string(),
+            window: None,
+        });
+    };
+    let SetExpr::Select(select) = query.body.as_mut() else {
+        return Ok(Windowed {
+            sql: sql.to_string(),
+            window: None,
+        });
+    };
+    let GroupByExpr::Expressions(keys, _) = &mut select.group_by else {
+        return Ok(Windowed {
+            sql: sql.to_string(),
+            window: None,
+        });
+    };
+    let mut found = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        if let Some(name) = window_call(k) {
+            found.push((i, name));
+        }
+    }
+    let Some((at, kind)) = found.first().cloned() else {
+        return Ok(Windowed {
+            sql: sql.to_string(),
+            window: None,
+        });
+    };
+    if found.len() > 1 {
+        return Err(
+            "the query groups by more than one window function: group by one window(...) \
+             (Spark allows only one too)"
+                .into(),
+        );
+    }
+    if kind == "session_window" {
+        return Err(
+            "session_window(...) is not supported yet: use window(ts, size) or window(ts, \
+             size, slide)"
+                .into(),
+        );
+    }
+    let window = window_spec(&keys[at])?;
+    keys.splice(
+        at..=at,
+        [
+            Expr::Identifier(Ident::new(WINDOW_START)),
+            Expr::Identifier(Ident::new(WINDOW_END)),
+        ],
+    );
+    // `window.start` and `window.end` wherever the query names them.
+    let _ = visit_expressions_mut(&mut statements, |e| {
+        if let Expr::CompoundIdentifier(parts) = e
+            && parts.len() == 2
+            && parts[0].value.eq_ignore_ascii_case("window")
+        {
+            let column = match parts[1].value.to_ascii_lowercase().as_str() {
+                "start" => Some(WINDOW_START),
+                "end" => Some(WINDOW_END),
+                _ => None,
+            };
+            if let Some(c) = column {
+                *e = Expr::Identifier(Ident::new(c));
+            }
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    Ok(Windowed {
+        sql: statements[0].to_string(),
+        window: Some(window),
+    })
+}
+
+/// `window` or `session_window` if `e` calls it.
+fn window_call(e: &Expr) -> Option<String> {
+    let Expr::Function(f) = e else {
+        return None;
+    };
+    let name = f.name.to_string().to_ascii_lowercase();
+    matches!(name.as_str(), "window" | "session_window").then_some(name)
+}
+
+/// The window a `window(col, 'size'[, 'slide'])` call describes.
+fn window_spec(e: &Expr) -> Result<WindowSpec, String> {
+    let Expr::Function(f) = e else {
+        unreachable!("a window call")
+    };
+    let FunctionArguments::List(list) = &f.args else {
+        return Err(usage());
+    };
+    let args: Vec<&Expr> = list
+        .args
+        .iter()
+        .map(|a| match a {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Ok(e),
+            _ => Err(usage()),
+        })
+        .collect::<Result<_, _>>()?;
+    let column = match args.first() {
+        Some(Expr::Identifier(i)) => i.value.clone(),
+        Some(Expr::CompoundIdentifier(parts)) => parts.last().expect("parts").value.clone(),
+        _ => return Err(usage()),
+    };
+    let text = |e: &Expr| match e {
+        Expr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) => Ok(s.clone()),
+            _ => Err(usage()),
+        },
+        _ => Err(usage()),
+    };
+    let (size, slide) = match args.as_slice() {
+        [_, size] => {
+            let size = duration_us(&text(size)?)?;
+            (size, size)
+        }
+        [_, size, slide] => (duration_us(&text(size)?)?, duration_us(&text(slide)?)?),
+        _ => return Err(usage()),
+    };
+    if slide > size {
+        return Err(format!(
+            "window(..., size, slide): the slide ({slide} us) is longer than the window \
+             ({size} us), so some rows would fall in no window"
+        ));
+    }
+    Ok(WindowSpec {
+        column,
+        size_us: size,
+        slide_us: slide,
+    })
+}
+
+fn usage() -> String {
+    "write window(<timestamp column>, '<duration>') or window(<column>, '<duration>', \
+     '<slide>'), durations such as '15 minutes' or '1 hour 30 minutes'"
+        .into()
+}
+
+/// Microseconds in a Spark-style duration: `15 minutes`, `1 hour 30
+/// minutes`, `30 seconds`, `500 milliseconds`, `2 days`.
+pub(crate) fn duration_us(text: &str) -> Result<i64, String> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    if words.is_empty() || !words.len().is_multiple_of(2) {
+        return Err(format!("\"{text}\" is not a duration: {}", usage()));
+    }
+    let mut total: i64 = 0;
+    for pair in words.chunks(2) {
+        let n: i64 = pair[0]
+            .parse()
+            .map_err(|_| format!("\"{text}\": \"{}\" is not a whole number", pair[0]))?;
+        let unit: i64 = match pair[1].to_ascii_lowercase().as_str() {
+            "ms" | "millisecond" | "milliseconds" => 1_000,
+            "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000,
+            "min" | "mins" | "minute" | "minutes" => 60_000_000,
+            "h" | "hour" | "hours" => 3_600_000_000,
+            "day" | "days" => 86_400_000_000,
+            "week" | "weeks" => 7 * 86_400_000_000,
+            other => {
+                return Err(format!(
+                    "\"{text}\": unknown unit \"{other}\" (use milliseconds, seconds, minutes, \
+                     hours, days or weeks; months vary in length)"
+                ));
+            }
+        };
+        total = n
+            .checked_mul(unit)
+            .and_then(|v| total.checked_add(v))
+            .ok_or_else(|| format!("\"{text}\" is too long"))?;
+    }
+    if total <= 0 {
+        return Err(format!("\"{text}\": a window must be longer than zero"));
+    }
+    Ok(total)
+}
+
+/// `batch` with [`WINDOW_START`] and [`WINDOW_END`] added: each row once
+/// per window of `spec` it falls in (tumbling: one; sliding: up to
+/// size / slide), windows aligned to the Unix epoch as Spark aligns them.
+/// A row whose event time is null falls in no window and is dropped.
+pub(crate) fn assign(batch: &RecordBatch, spec: &WindowSpec) -> Result<RecordBatch, ArrowError> {
+    let schema = batch.schema();
+    let (i, field) = schema.column_with_name(&spec.column).ok_or_else(|| {
+        ArrowError::InvalidArgumentError(format!("no column {} to window by", spec.column))
+    })?;
+    let DataType::Timestamp(unit, tz) = field.data_type() else {
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "window({}, ...): the column is {}, not a timestamp; cast it (for example \
+             to_timestamp(...)) in a derived table first",
+            spec.column,
+            field.data_type()
+        )));
+    };
+    let per_us = |us: i64| -> i64 {
+        match unit {
+            TimeUnit::Second => us / 1_000_000,
+            TimeUnit::Millisecond => us / 1_000,
+            TimeUnit::Microsecond => us,
+            TimeUnit::Nanosecond => us.saturating_mul(1_000),
+        }
+    };
+    let (size, slide) = (per_us(spec.size_us), per_us(spec.slide_us));
+    if size <= 0 || slide <= 0 {
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "window({}, ...): the window is shorter than the column's unit ({unit:?})",
+            spec.column
+        )));
+    }
+    let ts = cast(batch.column(i), &DataType::Int64)?;
+    let ts = ts.as_primitive::<Int64Type>();
+    let mut rows: Vec<u32> = Vec::new();
+    let mut starts: Vec<i64> = Vec::new();
+    for r in 0..ts.len() {
+        if ts.is_null(r) {
+            continue;
+        }
+        let t = ts.value(r);
+        // The last window start at or before t, then back by slides while
+        // the window still covers t.
+        let mut start = t - t.rem_euclid(slide);
+        let mut mine = Vec::new();
+        while start > t - size {
+            mine.push(start);
+            start -= slide;
+        }
+        for s in mine.into_iter().rev() {
+            rows.push(r as u32);
+            starts.push(s);
+        }
+    }
+    let taken = take_record_batch(batch, &UInt32Array::from(rows))?;
+    let ts_type = DataType::Timestamp(*unit, tz.clone());
+    let start: ArrayRef = cast(&Int64Array::from(starts.clone()), &ts_type)?;
+    let end: ArrayRef = cast(
+        &Int64Array::from(starts.iter().map(|s| s + size).collect::<Vec<_>>()),
+        &ts_type,
+    )?;
+    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(Field::new(WINDOW_START, ts_type.clone(), false));
+    fields.push(Field::new(WINDOW_END, ts_type, false));
+    let mut columns = taken.columns().to_vec();
+    columns.push(start);
+    columns.push(end);
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::TimestampMicrosecondArray;
+
+    const TUMBLING: &str = r#"SELECT window.start AS window_start, window.end AS window_end, "PULocationID", count(*) AS trips, sum(total_amount) AS revenue, avg(trip_distance) AS avg_distance FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes'), "PULocationID""#;
+
+    #[test]
+    fn the_issues_tumbling_query_is_rewritten_to_group_by_window_columns() {
+        let w = rewrite(TUMBLING).unwrap();
+        assert_eq!(
+            w.window,
+            Some(WindowSpec {
+                column: "tpep_pickup_datetime".into(),
+                size_us: 15 * 60_000_000,
+                slide_us: 15 * 60_000_000,
+            })
+        );
+        assert!(
+            w.sql
+                .contains("SELECT __window_start AS window_start, __window_end AS window_end")
+                && w.sql
+                    .contains(r#"GROUP BY __window_start, __window_end, "PULocationID""#),
+            "{}",
+            w.sql
+        );
+        let sliding = rewrite(
+            "SELECT window.start, count(*) FROM t GROUP BY window(ts, '10 minutes', '5 minutes')",
+        )
+        .unwrap();
+        assert_eq!(sliding.window.unwrap().slide_us, 5 * 60_000_000);
+        let plain = rewrite("SELECT k, count(*) FROM t GROUP BY k").unwrap();
+        assert_eq!(plain.window, None);
+    }
+
+    #[test]
+    fn misuses_are_refused_with_what_to_write() {
+        let two =
+            rewrite("SELECT count(*) FROM t GROUP BY window(a, '1 hour'), window(b, '1 hour')")
+                .unwrap_err();
+        assert!(two.contains("more than one window"), "{two}");
+        let session =
+            rewrite("SELECT count(*) FROM t GROUP BY session_window(ts, '5 minutes')").unwrap_err();
+        assert!(session.contains("session_window"), "{session}");
+        let unit = rewrite("SELECT count(*) FROM t GROUP BY window(ts, '1 month')").unwrap_err();
+        assert!(unit.contains("unknown unit \"month\""), "{unit}");
+        let slide =
+            rewrite("SELECT count(*) FROM t GROUP BY window(ts, '5 minutes', '10 minutes')")
+                .unwrap_err();
+        assert!(slide.contains("slide"), "{slide}");
+        assert_eq!(duration_us("1 hour 30 minutes").unwrap(), 5_400_000_000);
+        assert_eq!(duration_us("500 ms").unwrap(), 500_000);
+    }
+
+    fn at(minute: i64, second: i64) -> i64 {
+        (minute * 60 + second) * 1_000_000
+    }
+
+    /// Hand-computed: tumbling 15 minutes puts 00:14:59 in [00:00, 00:15)
+    /// and 00:15:00 in [00:15, 00:30); sliding 10/5 puts 00:07:00 in
+    /// [00:00, 00:10) and [00:05, 00:15), and 00:10:00 in [00:05, 00:15) and
+    /// [00:10, 00:20); a null time is in no window; before 1970 works too.
+    #[test]
+    fn rows_fall_in_the_windows_spark_puts_them_in() {
+        let times = TimestampMicrosecondArray::from(vec![
+            Some(at(14, 59)),
+            Some(at(15, 0)),
+            None,
+            Some(at(7, 0)),
+            Some(at(10, 0)),
+            Some(-at(1, 0)),
+        ]);
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "ts",
+            times.data_type().clone(),
+            true,
+        )]));
+        let b = RecordBatch::try_new(schema, vec![Arc::new(times)]).unwrap();
+        let windows = |spec: &WindowSpec| -> Vec<(i64, i64, i64)> {
+            let out = assign(&b, spec).unwrap();
+            let col = |name: &str| {
+                cast(out.column_by_name(name).unwrap(), &DataType::Int64)
+                    .unwrap()
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .to_vec()
+            };
+            let (t, s, e) = (col("ts"), col(WINDOW_START), col(WINDOW_END));
+            (0..out.num_rows()).map(|r| (t[r], s[r], e[r])).collect()
+        };
+        let m = |minutes: i64| at(minutes, 0);
+        let tumbling = WindowSpec {
+            column: "ts".into(),
+            size_us: m(15),
+            slide_us: m(15),
+        };
+        assert_eq!(
+            windows(&tumbling),
+            [
+                (at(14, 59), 0, m(15)),
+                (m(15), m(15), m(30)),
+                (m(7), 0, m(15)),
+                (m(10), 0, m(15)),
+                (-m(1), -m(15), 0),
+            ]
+        );
+        let sliding = WindowSpec {
+            column: "ts".into(),
+            size_us: m(10),
+            slide_us: m(5),
+        };
+        assert_eq!(
+            windows(&sliding),
+            [
+                (at(14, 59), m(5), m(15)),
+                (at(14, 59), m(10), m(20)),
+                (m(15), m(10), m(20)),
+                (m(15), m(15), m(25)),
+                (m(7), 0, m(10)),
+                (m(7), m(5), m(15)),
+                (m(10), m(5), m(15)),
+                (m(10), m(10), m(20)),
+                (-m(1), -m(10), 0),
+                (-m(1), -m(5), m(5)),
+            ]
+        );
+        let e = assign(
+            &RecordBatch::try_new(
+                Arc::new(Schema::new(vec![Field::new("ts", DataType::Utf8, true)])),
+                vec![Arc::new(datafusion::arrow::array::StringArray::from(vec![
+                    "x",
+                ]))],
+            )
+            .unwrap(),
+            &tumbling,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not a timestamp"), "{e}");
+    }
+
+    mod staged {
+        use super::super::*;
+        use crate::operators::aggregate::{Staged, session};
+        use datafusion::arrow::array::{Float64Array, StringArray, TimestampMicrosecondArray};
+        use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+        use datafusion::datasource::MemTable;
+        use datafusion::physical_plan::collect;
+        use proptest::prelude::*;
+
+        fn batch(rows: &[(i64, u8, i8)]) -> RecordBatch {
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("ts", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+                Field::new("zone", DataType::Utf8, true),
+                Field::new("amount", DataType::Float64, true),
+            ]));
+            let ts: TimestampMicrosecondArray = rows.iter().map(|r| Some(r.0)).collect();
+            let zone: StringArray = rows
+                .iter()
+                .map(|r| Some(["a", "b"][r.1 as usize % 2]))
+                .collect();
+            let amount: Float64Array = rows.iter().map(|r| Some(r.2 as f64 / 4.0)).collect();
+            RecordBatch::try_new(schema, vec![Arc::new(ts), Arc::new(zone), Arc::new(amount)])
+                .unwrap()
+        }
+
+        fn render(batches: &[RecordBatch]) -> Vec<String> {
+            let opts = FormatOptions::default().with_null("NULL");
+            let mut out = Vec::new();
+            for b in batches {
+                let f: Vec<_> = b
+                    .columns()
+                    .iter()
+                    .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts).unwrap())
+                    .collect();
+                for r in 0..b.num_rows() {
+                    out.push(
+                        f.iter()
+                            .map(|f| f.value(r).to_string())
+                            .collect::<Vec<_>>()
+                            .join("|"),
+                    );
+                }
+            }
+            out.sort();
+            out
+        }
+
+        async fn run(
+            b: RecordBatch,
+            sql: &str,
+        ) -> (
+            datafusion::prelude::SessionContext,
+            Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+        ) {
+            let ctx = session(2);
+            let table = MemTable::try_new(b.schema(), vec![vec![b]]).unwrap();
+            ctx.register_table("t", Arc::new(table)).unwrap();
+            let plan = ctx
+                .sql(sql)
+                .await
+                .unwrap()
+                .create_physical_plan()
+                .await
+                .unwrap();
+            (ctx, plan)
+        }
+
+        /// Spark's spelling, staged over batches, against a one-shot
+        /// DataFusion query that bins with `date_bin` (sliding: the union
+        /// of the two bins each row falls in).
+        async fn check(
+            rows: &[(i64, u8, i8)],
+            chunks: &[usize],
+            sliding: bool,
+        ) -> (Vec<String>, Vec<String>) {
+            let window = if sliding {
+                "'10 minutes', '5 minutes'"
+            } else {
+                "'15 minutes'"
+            };
+            let sql = format!(
+                "SELECT window.start AS ws, window.end AS we, zone, count(*) AS n, sum(amount) AS s \
+                 FROM t GROUP BY window(ts, {window}), zone"
+            );
+            let w = rewrite(&sql).unwrap();
+            let spec = w.window.clone().unwrap();
+            let mut states = Vec::new();
+            let mut last = None;
+            let mut at = 0;
+            for size in chunks {
+                let end = (at + size).min(rows.len());
+                let windowed = assign(&batch(&rows[at..end]), &spec).unwrap();
+                at = end;
+                let (ctx, plan) = run(windowed, &w.sql).await;
+                let staged = Staged::of(plan).unwrap().unwrap();
+                states.extend(
+                    collect(staged.partial().unwrap(), ctx.task_ctx())
+                        .await
+                        .unwrap(),
+                );
+                last = Some((ctx, staged));
+            }
+            let (ctx, staged) = last.unwrap();
+            let got = render(
+                &collect(staged.finish(states).unwrap(), ctx.task_ctx())
+                    .await
+                    .unwrap(),
+            );
+            let origin = "TIMESTAMP '1970-01-01T00:00:00'";
+            let oracle = if sliding {
+                format!(
+                    "SELECT ws, ws + INTERVAL '10 minutes' AS we, zone, count(*) AS n, sum(amount) AS s FROM (\
+                     SELECT date_bin(INTERVAL '5 minutes', ts, {origin}) AS ws, zone, amount FROM t \
+                     UNION ALL SELECT date_bin(INTERVAL '5 minutes', ts, {origin}) - INTERVAL '5 minutes' AS ws, zone, amount FROM t) \
+                     GROUP BY ws, zone"
+                )
+            } else {
+                format!(
+                    "SELECT date_bin(INTERVAL '15 minutes', ts, {origin}) AS ws, \
+                     date_bin(INTERVAL '15 minutes', ts, {origin}) + INTERVAL '15 minutes' AS we, \
+                     zone, count(*) AS n, sum(amount) AS s FROM t GROUP BY 1, 2, 3"
+                )
+            };
+            let ctx = datafusion::prelude::SessionContext::new();
+            let all = batch(rows);
+            let table = MemTable::try_new(all.schema(), vec![vec![all]]).unwrap();
+            ctx.register_table("t", Arc::new(table)).unwrap();
+            let want = render(&ctx.sql(&oracle).await.unwrap().collect().await.unwrap());
+            (got, want)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(16))]
+            #[test]
+            fn windows_staged_over_batches_equal_date_bin_one_shot(
+                rows in proptest::collection::vec((-3_600_000_000i64..7_200_000_000, 0u8..2, -20i8..20), 1..80),
+                chunks in proptest::collection::vec(1usize..30, 1..5),
+                sliding in any::<bool>(),
+            ) {
+                let rt = tokio::runtime::Runtime::new().unwrap();
+                let mut chunks = chunks;
+                let covered: usize = chunks.iter().sum();
+                if covered < rows.len() {
+                    chunks.push(rows.len() - covered);
+                }
+                let (got, want) = rt.block_on(check(&rows, &chunks, sliding));
+                prop_assert_eq!(got, want);
+            }
+        }
+    }
+}
