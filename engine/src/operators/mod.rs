@@ -9,6 +9,7 @@ mod adapt;
 mod aggregate;
 mod classify;
 mod drift;
+mod merge;
 mod partition;
 mod salvage;
 mod scan;
