@@ -9,6 +9,7 @@ mod adapt;
 mod aggregate;
 mod classify;
 mod drift;
+mod event_time;
 mod merge;
 mod partition;
 mod salvage;
