@@ -106,6 +106,29 @@ impl Staged {
         Ok(Some(Staged { plan, top, first }))
     }
 
+    /// Why an aggregate of this query cannot run in stages, if one cannot:
+    /// a DISTINCT aggregate or one that depends on the order of its input
+    /// (`array_agg(x ORDER BY y)`, ordered-set aggregates), named.
+    pub(crate) fn refusal(&self) -> Option<String> {
+        self.first.aggr_expr().iter().find_map(|a| {
+            if a.is_distinct() {
+                Some(format!(
+                    "{}: a DISTINCT aggregate is not supported in a stateful query (its state \
+                     is every distinct value); use approx_distinct(...) or group by the column",
+                    a.name()
+                ))
+            } else if !a.order_bys().is_empty() {
+                Some(format!(
+                    "{}: an aggregate over ordered input is not supported in a stateful query \
+                     (batches arrive in any order)",
+                    a.name()
+                ))
+            } else {
+                None
+            }
+        })
+    }
+
     /// The states' group-key columns (the first ones), by index: what
     /// states are hash-partitioned by.
     pub(crate) fn key_columns(&self) -> Vec<usize> {

@@ -60,6 +60,49 @@ pub(crate) fn not_batch_equivalent(plan: &LogicalPlan) -> Result<Option<String>,
     Ok(reason.map(|w| format!("{w}; {ROW_BY_ROW}")))
 }
 
+/// Why a stateful query's plan (one aggregation, which runs in stages)
+/// would not give the one-shot answer, if it would not: the operators a
+/// row-by-row query may not use, except the aggregation, and subqueries
+/// over the input.
+pub(crate) fn not_stateful_equivalent(
+    plan: &LogicalPlan,
+) -> Result<Option<String>, DataFusionError> {
+    let mut reason = None;
+    plan.apply_with_subqueries(|node| {
+        reason = match node {
+            LogicalPlan::Aggregate(_) => None,
+            LogicalPlan::Distinct(_) => Some(
+                "SELECT DISTINCT over a GROUP BY is a second aggregation; one GROUP BY per query"
+                    .into(),
+            ),
+            LogicalPlan::Window(_) => Some(
+                "window functions (OVER) are not supported in a stateful query; group by \
+                 window(...) for event-time windows"
+                    .into(),
+            ),
+            LogicalPlan::Join(_) => Some(
+                "a join is not supported in a stateful query (each side would need state)".into(),
+            ),
+            other => operator_reason(other).map(str::to_string),
+        };
+        Ok(stop_if(&reason))
+    })?;
+    if reason.is_some() {
+        return Ok(reason);
+    }
+    plan.apply(|node| {
+        node.apply_subqueries(|sub| {
+            if reads_input(sub)? {
+                reason =
+                    Some("a subquery over the input sees only its own micro-batch's rows".into());
+            }
+            Ok(stop_if(&reason))
+        })?;
+        Ok(stop_if(&reason))
+    })?;
+    Ok(reason)
+}
+
 fn operator_reason(node: &LogicalPlan) -> Option<&'static str> {
     match node {
         LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => Some(

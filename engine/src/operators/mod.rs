@@ -14,6 +14,7 @@ mod merge;
 mod partition;
 mod salvage;
 mod scan;
+mod stateful;
 mod window;
 
 use std::sync::Arc;
@@ -90,6 +91,9 @@ pub struct TaskResult {
     pub rescued_fields: u64,
 }
 
+const ROW_BY_ROW_HINT: &str = "use a row-by-row query (SELECT, WHERE, expressions, UNION ALL \
+                               of branches over the input) until they land";
+
 /// Runs the pipeline's SQL over task inputs with DataFusion.
 #[derive(Debug, Clone)]
 pub struct SqlOperator {
@@ -157,6 +161,23 @@ impl SqlOperator {
     /// micro-batch results add up to the one-shot result. Returns the
     /// logical plan.
     pub async fn check(&self) -> Result<LogicalPlan> {
+        let p = &self.pipeline;
+        if let Some(q) = self.stateful().await? {
+            return Err(self.sql_err(format!(
+                "a GROUP BY query (a stateful query: {}) passes the pipeline checks but \
+                 stateful runs are not built yet; {ROW_BY_ROW_HINT}",
+                match &q.window {
+                    Some(w) => format!("window over {}", w.column),
+                    None => "no window".to_string(),
+                }
+            )));
+        }
+        if p.watermark.is_some() || p.output_mode != crate::pipeline::OutputMode::Append {
+            return Err(self.sql_err(
+                "[watermark] and sink.mode apply to a GROUP BY query (a stateful query); this \
+                 query is row by row: remove them",
+            ));
+        }
         let ctx = self.session();
         let empty =
             MemTable::try_new(self.schema.clone(), vec![vec![]]).map_err(|e| self.sql_err(e))?;

@@ -25,6 +25,8 @@ use datafusion::sql::sqlparser::ast::{
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 
+use crate::pipeline::duration_us;
+
 /// The column holding each row's window start, added by [`assign`].
 pub(crate) const WINDOW_START: &str = "__window_start";
 /// The column holding each row's window end.
@@ -57,8 +59,13 @@ pub(crate) struct Windowed {
 /// window whose arguments are not a column and literal durations, a slide
 /// longer than the window, a session window.
 pub(crate) fn rewrite(sql: &str) -> Result<Windowed, String> {
-    let mut statements =
-        Parser::parse_sql(&GenericDialect {}, sql).map_err(|e| format!("the query: {e}"))?;
+    // What this parser cannot read, DataFusion reports when it plans it.
+    let Ok(mut statements) = Parser::parse_sql(&GenericDialect {}, sql) else {
+        return Ok(Windowed {
+            sql: sql.to_string(),
+            window: None,
+        });
+    };
     let [Statement::Query(query)] = statements.as_mut_slice() else {
         return Ok(Windowed {
             sql: sql.to_string(),
@@ -173,10 +180,13 @@ fn window_spec(e: &Expr) -> Result<WindowSpec, String> {
     };
     let (size, slide) = match args.as_slice() {
         [_, size] => {
-            let size = duration_us(&text(size)?)?;
+            let size = duration_us(&text(size)?).map_err(|e| format!("{e}; {}", usage()))?;
             (size, size)
         }
-        [_, size, slide] => (duration_us(&text(size)?)?, duration_us(&text(slide)?)?),
+        [_, size, slide] => (
+            duration_us(&text(size)?).map_err(|e| format!("{e}; {}", usage()))?,
+            duration_us(&text(slide)?).map_err(|e| format!("{e}; {}", usage()))?,
+        ),
         _ => return Err(usage()),
     };
     if slide > size {
@@ -196,43 +206,6 @@ fn usage() -> String {
     "write window(<timestamp column>, '<duration>') or window(<column>, '<duration>', \
      '<slide>'), durations such as '15 minutes' or '1 hour 30 minutes'"
         .into()
-}
-
-/// Microseconds in a Spark-style duration: `15 minutes`, `1 hour 30
-/// minutes`, `30 seconds`, `500 milliseconds`, `2 days`.
-pub(crate) fn duration_us(text: &str) -> Result<i64, String> {
-    let words: Vec<&str> = text.split_whitespace().collect();
-    if words.is_empty() || !words.len().is_multiple_of(2) {
-        return Err(format!("\"{text}\" is not a duration: {}", usage()));
-    }
-    let mut total: i64 = 0;
-    for pair in words.chunks(2) {
-        let n: i64 = pair[0]
-            .parse()
-            .map_err(|_| format!("\"{text}\": \"{}\" is not a whole number", pair[0]))?;
-        let unit: i64 = match pair[1].to_ascii_lowercase().as_str() {
-            "ms" | "millisecond" | "milliseconds" => 1_000,
-            "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000,
-            "min" | "mins" | "minute" | "minutes" => 60_000_000,
-            "h" | "hour" | "hours" => 3_600_000_000,
-            "day" | "days" => 86_400_000_000,
-            "week" | "weeks" => 7 * 86_400_000_000,
-            other => {
-                return Err(format!(
-                    "\"{text}\": unknown unit \"{other}\" (use milliseconds, seconds, minutes, \
-                     hours, days or weeks; months vary in length)"
-                ));
-            }
-        };
-        total = n
-            .checked_mul(unit)
-            .and_then(|v| total.checked_add(v))
-            .ok_or_else(|| format!("\"{text}\" is too long"))?;
-    }
-    if total <= 0 {
-        return Err(format!("\"{text}\": a window must be longer than zero"));
-    }
-    Ok(total)
 }
 
 /// `batch` with [`WINDOW_START`] and [`WINDOW_END`] added: each row once

@@ -276,6 +276,22 @@ pub struct Limits {
     /// (an inline batch of 40 tasks is about 300 events).
     #[serde(default = "default_max_batches_per_execution")]
     pub max_batches_per_execution: u64,
+    /// A stateful query's state is split into this many partitions by a
+    /// hash of the group key, each merged by its own task (fixed once
+    /// state exists).
+    #[serde(
+        default = "default_state_partitions",
+        skip_serializing_if = "is_default_state_partitions"
+    )]
+    pub state_partitions: u32,
+}
+
+fn default_state_partitions() -> u32 {
+    4
+}
+
+fn is_default_state_partitions(n: &u32) -> bool {
+    *n == default_state_partitions()
 }
 
 fn default_max_inline_tasks() -> u64 {
@@ -295,8 +311,78 @@ impl Default for Limits {
             lease_ttl_seconds: 900,
             max_inline_tasks: default_max_inline_tasks(),
             max_batches_per_execution: default_max_batches_per_execution(),
+            state_partitions: default_state_partitions(),
         }
     }
+}
+
+/// Microseconds in a Spark-style duration: `15 minutes`, `1 hour 30
+/// minutes`, `30 seconds`, `500 milliseconds`, `2 days`.
+pub fn duration_us(text: &str) -> Result<i64, String> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    if words.is_empty() || !words.len().is_multiple_of(2) {
+        return Err(format!(
+            "\"{text}\" is not a duration: write e.g. \"15 minutes\" or \"1 hour 30 minutes\""
+        ));
+    }
+    let mut total: i64 = 0;
+    for pair in words.chunks(2) {
+        let n: i64 = pair[0]
+            .parse()
+            .map_err(|_| format!("\"{text}\": \"{}\" is not a whole number", pair[0]))?;
+        let unit: i64 = match pair[1].to_ascii_lowercase().as_str() {
+            "ms" | "millisecond" | "milliseconds" => 1_000,
+            "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000,
+            "min" | "mins" | "minute" | "minutes" => 60_000_000,
+            "h" | "hour" | "hours" => 3_600_000_000,
+            "day" | "days" => 86_400_000_000,
+            "week" | "weeks" => 7 * 86_400_000_000,
+            other => {
+                return Err(format!(
+                    "\"{text}\": unknown unit \"{other}\" (use milliseconds, seconds, minutes, \
+                     hours, days or weeks; months vary in length)"
+                ));
+            }
+        };
+        total = n
+            .checked_mul(unit)
+            .and_then(|v| total.checked_add(v))
+            .ok_or_else(|| format!("\"{text}\" is too long"))?;
+    }
+    if total <= 0 {
+        return Err(format!("\"{text}\": a window must be longer than zero"));
+    }
+    Ok(total)
+}
+
+/// How a stateful query's results reach the sink (`[sink] mode`), as in
+/// Spark.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputMode {
+    /// Each window once, by the batch whose watermark passes its end.
+    #[default]
+    Append,
+    /// The groups each batch changed (a change log).
+    Update,
+    /// The whole result, every batch (each manifest a complete snapshot).
+    Complete,
+}
+
+impl OutputMode {
+    fn is_append(&self) -> bool {
+        *self == OutputMode::Append
+    }
+}
+
+/// `[watermark]`: the event time of a stateful query.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Watermark {
+    /// The event-time column (a timestamp).
+    pub column: String,
+    /// How late a row may arrive, microseconds: the watermark after a batch
+    /// is the largest event time seen minus this.
+    pub delay_us: i64,
 }
 
 /// A pipeline, parsed, validated and with its locations resolved.
@@ -318,6 +404,12 @@ pub struct Pipeline {
     pub retain_batches: u64,
     /// Batch and task bounds.
     pub limits: Limits,
+    /// Event time, for a stateful query over windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark: Option<Watermark>,
+    /// How a stateful query's results reach the sink.
+    #[serde(default, skip_serializing_if = "OutputMode::is_append")]
+    pub output_mode: OutputMode,
 }
 
 mod location_serde {

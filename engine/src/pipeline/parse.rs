@@ -51,6 +51,7 @@ struct QueryFile {
 struct SinkFile {
     uri: String,
     format: Option<String>,
+    mode: Option<super::OutputMode>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -69,6 +70,14 @@ struct LimitsFile {
     lease_ttl_seconds: Option<u64>,
     max_inline_tasks: Option<u64>,
     max_batches_per_execution: Option<u64>,
+    state_partitions: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WatermarkFile {
+    column: String,
+    delay: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -81,6 +90,7 @@ struct PipelineFile {
     checkpoint: CheckpointFile,
     #[serde(default)]
     limits: LimitsFile,
+    watermark: Option<WatermarkFile>,
 }
 
 fn toml_message(e: &toml::de::Error) -> String {
@@ -177,7 +187,21 @@ impl Pipeline {
         if sql.is_empty() {
             return Err(spec_err("query.sql is empty".to_string()));
         }
+        let watermark = match &raw.watermark {
+            None => None,
+            Some(w) => Some(super::Watermark {
+                column: w.column.clone(),
+                delay_us: match super::duration_us(&w.delay) {
+                    Ok(d) => d,
+                    // "0 seconds" is a valid delay: no lateness allowed.
+                    Err(_) if w.delay.split_whitespace().next() == Some("0") => 0,
+                    Err(e) => return Err(spec_err(format!("watermark.delay: {e}"))),
+                },
+            }),
+        };
         Ok(Pipeline {
+            watermark,
+            output_mode: raw.sink.mode.unwrap_or_default(),
             checkpoint: checkpoint_root.join(&raw.name),
             name: raw.name,
             source,
@@ -391,6 +415,17 @@ fn limits(l: &LimitsFile) -> std::result::Result<Limits, String> {
         max_batches_per_execution: l
             .max_batches_per_execution
             .unwrap_or(d.max_batches_per_execution),
+        state_partitions: d.state_partitions,
+    };
+    let limits = Limits {
+        state_partitions: match l.state_partitions {
+            None => d.state_partitions,
+            Some(n) => {
+                check_count("limits.state_partitions", n, MAX_STATE_PARTITIONS)?;
+                n as u32
+            }
+        },
+        ..limits
     };
     for (field, v, max) in [
         (
@@ -430,6 +465,7 @@ const MAX_LEASE_TTL_SECONDS: u64 = 7 * 24 * 3600;
 const MAX_INLINE_TASKS: u64 = 1_000;
 const MAX_BATCHES_PER_EXECUTION: u64 = 1_000;
 const MAX_WINDOW: u64 = 10_000_000;
+const MAX_STATE_PARTITIONS: u64 = 1_024;
 
 /// A count setting must be positive and at most `max`.
 fn check_count(field: &str, v: u64, max: u64) -> std::result::Result<(), String> {

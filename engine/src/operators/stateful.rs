@@ -1,0 +1,286 @@
+//! Which GROUP BY queries a pipeline may run as a stateful query, checked
+//! when the pipeline is checked: one aggregation (optionally over one
+//! event-time window, Spark's `window(...)`), with aggregates whose partial
+//! states merge, in an output mode that fits, with a `[watermark]` where
+//! windows must close. Refusals name what is wrong and what to write.
+
+// Not called by a run yet: see `aggregate`.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::datasource::MemTable;
+use datafusion::logical_expr::LogicalPlan;
+
+use super::SqlOperator;
+use super::aggregate::{Staged, session};
+use super::window::{WINDOW_END, WINDOW_START, WindowSpec, rewrite};
+use crate::error::Result;
+use crate::pipeline::{OutputMode, Watermark};
+
+/// A pipeline's query as a stateful query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StatefulQuery {
+    /// The query rewritten to read the window columns.
+    pub sql: String,
+    /// Its event-time window, if any.
+    pub window: Option<WindowSpec>,
+    /// How results reach the sink.
+    pub mode: OutputMode,
+    /// Event time, if declared.
+    pub watermark: Option<Watermark>,
+}
+
+impl SqlOperator {
+    /// The input schema a stateful query reads: the source's, plus the
+    /// window columns (typed as the event-time column) when it has a window.
+    pub(crate) fn windowed_schema(&self, window: Option<&WindowSpec>) -> Result<SchemaRef> {
+        let Some(w) = window else {
+            return Ok(self.schema.clone());
+        };
+        let field = self.schema.field_with_name(&w.column).map_err(|_| {
+            self.sql_err(format!(
+                "window({}, ...): the source has no column {}",
+                w.column, w.column
+            ))
+        })?;
+        let DataType::Timestamp(_, _) = field.data_type() else {
+            return Err(self.sql_err(format!(
+                "window({}, ...): the column is {}, not a timestamp; cast it in a derived \
+                 table or declare it as Timestamp(Microsecond, None) in source.schema",
+                w.column,
+                field.data_type()
+            )));
+        };
+        let mut fields: Vec<Field> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.push(Field::new(WINDOW_START, field.data_type().clone(), false));
+        fields.push(Field::new(WINDOW_END, field.data_type().clone(), false));
+        Ok(Arc::new(Schema::new(fields)))
+    }
+
+    /// The pipeline's query as a stateful query, if it aggregates (`None`:
+    /// a row-by-row query). Refused, by name: anything that does not run in
+    /// stages, a DISTINCT or ordered aggregate, append mode without a
+    /// window, a window without `[watermark]` in append mode, a watermark on
+    /// another column than the window's.
+    pub(crate) async fn stateful(&self) -> Result<Option<StatefulQuery>> {
+        let p = &self.pipeline;
+        let w = rewrite(&p.sql).map_err(|e| self.sql_err(e))?;
+        let schema = self.windowed_schema(w.window.as_ref())?;
+        let ctx = session(1);
+        let empty = MemTable::try_new(schema, vec![vec![]]).map_err(|e| self.sql_err(e))?;
+        ctx.register_table(p.source.table.as_str(), Arc::new(empty))
+            .map_err(|e| self.sql_err(e))?;
+        let plan = ctx
+            .state()
+            .create_logical_plan(&w.sql)
+            .await
+            .map_err(|e| self.sql_err(format!("{e}\nfix query.sql in the pipeline file")))?;
+        let mut aggregates = 0;
+        plan.apply_with_subqueries(|n| {
+            if matches!(n, LogicalPlan::Aggregate(_)) {
+                aggregates += 1;
+            }
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        })
+        .map_err(|e| self.sql_err(e))?;
+        if aggregates == 0 {
+            return Ok(None);
+        }
+        if let Some(reason) = super::classify::not_stateful_equivalent(&plan)
+            .map_err(|e| self.sql_err(format!("cannot inspect the query's plan: {e}")))?
+        {
+            return Err(self.sql_err(reason));
+        }
+        let physical = ctx
+            .state()
+            .create_physical_plan(&plan)
+            .await
+            .map_err(|e| self.sql_err(format!("{e}\nfix query.sql in the pipeline file")))?;
+        let staged = Staged::of(physical)
+            .map_err(|e| self.sql_err(e))?
+            .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))?;
+        if let Some(reason) = staged.refusal() {
+            return Err(self.sql_err(reason));
+        }
+        let q = StatefulQuery {
+            sql: w.sql,
+            window: w.window,
+            mode: p.output_mode,
+            watermark: p.watermark.clone(),
+        };
+        match (&q.window, q.mode, &q.watermark) {
+            (None, OutputMode::Append, _) => {
+                return Err(self.sql_err(
+                    "sink.mode = \"append\" emits each group once, when it can no longer \
+                     change, which only an event-time window closed by the watermark knows: \
+                     group by window(<timestamp column>, '<size>') with [watermark], or set \
+                     sink.mode = \"update\" (changed groups per batch) or \"complete\" (the \
+                     whole result per batch)",
+                ));
+            }
+            (Some(w), OutputMode::Append, None) => {
+                return Err(self.sql_err(format!(
+                    "window({}, ...) in append mode needs [watermark] (column = \"{}\", delay = \
+                     \"10 minutes\"): without it no window ever closes",
+                    w.column, w.column
+                )));
+            }
+            (Some(w), _, Some(m)) if m.column != w.column => {
+                return Err(self.sql_err(format!(
+                    "[watermark] column = \"{}\" but the window is over {}: the watermark \
+                     closes windows of its own column, so name the window's",
+                    m.column, w.column
+                )));
+            }
+            _ => {}
+        }
+        Ok(Some(q))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::Pipeline;
+
+    fn pipeline(sql: &str, extra: &str) -> Pipeline {
+        let toml = format!(
+            r#"name = "w"
+[source]
+uri = "in"
+format = "parquet"
+table = "trips"
+[query]
+sql = '''{sql}'''
+{extra}
+[checkpoint]
+uri = "ck"
+"#
+        );
+        let toml = if toml.contains("[sink]") {
+            toml
+        } else {
+            toml.replace("[checkpoint]", "[sink]\nuri = \"out\"\n[checkpoint]")
+        };
+        Pipeline::parse(&toml, "w.toml", std::path::Path::new("/tmp")).unwrap()
+    }
+
+    fn op(p: Pipeline) -> SqlOperator {
+        use datafusion::arrow::datatypes::TimeUnit;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new(
+                "tpep_pickup_datetime",
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                true,
+            ),
+            Field::new("PULocationID", DataType::Int64, true),
+            Field::new("total_amount", DataType::Float64, true),
+            Field::new("trip_distance", DataType::Float64, true),
+            Field::new("store_and_fwd_flag", DataType::Utf8, true),
+        ]));
+        SqlOperator::new(Arc::new(p), schema)
+    }
+
+    const WM: &str = "[watermark]\ncolumn = \"tpep_pickup_datetime\"\ndelay = \"10 minutes\"";
+
+    /// The issue's queries, as written.
+    #[tokio::test]
+    async fn the_issues_queries_are_accepted() {
+        let tumbling = r#"SELECT window.start AS window_start, window.end AS window_end, "PULocationID", count(*) AS trips, sum(total_amount) AS revenue, avg(trip_distance) AS avg_distance FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes'), "PULocationID""#;
+        let q = op(pipeline(tumbling, WM))
+            .stateful()
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(q.mode, OutputMode::Append);
+        assert_eq!(q.window.unwrap().size_us, 15 * 60_000_000);
+        let sliding = "SELECT window.start, window.end, count(*) AS n FROM trips \
+                       WHERE total_amount > 0 GROUP BY window(tpep_pickup_datetime, '10 minutes', '5 minutes') \
+                       HAVING count(*) > 1";
+        assert!(
+            op(pipeline(sliding, WM))
+                .stateful()
+                .await
+                .unwrap()
+                .is_some()
+        );
+        let per_zone = r#"SELECT "PULocationID", count(*) AS trips, sum(total_amount) / count(*) AS avg_fare FROM trips GROUP BY "PULocationID""#;
+        for mode in ["update", "complete"] {
+            let p = pipeline(
+                per_zone,
+                &format!("[sink]\nuri = \"out\"\nmode = \"{mode}\""),
+            );
+            assert!(op(p).stateful().await.unwrap().is_some(), "{mode}");
+        }
+        let row_by_row = op(pipeline("SELECT * FROM trips WHERE total_amount > 0", ""));
+        assert_eq!(row_by_row.stateful().await.unwrap(), None);
+    }
+
+    /// Each misuse the issue lists, refused with what to write.
+    #[tokio::test]
+    async fn misuses_are_refused_by_name() {
+        let window = "SELECT window.start, count(*) FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes')";
+        let zone = r#"SELECT "PULocationID", count(*) FROM trips GROUP BY "PULocationID""#;
+        let update = "[sink]\nuri = \"out\"\nmode = \"update\"";
+        for (sql, extra, says) in [
+            (window, "", "needs [watermark]"),
+            (zone, "", "sink.mode = \"append\""),
+            (
+                "SELECT count(*) FROM trips GROUP BY window(tpep_pickup_datetime, '1 hour'), window(tpep_pickup_datetime, '2 hours')",
+                WM,
+                "more than one window",
+            ),
+            (
+                r#"SELECT count(*) FROM trips GROUP BY window("PULocationID", '1 hour')"#,
+                WM,
+                "not a timestamp",
+            ),
+            (
+                "SELECT count(*) FROM trips GROUP BY session_window(tpep_pickup_datetime, '5 minutes')",
+                update,
+                "session_window",
+            ),
+            (
+                r#"SELECT "PULocationID", count(DISTINCT store_and_fwd_flag) FROM trips GROUP BY "PULocationID""#,
+                update,
+                "DISTINCT",
+            ),
+            (
+                r#"SELECT "PULocationID", count(*) FROM trips GROUP BY "PULocationID" LIMIT 3"#,
+                update,
+                "LIMIT",
+            ),
+            (
+                r#"SELECT "PULocationID", count(*) OVER () FROM trips GROUP BY "PULocationID""#,
+                update,
+                "OVER",
+            ),
+            (
+                r#"SELECT a."PULocationID", count(*) FROM trips a JOIN trips b ON a."PULocationID" = b."PULocationID" GROUP BY a."PULocationID""#,
+                update,
+                "join",
+            ),
+        ] {
+            let e = op(pipeline(sql, extra))
+                .stateful()
+                .await
+                .map(|q| format!("accepted: {q:?}"))
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains(says), "{sql}: want \"{says}\" in: {e}");
+        }
+        let other = "[watermark]\ncolumn = \"other\"\ndelay = \"1 minute\"";
+        let e = op(pipeline(window, other))
+            .stateful()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("closes windows of its own column"), "{e}");
+    }
+}
