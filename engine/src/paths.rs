@@ -103,6 +103,31 @@ pub mod checkpoint {
         format!("{}task-{task:05}-e{epoch}.json", work_prefix(n))
     }
 
+    /// The partial aggregate states task `task` of batch `n` wrote for
+    /// state partition `p` under lease `epoch` (Arrow IPC).
+    pub(crate) fn partial(n: u64, p: u32, task: u32, epoch: u64) -> String {
+        format!(
+            "{}partials/p={p:04}/task-{task:05}-e{epoch}.arrow",
+            work_prefix(n)
+        )
+    }
+
+    /// The result of the merge of state partition `p` of batch `n` under
+    /// lease `epoch`, read by the committer.
+    pub(crate) fn merge(n: u64, p: u32, epoch: u64) -> String {
+        format!("{}merge-{p:04}-e{epoch}.json", work_prefix(n))
+    }
+
+    /// Where every state file lives.
+    pub(crate) const STATE_PREFIX: &str = "state/";
+
+    /// The state of partition `p` after batch `n`, written by its merge
+    /// under lease `epoch` (Arrow IPC); the commit record names the one in
+    /// force.
+    pub(crate) fn state(p: u32, n: u64, epoch: u64) -> String {
+        format!("{STATE_PREFIX}p={p:04}/v={n:010}-e{epoch}.arrow")
+    }
+
     /// The task list of batch `n`, read by the state machine's Distributed
     /// Map (a JSON array of task numbers).
     pub fn task_list(n: u64) -> String {

@@ -124,6 +124,7 @@ fn write_manifest(sink: &Path, n: u64, files: Vec<OutputFile>) {
         batch: n,
         files,
         rows: 0,
+        complete: false,
     };
     let path = sink.join(paths::sink::manifest(n));
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();

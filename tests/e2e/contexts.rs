@@ -44,6 +44,7 @@ async fn run_through(planner: &Contexts, operator: &Contexts, committer: &Contex
                 run: r.clone(),
                 batch: batch.batch,
                 task: *task,
+                merge: None,
             };
             operator
                 .dispatch("warm", false, |ctx| handlers::handle_task(ctx, req.clone()))
@@ -176,6 +177,7 @@ async fn a_step_whose_run_spec_is_no_longer_registered_stops_with_a_conflict() {
         run,
         batch: batch.batch,
         task: 0,
+        merge: None,
     };
     let e = operator
         .dispatch("warm", false, |ctx| handlers::handle_task(ctx, req.clone()))

@@ -21,6 +21,7 @@ mod s3;
 mod schema;
 mod schema_change;
 mod sink;
+mod stateful;
 mod storage_contract;
 mod trigger_storm;
 mod triggers;

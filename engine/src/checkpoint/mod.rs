@@ -25,7 +25,7 @@ pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};
 pub use records::{
     Commit, Control, Durations, FORMAT_VERSION, Index, InputFile, KeyClaim, ListingState, Manifest,
     Offsets, OutputFile, PipelineRecord, Quarantined, RunStatus, SchemaVersion, SinkOwner,
-    SourceCursor, TaskPlan, Totals,
+    SourceCursor, StatefulState, TaskPlan, Totals,
 };
 
 /// Which batches' offsets and commits may be deleted once `last_committed`

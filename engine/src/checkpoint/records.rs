@@ -91,6 +91,10 @@ pub struct Totals {
     /// Fields put into `_rescued` (`on_schema_change = "rescue"`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub rescued_fields: u64,
+    /// Rows dropped as late (a stateful query's event time at or below the
+    /// watermark).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub late_rows: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -163,6 +167,29 @@ pub struct Control {
     /// (version 1). Set by the commit of the batch that added them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<SchemaVersion>,
+    /// A stateful query's state and watermark after the last committed
+    /// batch (that batch's record's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stateful: Option<StatefulState>,
+}
+
+/// A stateful query's state after a batch: what the next batch's tasks
+/// and merges start from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StatefulState {
+    /// The watermark after the batch, microseconds since the epoch: the
+    /// next batch drops rows at or below it as late and closes windows
+    /// that end at or before it.
+    pub watermark_us: Option<i64>,
+    /// The watermark the batch's own merges closed windows with: when the
+    /// watermark has since moved past it, a run ends with one batch with
+    /// no input that closes the windows it passed.
+    pub merged_watermark_us: Option<i64>,
+    /// Per state partition, the state file in force (checkpoint key).
+    pub state: Vec<Option<String>>,
+    /// Rows the batch dropped as late.
+    #[serde(default)]
+    pub late_rows: u64,
 }
 
 /// A version of the source schema. Version 1 is the schema pinned in
@@ -201,6 +228,7 @@ impl Control {
             quarantined: Vec::new(),
             retry: Vec::new(),
             schema: None,
+            stateful: None,
         }
     }
 
@@ -393,6 +421,9 @@ pub struct Commit {
     /// Fields put into `_rescued` (`on_schema_change = "rescue"`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub rescued_fields: u64,
+    /// A stateful query: its state and watermark after this batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stateful: Option<StatefulState>,
 }
 
 /// An input file set aside because it could not be read.
@@ -444,6 +475,10 @@ pub struct Manifest {
     pub files: Vec<OutputFile>,
     /// Rows in those files.
     pub rows: u64,
+    /// `sink.mode = "complete"`: the files are the whole result, replacing
+    /// every earlier batch's (read the last manifest only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub complete: bool,
 }
 
 /// `index/processed.json`: processed input keys. In `list` mode all of them;

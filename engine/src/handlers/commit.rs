@@ -21,9 +21,10 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     let started = std::time::Instant::now();
     let counts_before = ctx.counts();
     let started_ms = ctx.now();
-    owned_control(ctx, run.epoch).await?;
+    let (control, _) = owned_control(ctx, run.epoch).await?;
     let off = ctx.planned(batch, "at commit").await?;
     let results = task_results(ctx, run, batch, &off).await?;
+    let merged = merge_results(ctx, run, &off, &control, &results).await?;
     // Inputs a task left for the next run (changed since listed) are not
     // part of the batch: not counted, not marked processed.
     let mut deferred: Vec<crate::checkpoint::InputFile> = results
@@ -50,8 +51,15 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         .iter()
         .filter(|i| !quarantined.iter().any(|q| q.key == i.key))
         .collect();
-    let mut outputs: Vec<_> = results.iter().flat_map(|r| r.outputs.clone()).collect();
+    let mut outputs: Vec<_> = match &merged {
+        Some((_, outputs)) => outputs.clone(),
+        None => results.iter().flat_map(|r| r.outputs.clone()).collect(),
+    };
     outputs.sort_by(|a, b| a.key.cmp(&b.key));
+    let rows_out = match &merged {
+        Some(_) => outputs.iter().map(|o| o.rows).sum(),
+        None => results.iter().map(|r| r.rows_out).sum(),
+    };
     ctx.sink.verify(batch, &outputs).await?;
     let task_requests = results
         .iter()
@@ -64,7 +72,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         files: read.len() as u64,
         bytes_read: read.iter().map(|i| i.size).sum(),
         rows_in: results.iter().map(|r| r.rows_in).sum(),
-        rows_out: results.iter().map(|r| r.rows_out).sum(),
+        rows_out,
         outputs,
         durations: Durations {
             plan_ms: off.plan_ms,
@@ -88,6 +96,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
             .then(|| off.schema.clone())
             .flatten(),
         rescued_fields: results.iter().map(|r| r.rescued_fields).sum(),
+        stateful: merged.map(|(s, _)| s),
     };
     record.durations.commit_ms = started.elapsed().as_millis() as u64;
     // Planner, tasks and this committer, including the commit write itself.
@@ -105,6 +114,67 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     }
     finish_commit(ctx, run, &record).await?;
     Ok(record)
+}
+
+/// A stateful query's batch: the state and watermark after it, and the
+/// parts its merges staged; `None` for a row-by-row query. Every state
+/// partition's merge must have finished under this run.
+async fn merge_results(
+    ctx: &Context,
+    run: &RunState,
+    off: &crate::checkpoint::Offsets,
+    control: &crate::checkpoint::Control,
+    results: &[TaskResult],
+) -> Result<
+    Option<(
+        crate::checkpoint::StatefulState,
+        Vec<crate::checkpoint::OutputFile>,
+    )>,
+> {
+    let partitions = super::plan::merges(ctx, off).await?;
+    if partitions.is_empty() {
+        return Ok(None);
+    }
+    let before = control.stateful.clone().unwrap_or_default();
+    let mut state = Vec::with_capacity(partitions.len());
+    let mut outputs = Vec::new();
+    for p in partitions {
+        let key = paths::checkpoint::merge(off.batch, p, run.epoch);
+        let Some(obj) = ctx.checkpoint.store().get(&key).await? else {
+            return Err(Error::Execution {
+                pipeline: ctx.pipeline.name.clone(),
+                batch: off.batch,
+                task: None,
+                message: format!(
+                    "no merge result at {key}: the merge of state partition {p} did not finish \
+                     under this run; run again"
+                ),
+                class: ErrorClass::Fatal,
+            });
+        };
+        let m: super::merge::MergeResult =
+            serde_json::from_slice(&obj.bytes).map_err(|e| ctx.broken(key, e.to_string()))?;
+        state.push(m.state);
+        outputs.extend(m.outputs);
+    }
+    let max_event = results.iter().filter_map(|r| r.max_event_us).max();
+    let watermark_us = match (&ctx.pipeline.watermark, max_event) {
+        (Some(w), Some(m)) => Some(
+            before
+                .watermark_us
+                .map_or(m - w.delay_us, |old| old.max(m - w.delay_us)),
+        ),
+        _ => before.watermark_us,
+    };
+    Ok(Some((
+        crate::checkpoint::StatefulState {
+            watermark_us,
+            merged_watermark_us: before.watermark_us,
+            state,
+            late_rows: results.iter().map(|r| r.late_rows).sum(),
+        },
+        outputs,
+    )))
 }
 
 /// The results the tasks of `batch` recorded under this run, in task order;
@@ -159,6 +229,8 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
             batch: record.batch,
             files: record.outputs.clone(),
             rows: record.rows_out,
+            complete: record.stateful.is_some()
+                && p.output_mode == crate::pipeline::OutputMode::Complete,
         })
         .await?;
     ctx.sink.remove_staged_through(record.batch).await?;
@@ -212,6 +284,10 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
         c.totals.rows_quarantined += record.rejected.iter().map(|r| r.rows).sum::<u64>();
         c.totals.nulled_fields += record.nulled_fields;
         c.totals.rescued_fields += record.rescued_fields;
+        if let Some(s) = &record.stateful {
+            c.totals.late_rows += s.late_rows;
+            c.stateful = Some(s.clone());
+        }
         // Columns this batch added are in force from the next batch on.
         if let Some(s) = &record.schema
             && c.schema.as_ref().is_none_or(|now| now.version < s.version)

@@ -16,6 +16,7 @@
 mod commit;
 mod context;
 mod lease;
+mod merge;
 mod operate;
 mod ownership;
 mod payloads;
@@ -27,6 +28,7 @@ pub use commit::commit;
 pub use context::{Context, Contexts};
 pub use lease::{heartbeat, release};
 pub(crate) use lease::{swap_control, update_control};
+pub use merge::{MergeResult, merge};
 pub use operate::operate;
 pub use payloads::{
     BatchRef, CommitAction, CommitRequest, CommitSummary, PlanOutcome, PlanRequest, Refusal,
@@ -56,6 +58,14 @@ pub fn handle_plan(ctx: &Context, req: PlanRequest) -> HandlerFuture<'_, PlanOut
 pub fn handle_task(ctx: &Context, req: TaskRequest) -> HandlerFuture<'_, TaskAck> {
     Box::pin(async move {
         ctx.check_pipeline(&req.pipeline)?;
+        if let Some(partition) = req.merge {
+            let m = merge(ctx, &req.run, req.batch, partition).await?;
+            return Ok(TaskAck {
+                task: partition,
+                rows_out: m.rows_out,
+                files: m.outputs.len() as u64,
+            });
+        }
         let r = match operate(ctx, &req.run, req.batch, req.task).await {
             Ok(r) => r,
             Err(e) => {

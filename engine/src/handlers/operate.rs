@@ -48,9 +48,40 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
         Arc::new(CountingStore::new(ctx.sink.store().clone())),
         &ctx.pipeline.name,
     );
-    let mut result = op
-        .run(&source, &sink, run.epoch, batch, &off.inputs, plan)
-        .await?;
+    let mut result = match op.stateful().await? {
+        None => {
+            op.run(&source, &sink, run.epoch, batch, &off.inputs, plan)
+                .await?
+        }
+        Some(q) => {
+            // The watermark in force is the last commit's: the batch
+            // before this one (batches commit in order).
+            if control.next_batch() != batch {
+                return Err(ctx.broken(
+                    paths::checkpoint::offsets(batch),
+                    format!(
+                        "task of batch {batch} while the last committed batch is {:?}",
+                        control.last_committed
+                    ),
+                ));
+            }
+            let state = crate::operators::TaskState {
+                watermark_us: control.stateful.as_ref().and_then(|s| s.watermark_us),
+                partitions: ctx.pipeline.limits.state_partitions,
+            };
+            op.run_partial(
+                &source,
+                ctx.checkpoint.store().as_ref(),
+                run.epoch,
+                batch,
+                &off.inputs,
+                plan,
+                &q,
+                &state,
+            )
+            .await?
+        }
+    };
     result.requests.get += 2; // the plan and control read above
     result.requests.put += 1; // the result written below
     let bytes = serde_json::to_vec(&result).expect("a task result serializes");

@@ -96,6 +96,10 @@ pub struct BatchRef {
     pub bytes: u64,
     /// Planned by an earlier run that did not commit it.
     pub resumed: bool,
+    /// A stateful query: the state partitions to merge after the tasks
+    /// (the state machine's Merge map); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merge: Vec<u32>,
 }
 
 /// What the plan step decided; `kind` is what the state machine's Choice
@@ -156,7 +160,12 @@ pub struct TaskRequest {
     /// Batch number.
     pub batch: u64,
     /// Task number.
+    #[serde(default)]
     pub task: u32,
+    /// Merge this state partition instead of running a task (a stateful
+    /// query's Merge map).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge: Option<u32>,
 }
 
 /// Output of the operator function: an acknowledgement (the result itself

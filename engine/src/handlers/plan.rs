@@ -55,6 +55,9 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
                 if let Some(off) = ctx.checkpoint.offsets(control.next_batch()).await? {
                     return batch_outcome(ctx, run, &off).await;
                 }
+                if let Some(off) = trailing_batch(ctx, &run, &control).await? {
+                    return batch_outcome(ctx, run, &off).await;
+                }
                 if release_idle(ctx, &run).await? {
                     return Ok(PlanOutcome::Done { run });
                 }
@@ -109,8 +112,64 @@ async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Resul
             files: off.inputs.len() as u64,
             bytes: off.bytes(),
             resumed,
+            merge: merges(ctx, off).await?,
         },
     })
+}
+
+/// The state partitions a batch's merges cover: all of them for a
+/// stateful query, none for a row-by-row one.
+pub(super) async fn merges(ctx: &Context, off: &Offsets) -> Result<Vec<u32>> {
+    let schema = match &off.schema {
+        Some(v) => super::schema::arrow_of(ctx, v, crate::paths::checkpoint::offsets(off.batch))?,
+        None => ctx.schema().await?,
+    };
+    let op = SqlOperator::new(ctx.pipeline.clone(), schema);
+    Ok(match op.stateful().await? {
+        Some(_) => (0..ctx.pipeline.limits.state_partitions.max(1)).collect(),
+        None => Vec::new(),
+    })
+}
+
+/// After a run's last batch of a stateful query over windows: when the
+/// watermark that batch committed has moved past the one its merges
+/// closed windows with, plan one more batch with no input, whose merges
+/// close the windows the new watermark passed (Spark's AvailableNow does
+/// the same; without it the last windows would wait for the next data).
+async fn trailing_batch(
+    ctx: &Context,
+    run: &RunState,
+    control: &Control,
+) -> Result<Option<Offsets>> {
+    let Some(s) = &control.stateful else {
+        return Ok(None);
+    };
+    let moved = match (s.watermark_us, s.merged_watermark_us) {
+        (Some(now), Some(used)) => now > used,
+        (Some(_), None) => true,
+        _ => false,
+    };
+    if !moved || ctx.pipeline.watermark.is_none() {
+        return Ok(None);
+    }
+    let schema = ctx.schema().await?;
+    let off = Offsets {
+        format_version: checkpoint::FORMAT_VERSION,
+        batch: control.next_batch(),
+        epoch: run.epoch,
+        planned_ms: ctx.now(),
+        inputs: Vec::new(),
+        tasks: Vec::new(),
+        consumed: Vec::new(),
+        source: None,
+        schema: Some(in_force(&ctx.pipeline, Some(control), schema.as_ref())),
+        added_columns: Vec::new(),
+        plan_ms: 0,
+        plan_requests: RequestCounts::default(),
+    };
+    ctx.checkpoint.create_offsets(&off).await?;
+    tracing::info!(pipeline = %ctx.pipeline.name, batch = off.batch, "a batch with no input closes the windows the watermark passed");
+    Ok(Some(off))
 }
 
 /// When and with how many requests a plan step started.
@@ -733,6 +792,14 @@ async fn discover_and_plan(
         run.discovered = true;
         if !found.inputs.is_empty() {
             break found;
+        }
+        if !found.more {
+            // Nothing new: a stateful query may still owe the batch with
+            // no input that closes windows (a resumed run reaches it here).
+            let (now, _) = owned_control(ctx, run.epoch).await?;
+            if let Some(off) = trailing_batch(ctx, &run, &now).await? {
+                return batch_outcome(ctx, run, &off).await;
+            }
         }
         // A slice of duplicates only: take the next slice.
         if !found.more && release_idle(ctx, &run).await? {

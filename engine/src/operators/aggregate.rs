@@ -1,6 +1,5 @@
-//! Aggregation in stages whose intermediate results merge: the first
-//! building block of stateful queries (issue "Stateful queries"), not yet
-//! wired into runs (the query classifier still refuses GROUP BY).
+//! Aggregation in stages whose intermediate results merge: how a stateful
+//! (GROUP BY) query runs across operator tasks and batches.
 //!
 //! A query's aggregate is planned once by DataFusion; its group and
 //! aggregate expressions are then run in three modes: `Partial` over a
@@ -11,10 +10,6 @@
 //! (HAVING, the SELECT's expressions) put back on top. States travel as
 //! Arrow IPC, which keeps their exact types (Parquet read-back would turn
 //! Utf8 into Utf8View).
-
-// Not called by a run yet: the stateful path (plan, merge stage, state in
-// the checkpoint) is what comes next; until then only the tests use this.
-#![allow(dead_code)]
 
 use std::sync::Arc;
 
@@ -317,6 +312,7 @@ pub(crate) fn to_ipc(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<
 }
 
 /// States read back from [`to_ipc`]'s bytes.
+#[cfg(test)]
 pub(crate) fn from_ipc(bytes: &[u8]) -> Result<Vec<RecordBatch>> {
     let r = StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
     Ok(r.collect::<std::result::Result<Vec<_>, _>>()?)

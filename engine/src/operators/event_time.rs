@@ -5,9 +5,6 @@
 //! the watermark the batch's commit records (a task that reads no row
 //! reports none, never 0).
 
-// Not called by a run yet: see `aggregate`.
-#![allow(dead_code)]
-
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

@@ -14,9 +14,6 @@
 //! The watermark a merge uses is the one committed before its batch; rows
 //! at or below it were dropped as late before their partials were made.
 
-// Not called by a run yet: see `aggregate`.
-#![allow(dead_code)]
-
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -32,17 +29,7 @@ use datafusion::prelude::SessionContext;
 
 use super::aggregate::Staged;
 use super::window::WINDOW_END;
-
-/// How a stateful query's results reach the sink (`[sink] mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum OutputMode {
-    /// Each window once, when the watermark closes it.
-    Append,
-    /// The groups each batch changed.
-    Update,
-    /// The whole result, every batch.
-    Complete,
-}
+pub(crate) use crate::pipeline::OutputMode;
 
 /// What one merge gives.
 #[derive(Debug, Default)]

@@ -30,7 +30,7 @@ use datafusion::datasource::file_format::json::JsonFormat;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::error::DataFusionError;
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder};
 use datafusion::physical_plan::{
     ExecutionPlan, SendableRecordBatchStream, execute_stream_partitioned,
 };
@@ -89,10 +89,49 @@ pub struct TaskResult {
     /// Fields put into `_rescued` (`on_schema_change = "rescue"`).
     #[serde(default)]
     pub rescued_fields: u64,
+    /// A stateful query: the partial states the task wrote, per state
+    /// partition (only partitions it has groups for).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partials: Vec<PartialFile>,
+    /// A stateful query: rows dropped as late.
+    #[serde(default)]
+    pub late_rows: u64,
+    /// A stateful query: the largest event time read (none if no row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_event_us: Option<i64>,
 }
 
-const ROW_BY_ROW_HINT: &str = "use a row-by-row query (SELECT, WHERE, expressions, UNION ALL \
-                               of branches over the input) until they land";
+/// Partial states a task wrote for one state partition.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PartialFile {
+    /// The state partition.
+    pub partition: u32,
+    /// Checkpoint key.
+    pub key: String,
+    /// Groups in it.
+    pub rows: u64,
+}
+
+pub(crate) use merge::merge as merge_states;
+pub(crate) use stateful::TaskState;
+
+/// A session for merging and finishing states.
+pub(crate) fn staging_session() -> SessionContext {
+    aggregate::session(1)
+}
+
+/// `batches` as a stream.
+pub(crate) fn batches_stream(
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> SendableRecordBatchStream {
+    Box::pin(
+        datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::iter(batches.into_iter().map(Ok)),
+        ),
+    )
+}
 
 /// Runs the pipeline's SQL over task inputs with DataFusion.
 #[derive(Debug, Clone)]
@@ -162,15 +201,11 @@ impl SqlOperator {
     /// logical plan.
     pub async fn check(&self) -> Result<LogicalPlan> {
         let p = &self.pipeline;
-        if let Some(q) = self.stateful().await? {
-            return Err(self.sql_err(format!(
-                "a GROUP BY query (a stateful query: {}) passes the pipeline checks but \
-                 stateful runs are not built yet; {ROW_BY_ROW_HINT}",
-                match &q.window {
-                    Some(w) => format!("window over {}", w.column),
-                    None => "no window".to_string(),
-                }
-            )));
+        if self.stateful().await?.is_some() {
+            // Planned and checked as a stateful query.
+            return LogicalPlanBuilder::empty(false)
+                .build()
+                .map_err(|e| self.sql_err(e));
         }
         if p.watermark.is_some() || p.output_mode != crate::pipeline::OutputMode::Append {
             return Err(self.sql_err(
@@ -467,6 +502,9 @@ impl SqlOperator {
             rejected: read.rejected,
             nulled_fields: read.nulled,
             rescued_fields: read.rescued,
+            partials: Vec::new(),
+            late_rows: 0,
+            max_event_us: None,
         })
     }
 

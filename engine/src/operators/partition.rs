@@ -5,9 +5,6 @@
 //! x86 and arm64 Lambdas, and Arrow's row format is not stable across
 //! releases; this encodes each value itself and hashes it with FNV-1a.
 
-// Not called by a run yet: see `aggregate`.
-#![allow(dead_code)]
-
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, UInt32Array};
 use datafusion::arrow::compute::{cast, take_record_batch};
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, UInt64Type};

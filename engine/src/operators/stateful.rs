@@ -4,9 +4,6 @@
 //! states merge, in an output mode that fits, with a `[watermark]` where
 //! windows must close. Refusals name what is wrong and what to write.
 
-// Not called by a run yet: see `aggregate`.
-#![allow(dead_code)]
-
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -108,6 +105,18 @@ impl SqlOperator {
             .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))?;
         if let Some(reason) = staged.refusal() {
             return Err(self.sql_err(reason));
+        }
+        let s = &p.source;
+        if s.on_bad_file != crate::pipeline::BadFilePolicy::Fail
+            || s.on_bad_row != crate::pipeline::BadRowPolicy::Fail
+            || s.on_schema_change != crate::pipeline::SchemaChangePolicy::Fail
+            || s.corrupt_record
+        {
+            return Err(self.sql_err(
+                "on_bad_file, on_bad_row, on_schema_change and corrupt_record apply to \
+                 row-by-row queries for now: a stateful (GROUP BY) query fails its batch on bad \
+                 input; remove them",
+            ));
         }
         let q = StatefulQuery {
             sql: w.sql,
@@ -282,5 +291,193 @@ uri = "ck"
             .unwrap_err()
             .to_string();
         assert!(e.contains("closes windows of its own column"), "{e}");
+    }
+}
+
+/// What a stateful task reads with, from the last commit.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TaskState {
+    /// The watermark in force: rows at or below it are late.
+    pub watermark_us: Option<i64>,
+    /// State partitions.
+    pub partitions: u32,
+}
+
+impl SqlOperator {
+    /// The query planned over an empty input in a staging session: its
+    /// aggregate in stages (what merges and finishes states).
+    pub(crate) async fn staged(&self, q: &StatefulQuery) -> Result<Staged> {
+        let schema = self.windowed_schema(q.window.as_ref())?;
+        let ctx = session(1);
+        let empty = MemTable::try_new(schema, vec![vec![]]).map_err(|e| self.sql_err(e))?;
+        ctx.register_table(self.pipeline.source.table.as_str(), Arc::new(empty))
+            .map_err(|e| self.sql_err(e))?;
+        let plan = ctx
+            .sql(&q.sql)
+            .await
+            .map_err(|e| self.sql_err(e))?
+            .create_physical_plan()
+            .await
+            .map_err(|e| self.sql_err(e))?;
+        Staged::of(plan)
+            .map_err(|e| self.sql_err(e))?
+            .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))
+    }
+
+    /// Run one task of a stateful query: read the task's files (late rows
+    /// dropped, windows assigned), aggregate them partially, and write the
+    /// partial states to the checkpoint, split into the state partitions
+    /// by a stable hash of the group key
+    /// (`work/N/partials/p=P/task-T-eE.arrow`). Nothing goes to the sink:
+    /// the merges of the batch write it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn run_partial(
+        &self,
+        source: &dyn crate::storage::Store,
+        checkpoint: &dyn crate::storage::Store,
+        epoch: u64,
+        batch: u64,
+        inputs: &[crate::checkpoint::InputFile],
+        task: &crate::checkpoint::TaskPlan,
+        q: &StatefulQuery,
+        state: &TaskState,
+    ) -> Result<super::TaskResult> {
+        use super::event_time::{EventTally, EventTimeTable};
+        use super::scan::BatchTable;
+        let started = std::time::Instant::now();
+        let access = source.scan_access()?;
+        let planned = self.planned_inputs(batch, inputs, task)?;
+        let (files, deferred, mut gone, heads) =
+            self.readable_now(&access, batch, task, &planned).await?;
+        let access = if access.url.as_str() == "file:///" {
+            access
+        } else {
+            access.pinned(files.iter().map(|f| (f.key.as_str(), f.etag.as_deref())))
+        };
+        let refs: Vec<&crate::checkpoint::InputFile> = files.iter().collect();
+        let scan = self.scan_session(&access);
+        let checked = self.check_drift(&scan, &access, batch, &refs).await?;
+        if let Some((f, reason)) = checked.unreadable.first() {
+            return Err(self.unreadable(batch, f, reason));
+        }
+        if let Some((f, _)) = checked.adapted.first() {
+            return Err(crate::error::Error::Input {
+                pipeline: self.pipeline.name.clone(),
+                batch,
+                key: f.key.clone(),
+                message: "its columns differ from the schema, which a stateful query does not \
+                          take yet (on_schema_change applies to row-by-row queries)"
+                    .into(),
+            });
+        }
+        gone.extend(checked.gone.iter().map(|f| f.key.clone()));
+        let files: Vec<&crate::checkpoint::InputFile> =
+            files.iter().filter(|f| !gone.contains(&f.key)).collect();
+        let table = BatchTable {
+            schema: self.schema.clone(),
+            format: Self::format(&self.pipeline),
+            url: access.url.clone(),
+            files: files
+                .iter()
+                .map(|f| {
+                    datafusion::datasource::listing::PartitionedFile::new_from_meta(
+                        Self::object_meta(&access, f),
+                    )
+                })
+                .collect(),
+            partitions: self.partitions,
+        };
+        let tally = Arc::new(EventTally::default());
+        let column = q
+            .watermark
+            .as_ref()
+            .map(|w| w.column.clone())
+            .or_else(|| q.window.as_ref().map(|w| w.column.clone()));
+        let provider: Arc<dyn datafusion::datasource::TableProvider> = match &column {
+            Some(c) => Arc::new(
+                EventTimeTable::new(
+                    Arc::new(table),
+                    c,
+                    q.window.clone(),
+                    q.watermark.as_ref().and(state.watermark_us),
+                    tally.clone(),
+                )
+                .map_err(|e| self.sql_err(e))?,
+            ),
+            None => Arc::new(table),
+        };
+        let ctx = session(self.partitions);
+        ctx.register_object_store(access.url.as_ref(), access.store.clone());
+        ctx.register_table(self.pipeline.source.table.as_str(), provider)
+            .map_err(|e| self.sql_err(e))?;
+        let exec = self.exec_err(batch, task);
+        let plan = ctx
+            .sql(&q.sql)
+            .await
+            .map_err(exec)?
+            .create_physical_plan()
+            .await
+            .map_err(exec)?;
+        let staged = Staged::of(plan)
+            .map_err(|e| self.sql_err(e))?
+            .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))?;
+        let partial = staged.partial().map_err(exec)?;
+        let states = datafusion::physical_plan::collect(partial.clone(), ctx.task_ctx())
+            .await
+            .map_err(exec)?;
+        let keys = staged.key_columns();
+        let n = state.partitions.max(1);
+        let mut parts: Vec<Vec<datafusion::arrow::record_batch::RecordBatch>> =
+            vec![Vec::new(); n as usize];
+        for b in &states {
+            for (p, piece) in super::partition::split(b, &keys, n)
+                .map_err(|e| self.sql_err(e))?
+                .into_iter()
+                .enumerate()
+            {
+                if piece.num_rows() > 0 {
+                    parts[p].push(piece);
+                }
+            }
+        }
+        let mut partials = Vec::new();
+        for (p, batches) in parts.into_iter().enumerate() {
+            if batches.is_empty() {
+                continue;
+            }
+            let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
+            let key = crate::paths::checkpoint::partial(batch, p as u32, task.task, epoch);
+            let bytes = staged.write_state(&batches).map_err(exec)?;
+            checkpoint
+                .put(&key, bytes.into(), crate::storage::PutMode::Overwrite)
+                .await?;
+            partials.push(super::PartialFile {
+                partition: p as u32,
+                key,
+                rows,
+            });
+        }
+        Ok(super::TaskResult {
+            task: task.task,
+            rows_in: super::leaf_rows(&partial),
+            rows_out: 0,
+            bytes_read: files.iter().map(|f| f.size).sum(),
+            outputs: Vec::new(),
+            millis: started.elapsed().as_millis() as u64,
+            requests: source.counts().plus(&crate::storage::RequestCounts {
+                get: heads,
+                put: partials.len() as u64,
+                ..Default::default()
+            }),
+            deferred,
+            gone,
+            quarantined: Vec::new(),
+            rejected: None,
+            nulled_fields: 0,
+            rescued_fields: 0,
+            partials,
+            late_rows: tally.late.load(std::sync::atomic::Ordering::Relaxed),
+            max_event_us: tally.max_event_us(),
+        })
     }
 }

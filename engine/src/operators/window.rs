@@ -7,9 +7,6 @@
 //! GROUP BY. Session windows (`session_window(ts, '5 minutes')`) are
 //! recognised and refused until their operator exists.
 
-// Not called by a run yet: see `aggregate`.
-#![allow(dead_code)]
-
 use std::ops::ControlFlow;
 use std::sync::Arc;
 

@@ -1,0 +1,183 @@
+//! The merge step of a stateful query: one per state partition, after the
+//! batch's tasks and before its commit. It reads the partition's state in
+//! force (the last commit's), the batch's partial states for the partition,
+//! merges them under the output mode and the watermark in force, writes
+//! what the batch emits as staged sink parts (published by the commit, like
+//! a task's) and the partition's next state as a new state file, and leaves
+//! its result for the committer (`work/N/merge-P-eE.json`). Every write is
+//! under the batch's and the run's names, so a retried or re-run merge
+//! rewrites the same files and the commit record names exactly one state
+//! file per partition.
+
+use serde::{Deserialize, Serialize};
+
+use super::context::Context;
+use super::lease::owned_control;
+use super::payloads::RunState;
+use crate::checkpoint::OutputFile;
+use crate::error::{Error, ErrorClass, Result};
+use crate::operators::{SqlOperator, TaskResult};
+use crate::paths;
+use crate::storage::PutMode;
+
+/// What the merge of one state partition of a batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergeResult {
+    /// The state partition.
+    pub partition: u32,
+    /// Staged sink parts with the rows it emitted.
+    pub outputs: Vec<OutputFile>,
+    /// Rows emitted.
+    pub rows_out: u64,
+    /// The partition's state after the batch (checkpoint key), if any.
+    pub state: Option<String>,
+    /// Groups in that state.
+    pub state_rows: u64,
+    /// Wall time, ms.
+    pub millis: u64,
+}
+
+/// Merge step: merge state partition `partition` of `batch`.
+pub async fn merge(
+    ctx: &Context,
+    run: &RunState,
+    batch: u64,
+    partition: u32,
+) -> Result<MergeResult> {
+    ctx.check_spec(run)?;
+    let started = std::time::Instant::now();
+    let p = &ctx.pipeline;
+    let off = ctx
+        .planned(batch, &format!("while run epoch {} merges it", run.epoch))
+        .await?;
+    // Fenced; and the state in force is the last commit's, which for this
+    // batch is the one before it (batches commit in order).
+    let (control, _) = owned_control(ctx, run.epoch).await?;
+    if control.next_batch() != batch {
+        return Err(ctx.broken(
+            paths::checkpoint::offsets(batch),
+            format!(
+                "merge of batch {batch} while the last committed batch is {:?}",
+                control.last_committed
+            ),
+        ));
+    }
+    let before = control.stateful.clone().unwrap_or_default();
+    let schema = match &off.schema {
+        Some(v) => super::schema::arrow_of(ctx, v, paths::checkpoint::offsets(batch))?,
+        None => ctx.schema().await?,
+    };
+    let op = SqlOperator::new(p.clone(), schema);
+    let q = op.stateful().await?.ok_or_else(|| {
+        ctx.broken(
+            paths::checkpoint::offsets(batch),
+            "a merge step for a query that does not aggregate",
+        )
+    })?;
+    let staged = op.staged(&q).await?;
+    let read_state = |key: String, bytes: bytes::Bytes| {
+        staged
+            .read_state(&key, &bytes)
+            .map_err(|message| Error::Checkpoint {
+                pipeline: p.name.clone(),
+                key,
+                message,
+            })
+    };
+    let mut state = Vec::new();
+    if let Some(key) = before.state.get(partition as usize).cloned().flatten() {
+        let obj = ctx
+            .checkpoint
+            .store()
+            .get(&key)
+            .await?
+            .ok_or_else(|| ctx.broken(key.clone(), "the state in force is missing"))?;
+        state = read_state(key, obj.bytes)?;
+    }
+    let mut partials = Vec::new();
+    for t in &off.tasks {
+        let key = paths::checkpoint::work(batch, t.task, run.epoch);
+        let Some(obj) = ctx.checkpoint.store().get(&key).await? else {
+            return Err(Error::Execution {
+                pipeline: p.name.clone(),
+                batch,
+                task: Some(t.task),
+                message: format!("no result at {key}: the task did not finish under this run"),
+                class: ErrorClass::Fatal,
+            });
+        };
+        let result: TaskResult =
+            serde_json::from_slice(&obj.bytes).map_err(|e| ctx.broken(key, e.to_string()))?;
+        for f in result.partials.iter().filter(|f| f.partition == partition) {
+            let obj =
+                ctx.checkpoint.store().get(&f.key).await?.ok_or_else(|| {
+                    ctx.broken(f.key.clone(), "a task's partial states are missing")
+                })?;
+            partials.extend(read_state(f.key.clone(), obj.bytes)?);
+        }
+    }
+    let session = crate::operators::staging_session();
+    let merged = crate::operators::merge_states(
+        &session,
+        &staged,
+        state,
+        partials,
+        q.mode,
+        before.watermark_us,
+    )
+    .await
+    .map_err(|e| Error::Execution {
+        pipeline: p.name.clone(),
+        batch,
+        task: None,
+        message: format!("merging state partition {partition}: {e}"),
+        class: ErrorClass::Fatal,
+    })?;
+    let rows_out: u64 = merged.emit.iter().map(|b| b.num_rows() as u64).sum();
+    let mut outputs = Vec::new();
+    if rows_out > 0 {
+        let schema = merged.emit[0].schema();
+        let stream = crate::operators::batches_stream(schema.clone(), merged.emit);
+        outputs = ctx
+            .sink
+            .write_partition(run.epoch, batch, partition, 0, schema, stream)
+            .await?;
+    }
+    ctx.sink
+        .remove_stale_parts(run.epoch, batch, partition, &outputs)
+        .await?;
+    let state_rows: u64 = merged.state.iter().map(|b| b.num_rows() as u64).sum();
+    let state = if state_rows > 0 {
+        let key = paths::checkpoint::state(partition, batch, run.epoch);
+        let bytes = staged
+            .write_state(&merged.state)
+            .map_err(|e| ctx.broken(key.clone(), e.to_string()))?;
+        ctx.checkpoint
+            .store()
+            .put(&key, bytes.into(), PutMode::Overwrite)
+            .await?;
+        Some(key)
+    } else {
+        None
+    };
+    let result = MergeResult {
+        partition,
+        outputs,
+        rows_out,
+        state,
+        state_rows,
+        millis: started.elapsed().as_millis() as u64,
+    };
+    ctx.checkpoint
+        .store()
+        .put(
+            &paths::checkpoint::merge(batch, partition, run.epoch),
+            serde_json::to_vec(&result)
+                .expect("a merge result serializes")
+                .into(),
+            PutMode::Overwrite,
+        )
+        .await?;
+    tracing::debug!(pipeline = %p.name, batch, partition, rows_out, state_rows, "merged");
+    Ok(result)
+}

@@ -1,0 +1,283 @@
+//! Stateful queries (GROUP BY, Spark's event-time windows): through the
+//! same state machine as every run (tasks write partial states, one merge
+//! per state partition, the commit records state and watermark). Expected
+//! rows come from DuckDB over the input files, with late rows and the
+//! final watermark computed from the arrival order the test chose.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sluice_engine::sinks::ParquetSink;
+use sluice_engine::storage::LocalStore;
+
+use crate::support::*;
+
+const WINDOWED: &str = r#"SELECT window.start AS window_start, window.end AS window_end, "PULocationID", count(*) AS trips, sum(passenger_count) AS passengers, max(trip_distance) AS longest FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes'), "PULocationID""#;
+
+const DELAY_MIN: i64 = 10;
+
+fn toml(name: &str, sql: &str, mode: &str, watermark: bool, per_batch: u64) -> String {
+    let wm = if watermark {
+        format!("[watermark]\ncolumn = \"tpep_pickup_datetime\"\ndelay = \"{DELAY_MIN} minutes\"\n")
+    } else {
+        String::new()
+    };
+    format!(
+        r#"name = "{name}"
+[source]
+uri = "input"
+format = "parquet"
+table = "trips"
+[query]
+sql = '''{sql}'''
+[sink]
+uri = "out/sink"
+mode = "{mode}"
+[checkpoint]
+uri = "out/checkpoint"
+{wm}[limits]
+max_files_per_batch = {per_batch}
+state_partitions = 3
+"#
+    )
+}
+
+fn list(files: &[PathBuf]) -> String {
+    files
+        .iter()
+        .map(|f| format!("'{}'", f.display()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The files the manifests name, in batch order (each batch's own).
+async fn manifest_files(root: &Path, name: &str) -> Vec<(u64, bool, Vec<PathBuf>)> {
+    let sink_dir = root.join("out/sink");
+    let sink = ParquetSink::new(Arc::new(LocalStore::new(sink_dir.clone())), name);
+    sink.manifests()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| {
+            let files = m.files.into_iter().map(|f| sink_dir.join(f.key)).collect();
+            (m.batch, m.complete, files)
+        })
+        .collect()
+}
+
+/// Every committed row, as DuckDB reads the committed files.
+async fn committed(root: &Path, name: &str, cols: &str) -> Vec<String> {
+    let files: Vec<PathBuf> = manifest_files(root, name)
+        .await
+        .into_iter()
+        .flat_map(|(_, _, f)| f)
+        .collect();
+    if files.is_empty() {
+        return Vec::new();
+    }
+    duckdb_sql(&format!(
+        "SELECT {cols} FROM read_parquet([{}])",
+        list(&files)
+    ))
+    .await
+}
+
+/// The largest pickup time of a file, microseconds (DuckDB).
+async fn max_pickup_us(file: &Path) -> i64 {
+    let got = duckdb_sql(&format!(
+        "SELECT epoch_us(max(tpep_pickup_datetime)) FROM read_parquet('{}')",
+        file.display()
+    ))
+    .await;
+    got[0].parse().unwrap()
+}
+
+/// Append mode, computed without Sluice: files arrive one batch each, in
+/// `arrivals` order; a row at or below the watermark before its batch
+/// (largest pickup so far minus the delay) is late; the windows that end
+/// at or before the final watermark are emitted, each once.
+async fn expected_append(arrivals: &[PathBuf]) -> Vec<String> {
+    let delay = DELAY_MIN * 60_000_000;
+    let mut wm: Option<i64> = None;
+    let mut parts = Vec::new();
+    for f in arrivals {
+        let cut = wm.map_or(String::new(), |w| {
+            format!(" WHERE epoch_us(tpep_pickup_datetime) > {w}")
+        });
+        parts.push(format!(
+            "SELECT * FROM read_parquet('{}'){cut}",
+            f.display()
+        ));
+        let m = max_pickup_us(f).await;
+        wm = Some(wm.map_or(m - delay, |w| w.max(m - delay)));
+    }
+    let wm = wm.unwrap();
+    duckdb_sql(&format!(
+        "SELECT * FROM (SELECT time_bucket(INTERVAL 15 MINUTES, tpep_pickup_datetime) AS \
+         window_start, time_bucket(INTERVAL 15 MINUTES, tpep_pickup_datetime) + INTERVAL 15 \
+         MINUTES AS window_end, \"PULocationID\", count(*) AS trips, sum(passenger_count)::BIGINT AS \
+         passengers, max(trip_distance) AS longest FROM ({}) GROUP BY ALL) WHERE \
+         epoch_us(window_end) <= {wm}",
+        parts.join(" UNION ALL ")
+    ))
+    .await
+}
+
+/// Tumbling windows in append mode, one file per run, with a late file
+/// (an earlier hour, uploaded last): each closed window is committed
+/// exactly once, late rows are dropped and counted, and the run's trailing
+/// no-data batch emits the windows its last data batch's watermark closed.
+#[tokio::test(flavor = "multi_thread")]
+async fn tumbling_windows_in_append_mode_equal_duckdb() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    let toml = toml("win", WINDOWED, "append", true, 10);
+    let mut arrivals = Vec::new();
+    for hour in 0..3u64 {
+        let batch = sluice_cli::generator::taxi_batch(hour, 200);
+        let path = input.join(format!("trips-{hour:03}.parquet"));
+        crate::schema::write_parquet(&path, &batch);
+        arrivals.push(path);
+        let ran = run(&local_context(&pipeline(root, &toml))).await.unwrap();
+        // The data batch, then the one with no input that closes the
+        // windows its watermark passed.
+        let files: Vec<u64> = ran.batches.iter().map(|b| b.files).collect();
+        assert_eq!(files, [1, 0], "hour {hour}");
+        assert!(
+            ran.batches[1].rows_out > 0,
+            "hour {hour}: {:?}",
+            ran.batches
+        );
+    }
+    // Late: hour 1 again, under a new key.
+    let late = input.join("trips-009.parquet");
+    crate::schema::write_parquet(&late, &sluice_cli::generator::taxi_batch(1, 50));
+    arrivals.push(late);
+    let last = run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let cols = "window_start, window_end, \"PULocationID\", trips, passengers, longest";
+    let want = expected_append(&arrivals).await;
+    assert!(want.len() > 20, "{} windows", want.len());
+    assert_eq!(committed(root, "win", cols).await, want);
+    let control = control_of(root, &toml).await;
+    assert_eq!(control.totals.late_rows, 50, "the late file's rows");
+    let s = control.stateful.expect("state recorded");
+    assert_eq!(s.state.len(), 3);
+    // Every row of the late file was late: nothing emitted, the watermark
+    // did not move, no batch with no input follows.
+    let out: Vec<(u64, u64)> = last.batches.iter().map(|b| (b.files, b.rows_out)).collect();
+    assert_eq!(out, [(1, 0)]);
+}
+
+/// Without a window: complete mode's last manifest is a complete snapshot
+/// equal to the one-shot GROUP BY; update mode's last row per group is.
+#[tokio::test(flavor = "multi_thread")]
+async fn complete_and_update_modes_end_at_the_one_shot_group_by() {
+    let sql = r#"SELECT "PULocationID", count(*) AS trips, sum(passenger_count) AS passengers FROM trips GROUP BY "PULocationID""#;
+    for mode in ["complete", "update"] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let files = gen_files(&root.join("input"), 4, 150);
+        let toml = toml("agg", sql, mode, false, 1);
+        run(&local_context(&pipeline(root, &toml))).await.unwrap();
+        let want = duckdb_sql(&format!(
+            "SELECT \"PULocationID\", count(*) AS trips, sum(passenger_count)::BIGINT AS \
+             passengers FROM read_parquet([{}]) GROUP BY ALL",
+            list(&files)
+        ))
+        .await;
+        let manifests = manifest_files(root, "agg").await;
+        assert_eq!(manifests.len(), 4, "{mode}");
+        if mode == "complete" {
+            let (_, complete, last) = manifests.last().unwrap().clone();
+            assert!(complete);
+            let got = duckdb_sql(&format!(
+                "SELECT * FROM read_parquet([{}], hive_partitioning = false)",
+                list(&last)
+            ))
+            .await;
+            assert_eq!(got, want, "{mode}");
+        } else {
+            let mut latest: std::collections::BTreeMap<String, String> = Default::default();
+            for (_, complete, files) in manifests {
+                assert!(!complete);
+                if files.is_empty() {
+                    continue;
+                }
+                for row in duckdb_sql(&format!(
+                    "SELECT * FROM read_parquet([{}], hive_partitioning = false)",
+                    list(&files)
+                ))
+                .await
+                {
+                    latest.insert(row.split('|').next().unwrap().to_string(), row);
+                }
+            }
+            let mut got: Vec<String> = latest.into_values().collect();
+            got.sort();
+            assert_eq!(got, want, "{mode}");
+        }
+    }
+}
+
+/// A windowed run of three batches (and its trailing no-data batch),
+/// failed at each of its checkpoint and sink writes in turn (partial
+/// states, merges' state files and parts, commits), then run again: the
+/// committed windows equal DuckDB's, none twice, nothing uncommitted left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_windowed_run_crashed_at_each_write_recovers() {
+    let toml = toml("winc", WINDOWED, "append", true, 1);
+    let setup = |root: &Path| -> Vec<PathBuf> {
+        let input = root.join("input");
+        (0..3u64)
+            .map(|h| {
+                let path = input.join(format!("trips-{h:03}.parquet"));
+                crate::schema::write_parquet(&path, &sluice_cli::generator::taxi_batch(h, 80));
+                path
+            })
+            .collect()
+    };
+    let clean = tempfile::tempdir().unwrap();
+    let files = setup(clean.path());
+    let writes = Arc::new(AtomicU64::new(0));
+    run(&fault_context(clean.path(), &toml, writes.clone(), 0))
+        .await
+        .unwrap();
+    let total = writes.load(Ordering::SeqCst);
+    let cols = "window_start, window_end, \"PULocationID\", trips, passengers, longest";
+    let want = expected_append(&files).await;
+    assert_eq!(committed(clean.path(), "winc", cols).await, want);
+    assert!(total > 10, "{total} writes");
+    for k in 1..=total {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        setup(root);
+        let failed = run(&fault_context(root, &toml, Arc::new(AtomicU64::new(0)), k)).await;
+        assert!(failed.is_err(), "write {k} was injected to fail");
+        let again = run(&local_context(&pipeline(root, &toml)))
+            .await
+            .unwrap_or_else(|e| panic!("rerun after failing write {k}: {e}"));
+        assert!(
+            matches!(again.end, sluice_engine::runner::RunEnd::Done),
+            "{k}"
+        );
+        let got = committed(root, "winc", cols).await;
+        if got != want {
+            let missing: Vec<&String> = want.iter().filter(|r| !got.contains(r)).collect();
+            let extra: Vec<&String> = got.iter().filter(|r| !want.contains(r)).collect();
+            panic!(
+                "output after failing write {k}: {} rows, want {}; missing {missing:?}; extra \
+                 {extra:?}",
+                got.len(),
+                want.len()
+            );
+        }
+        assert_eq!(
+            orphan_files(&root.join("out/sink"), "winc").await,
+            Vec::<String>::new(),
+            "uncommitted files after failing write {k}"
+        );
+        assert_eq!(staged_files(&root.join("out/sink")), Vec::<String>::new());
+    }
+}
