@@ -516,7 +516,7 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>9}  trigger",
+        "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>9}  trigger",
         "batch",
         "committed",
         "epoch",
@@ -528,6 +528,7 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
         "nulled",
         "rescued",
         "schema",
+        "late",
         "ms"
     );
     for c in &commits {
@@ -536,7 +537,7 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
             .unwrap_or_else(|| "-".into());
         let d = &c.durations;
         println!(
-            "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>9}  {}",
+            "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>9}  {}",
             c.batch,
             when,
             c.epoch,
@@ -552,6 +553,7 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
                 c.schema_version.unwrap_or(1),
                 if c.added_columns.is_empty() { "" } else { "+" }
             ),
+            c.stateful.as_ref().map_or(0, |s| s.late_rows),
             d.plan_ms + d.operate_ms + d.commit_ms,
             c.trigger.as_deref().unwrap_or("-")
         );
@@ -586,6 +588,7 @@ struct BadData<'a> {
     rows: u64,
     nulled: u64,
     rescued: u64,
+    late: u64,
     added: &'a [String],
     version: Option<u32>,
 }
@@ -605,6 +608,9 @@ impl std::fmt::Display for BadData<'_> {
         }
         if self.rescued > 0 {
             parts.push(format!("{} field(s) rescued", self.rescued));
+        }
+        if self.late > 0 {
+            parts.push(format!("{} late row(s) dropped", self.late));
         }
         if !self.added.is_empty() {
             parts.push(format!(
@@ -644,6 +650,7 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
                     rows: b.rows_quarantined,
                     nulled: b.nulled_fields,
                     rescued: b.rescued_fields,
+                    late: b.late_rows,
                     added: &b.added_columns,
                     version: b.schema_version,
                 }
@@ -767,6 +774,7 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                         rows: lc.rejected.iter().map(|r| r.rows).sum(),
                         nulled: lc.nulled_fields,
                         rescued: lc.rescued_fields,
+                        late: lc.stateful.as_ref().map_or(0, |s| s.late_rows),
                         added: &lc.added_columns,
                         version: lc.schema_version,
                     }
@@ -787,11 +795,23 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                     rows: t.rows_quarantined,
                     nulled: t.nulled_fields,
                     rescued: t.rescued_fields,
+                    late: t.late_rows,
                     ..BadData::default()
                 }
                 .to_string()
                 .replacen("  ", ", ", 1)
             );
+            if let Some(s) = &c.stateful {
+                let held = s.state.iter().filter(|k| k.is_some()).count();
+                println!(
+                    "state        {held} of {} partitions hold state; watermark {}",
+                    s.state.len(),
+                    s.watermark_us
+                        .and_then(chrono::DateTime::from_timestamp_micros)
+                        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                        .unwrap_or_else(|| "none yet".into())
+                );
+            }
             if let Some(v) = &c.schema {
                 let columns: Vec<String> = v
                     .columns

@@ -128,6 +128,12 @@ pub mod checkpoint {
         format!("{STATE_PREFIX}p={p:04}/v={n:010}-e{epoch}.arrow")
     }
 
+    /// The batch a state file (`state/p=P/v=N-eE.arrow`) was written after.
+    pub(crate) fn state_batch(key: &str) -> Option<u64> {
+        let name = key.rsplit('/').next()?;
+        name.strip_prefix("v=")?.split('-').next()?.parse().ok()
+    }
+
     /// The task list of batch `n`, read by the state machine's Distributed
     /// Map (a JSON array of task numbers).
     pub fn task_list(n: u64) -> String {

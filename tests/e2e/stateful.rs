@@ -83,6 +83,19 @@ async fn committed(root: &Path, name: &str, cols: &str) -> Vec<String> {
     .await
 }
 
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// The largest pickup time of a file, microseconds (DuckDB).
 async fn max_pickup_us(file: &Path) -> i64 {
     let got = duckdb_sql(&format!(
@@ -164,6 +177,22 @@ async fn tumbling_windows_in_append_mode_equal_duckdb() {
     assert_eq!(control.totals.late_rows, 50, "the late file's rows");
     let s = control.stateful.expect("state recorded");
     assert_eq!(s.state.len(), 3);
+    // Only the state files the last commit names are left.
+    let mut on_disk: Vec<String> = walk(&root.join("out/checkpoint/win/state"))
+        .into_iter()
+        .map(|p| {
+            p.strip_prefix(root.join("out/checkpoint/win"))
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    on_disk.sort();
+    let mut named: Vec<String> = s.state.iter().flatten().cloned().collect();
+    named.sort();
+    assert!(!named.is_empty());
+    assert_eq!(on_disk, named);
     // Every row of the late file was late: nothing emitted, the watermark
     // did not move, no batch with no input follows.
     let out: Vec<(u64, u64)> = last.batches.iter().map(|b| (b.files, b.rows_out)).collect();
@@ -280,4 +309,42 @@ async fn a_windowed_run_crashed_at_each_write_recovers() {
         );
         assert_eq!(staged_files(&root.join("out/sink")), Vec::<String>::new());
     }
+}
+
+/// Once state exists, a change of the window, the keys, the aggregates,
+/// the mode or the partition count would merge old state into wrong
+/// answers: the run is refused, naming `sluice reset`, nothing is
+/// committed, and the lease is not left held.
+#[tokio::test(flavor = "multi_thread")]
+async fn changing_what_the_state_is_of_is_refused_until_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = toml("shape", WINDOWED, "append", true, 10);
+    crate::schema::write_parquet(
+        &root.join("input/trips-000.parquet"),
+        &sluice_cli::generator::taxi_batch(0, 50),
+    );
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let before = control_of(root, &toml).await;
+    crate::schema::write_parquet(
+        &root.join("input/trips-001.parquet"),
+        &sluice_cli::generator::taxi_batch(1, 50),
+    );
+    for changed in [
+        toml.replace("'15 minutes'", "'30 minutes'"),
+        toml.replace("state_partitions = 3", "state_partitions = 4"),
+        toml.replace("max(trip_distance)", "min(trip_distance)"),
+    ] {
+        let e = run(&local_context(&pipeline(root, &changed)))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sluice reset") && e.contains("state"), "{e}");
+        let after = control_of(root, &toml).await;
+        assert_eq!(after.last_committed, before.last_committed);
+        assert_eq!(after.status, sluice_engine::checkpoint::RunStatus::Idle);
+    }
+    // Unchanged, the run goes on.
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    assert!(control_of(root, &toml).await.last_committed > before.last_committed);
 }

@@ -190,6 +190,12 @@ pub struct StatefulState {
     /// Rows the batch dropped as late.
     #[serde(default)]
     pub late_rows: u64,
+    /// What the state is of: a hash of the query's stateful shape (the
+    /// rewritten SQL, the window, the watermark column, the output mode and
+    /// the partition count). A run under another shape is refused while
+    /// state exists: merging the old state would give wrong answers.
+    #[serde(default)]
+    pub shape: String,
 }
 
 /// A version of the source schema. Version 1 is the schema pinned in

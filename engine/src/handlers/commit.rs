@@ -131,10 +131,10 @@ async fn merge_results(
         Vec<crate::checkpoint::OutputFile>,
     )>,
 > {
-    let partitions = super::plan::merges(ctx, off).await?;
-    if partitions.is_empty() {
+    let Some(shape) = super::plan::stateful_shape(ctx, off).await? else {
         return Ok(None);
-    }
+    };
+    let partitions = super::plan::merges(ctx, off).await?;
     let before = control.stateful.clone().unwrap_or_default();
     let mut state = Vec::with_capacity(partitions.len());
     let mut outputs = Vec::new();
@@ -172,6 +172,7 @@ async fn merge_results(
             merged_watermark_us: before.watermark_us,
             state,
             late_rows: results.iter().map(|r| r.late_rows).sum(),
+            shape,
         },
         outputs,
     )))
@@ -300,7 +301,32 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
     if floor > 0 && c.last_committed == Some(record.batch) {
         ctx.checkpoint.prune_below(floor).await?;
     }
+    if let Some(s) = &record.stateful
+        && c.last_committed == Some(record.batch)
+    {
+        drop_old_state(ctx, record.batch, s).await?;
+    }
     Ok(())
+}
+
+/// State files of batches up to `batch` that the committed state no longer
+/// names: replaced versions, and what merges of runs that lost their lease
+/// wrote. No later batch can need them (each merge starts from the state
+/// the last commit names).
+async fn drop_old_state(
+    ctx: &Context,
+    batch: u64,
+    s: &crate::checkpoint::StatefulState,
+) -> Result<()> {
+    let store = ctx.checkpoint.store();
+    let listed = store.list(paths::checkpoint::STATE_PREFIX, None).await?;
+    let stale: Vec<String> = listed
+        .into_iter()
+        .map(|m| m.key)
+        .filter(|k| !s.state.iter().flatten().any(|keep| keep == k))
+        .filter(|k| paths::checkpoint::state_batch(k).is_some_and(|n| n <= batch))
+        .collect();
+    crate::storage::fanout::delete_all(store, stale).await
 }
 
 /// After a batch's input was refused: delete the plans of `batch` and every

@@ -237,6 +237,9 @@ pub struct CommitSummary {
     /// Fields put into `_rescued`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub rescued_fields: u64,
+    /// Rows dropped as late (stateful queries).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub late_rows: u64,
     /// Columns the batch added to the schema.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub added_columns: Vec<String>,
@@ -263,6 +266,7 @@ impl From<&Commit> for CommitSummary {
             rows_quarantined: c.rejected.iter().map(|r| r.rows).sum(),
             nulled_fields: c.nulled_fields,
             rescued_fields: c.rescued_fields,
+            late_rows: c.stateful.as_ref().map_or(0, |s| s.late_rows),
             added_columns: c.added_columns.clone(),
             schema_version: c.schema_version,
         }

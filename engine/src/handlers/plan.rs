@@ -120,15 +120,57 @@ async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Resul
 /// The state partitions a batch's merges cover: all of them for a
 /// stateful query, none for a row-by-row one.
 pub(super) async fn merges(ctx: &Context, off: &Offsets) -> Result<Vec<u32>> {
+    Ok(match stateful_shape(ctx, off).await? {
+        Some(_) => (0..ctx.pipeline.limits.state_partitions.max(1)).collect(),
+        None => Vec::new(),
+    })
+}
+
+/// The stateful shape of the query a batch runs
+/// ([`crate::operators::StatefulQuery::shape`]); `None` for a row-by-row
+/// query.
+pub(super) async fn stateful_shape(ctx: &Context, off: &Offsets) -> Result<Option<String>> {
     let schema = match &off.schema {
         Some(v) => super::schema::arrow_of(ctx, v, crate::paths::checkpoint::offsets(off.batch))?,
         None => ctx.schema().await?,
     };
     let op = SqlOperator::new(ctx.pipeline.clone(), schema);
-    Ok(match op.stateful().await? {
-        Some(_) => (0..ctx.pipeline.limits.state_partitions.max(1)).collect(),
-        None => Vec::new(),
-    })
+    Ok(op
+        .stateful()
+        .await?
+        .map(|q| q.shape(ctx.pipeline.limits.state_partitions.max(1))))
+}
+
+/// A stateful query whose shape is not the one its state was built under
+/// is refused while that state exists.
+async fn check_state_shape(ctx: &Context, control: &Control) -> Result<()> {
+    let Some(s) = &control.stateful else {
+        return Ok(());
+    };
+    if s.state.iter().all(Option::is_none) {
+        return Ok(());
+    }
+    let schema = ctx.schema().await?;
+    let reading = in_force(&ctx.pipeline, Some(control), schema.as_ref());
+    let op = SqlOperator::new(
+        ctx.pipeline.clone(),
+        super::schema::arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?,
+    );
+    let now = op
+        .stateful()
+        .await?
+        .map(|q| q.shape(ctx.pipeline.limits.state_partitions.max(1)));
+    if now.as_deref() != Some(s.shape.as_str()) {
+        return Err(Error::Incompatible {
+            pipeline: ctx.pipeline.name.clone(),
+            message: "the query's aggregate, keys, window, watermark column, sink.mode or \
+                      limits.state_partitions changed while state built under the old ones \
+                      exists: merging it would give wrong answers. Restore them, or run \
+                      `sluice reset` on the pipeline file to start over"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// After a run's last batch of a stateful query over windows: when the
@@ -201,6 +243,9 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     let Some((schema, record_current)) = checked_schema(ctx, control, &looked.listed).await? else {
         return Ok(idle("no input files yet (and no schema declared)"));
     };
+    if let Some(c) = control {
+        check_state_shape(ctx, c).await?;
+    }
     // Batches may wait planned, or committed and not recorded.
     let recover = recover || control.is_some_and(|c| c.resume);
     // Without a dead run to recover, look for new input before writing
@@ -810,6 +855,10 @@ async fn discover_and_plan(
         // What this slice left in the inbox is discovered at the end of the
         // run (or by the execution that continues it).
         update_control(ctx, run.epoch, &|c| c.requested = true).await?;
+    }
+    if let Err(e) = check_state_shape(ctx, control).await {
+        release(ctx, &run, RunStatus::Idle).await?;
+        return Err(e);
     }
     let first = control.next_batch();
     let now = ctx.now();

@@ -14,7 +14,8 @@ use datafusion::error::DataFusionError;
 use datafusion::logical_expr::LogicalPlan;
 
 const ROW_BY_ROW: &str = "use a row-by-row query (SELECT, WHERE, expressions, UNION ALL of \
-                          branches over the input) until event-time windows land";
+                          branches over the input), or one GROUP BY (a stateful query: see \
+                          README \"Stateful queries\")";
 
 /// Why a plan's per-batch results would not add up to the one-shot result,
 /// if they would not. A failed traversal is an error, never a pass.

@@ -29,6 +29,22 @@ pub(crate) struct StatefulQuery {
     pub watermark: Option<Watermark>,
 }
 
+impl StatefulQuery {
+    /// A hash of everything the state depends on: the rewritten SQL (the
+    /// aggregate and its keys), the window, the watermark column, the
+    /// output mode and the number of state partitions.
+    pub(crate) fn shape(&self, partitions: u32) -> String {
+        let text = format!(
+            "{}|{:?}|{:?}|{:?}|{partitions}",
+            self.sql,
+            self.window,
+            self.watermark.as_ref().map(|w| &w.column),
+            self.mode
+        );
+        format!("{:016x}", crate::hash::fnv1a(text.as_bytes()))
+    }
+}
+
 impl SqlOperator {
     /// The input schema a stateful query reads: the source's, plus the
     /// window columns (typed as the event-time column) when it has a window.

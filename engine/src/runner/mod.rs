@@ -59,6 +59,9 @@ pub struct BatchReport {
     /// Fields put into `_rescued` (`on_schema_change = "rescue"`).
     #[serde(default)]
     pub rescued_fields: u64,
+    /// Rows dropped as late (stateful queries).
+    #[serde(default)]
+    pub late_rows: u64,
     /// Columns the batch added (`on_schema_change = "add-columns"`).
     #[serde(default)]
     pub added_columns: Vec<String>,
@@ -234,6 +237,7 @@ impl LocalInvoker<'_> {
                 rows_quarantined: c.rows_quarantined,
                 nulled_fields: c.nulled_fields,
                 rescued_fields: c.rescued_fields,
+                late_rows: c.late_rows,
                 added_columns: c.added_columns.clone(),
                 schema_version: c.schema_version,
                 millis: o.batch_started.elapsed().as_millis() as u64,
