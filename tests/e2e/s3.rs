@@ -119,47 +119,9 @@ max_files_per_batch = 2
 #[tokio::test(flavor = "multi_thread")]
 async fn a_file_replaced_after_planning_is_not_read_as_planned() {
     use sluice_engine::handlers::{self, PlanOutcome};
-    let cfg = S3Config::from_env().await;
-    let bucket = fresh_bucket(&cfg, "pinned").await;
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("input");
-    let files = gen_files(&input, 2, 300);
-    let source = S3Store::new(&cfg, &bucket, "in");
-    let keys: Vec<String> = files
-        .iter()
-        .map(|f| {
-            f.strip_prefix(&input)
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
-    for (f, k) in files.iter().zip(&keys) {
-        let bytes = Bytes::from(std::fs::read(f).unwrap());
-        source.put(k, bytes, PutMode::Overwrite).await.unwrap();
-    }
-    let toml = format!(
-        r#"name = "pinned"
-[source]
-uri = "s3://{bucket}/in/"
-format = "parquet"
-table = "trips"
-[query]
-sql = '''{SQL}'''
-[sink]
-uri = "s3://{bucket}/out/"
-[checkpoint]
-uri = "s3://{bucket}/ck/"
-"#
-    );
-    let p = Pipeline::parse(&toml, "pinned.toml", dir.path()).unwrap();
-    let open = || {
-        let mut ctx = Context::open(p.clone(), Some(&cfg)).unwrap();
-        test_mode(&mut ctx);
-        ctx
-    };
-    let ctx = open();
+    let case = S3Case::new("pinned", 2, 300).await;
+    let (files, keys) = (&case.files, &case.keys);
+    let ctx = case.context();
     let PlanOutcome::Batch { run: r, batch } = handlers::plan(&ctx, None).await.unwrap() else {
         panic!("a batch was planned");
     };
@@ -171,7 +133,7 @@ uri = "s3://{bucket}/ck/"
     )
     .unwrap();
     std::fs::write(&files[1], &other).unwrap();
-    source
+    case.source
         .put(&keys[1], Bytes::from(other), PutMode::Overwrite)
         .await
         .unwrap();
@@ -195,20 +157,9 @@ uri = "s3://{bucket}/ck/"
         batch: batch.batch,
     };
     handlers::handle_commit(&ctx, req).await.unwrap();
-    let next = run(&open()).await.unwrap();
+    let next = run(&case.context()).await.unwrap();
     assert_eq!(next.batches.iter().map(|b| b.files).sum::<u64>(), 2);
-    let out = tempfile::tempdir().unwrap();
-    let sink = S3Store::new(&cfg, &bucket, "out");
-    for m in sink.list("", None).await.unwrap() {
-        let obj = sink.get(&m.key).await.unwrap().unwrap();
-        let path = out.path().join(&m.key);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, obj.bytes).unwrap();
-    }
-    assert_eq!(
-        committed_rows(out.path(), "pinned").await,
-        duckdb_rows(&files, SQL).await
-    );
+    assert_eq!(case.committed().await, duckdb_rows(files, SQL).await);
 }
 
 /// A file deleted from S3 between planning and reading (its pinned read
@@ -218,28 +169,63 @@ uri = "s3://{bucket}/ck/"
 #[tokio::test(flavor = "multi_thread")]
 async fn a_file_deleted_from_s3_after_planning_is_left_out() {
     use sluice_engine::handlers::{self, PlanOutcome};
-    let cfg = S3Config::from_env().await;
-    let bucket = fresh_bucket(&cfg, "gone").await;
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("input");
-    let files = gen_files(&input, 3, 100);
-    let source = S3Store::new(&cfg, &bucket, "in");
-    let key = |f: &std::path::Path| {
-        f.strip_prefix(&input)
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_string()
+    let case = S3Case::new("gone", 3, 100).await;
+    let ctx = case.context();
+    let PlanOutcome::Batch { run: r, batch } = handlers::plan(&ctx, None).await.unwrap() else {
+        panic!("a batch was planned");
     };
-    for f in &files {
-        let bytes = Bytes::from(std::fs::read(f).unwrap());
-        source
-            .put(&key(f), bytes, PutMode::Overwrite)
+    case.source.delete(&case.keys[1]).await.unwrap();
+    for task in &batch.tasks {
+        handlers::operate(&ctx, &r, batch.batch, *task)
             .await
             .unwrap();
     }
-    let toml = format!(
-        r#"name = "gone"
+    let record = handlers::commit(&ctx, &r, batch.batch).await.unwrap();
+    assert_eq!(record.gone, [case.keys[1].clone()]);
+    assert_eq!(record.files, 2);
+    assert_eq!(
+        case.committed().await,
+        duckdb_rows(&[case.files[0].clone(), case.files[2].clone()], SQL).await
+    );
+}
+
+/// Generated Parquet files uploaded under `s3://<fresh bucket>/in/`, and a
+/// pipeline over them (sink `out/`, checkpoint `ck/`).
+struct S3Case {
+    name: String,
+    cfg: S3Config,
+    bucket: String,
+    _dir: tempfile::TempDir,
+    files: Vec<std::path::PathBuf>,
+    keys: Vec<String>,
+    source: S3Store,
+    pipeline: Pipeline,
+}
+
+impl S3Case {
+    async fn new(name: &str, files: u64, rows: usize) -> S3Case {
+        let cfg = S3Config::from_env().await;
+        let bucket = fresh_bucket(&cfg, name).await;
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("input");
+        let files = gen_files(&input, files, rows);
+        let source = S3Store::new(&cfg, &bucket, "in");
+        let keys: Vec<String> = files
+            .iter()
+            .map(|f| {
+                f.strip_prefix(&input)
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        for (f, k) in files.iter().zip(&keys) {
+            let bytes = Bytes::from(std::fs::read(f).unwrap());
+            source.put(k, bytes, PutMode::Overwrite).await.unwrap();
+        }
+        let toml = format!(
+            r#"name = "{name}"
 [source]
 uri = "s3://{bucket}/in/"
 format = "parquet"
@@ -251,32 +237,36 @@ uri = "s3://{bucket}/out/"
 [checkpoint]
 uri = "s3://{bucket}/ck/"
 "#
-    );
-    let p = Pipeline::parse(&toml, "gone.toml", dir.path()).unwrap();
-    let mut ctx = Context::open(p, Some(&cfg)).unwrap();
-    test_mode(&mut ctx);
-    let PlanOutcome::Batch { run: r, batch } = handlers::plan(&ctx, None).await.unwrap() else {
-        panic!("a batch was planned");
-    };
-    source.delete(&key(&files[1])).await.unwrap();
-    for task in &batch.tasks {
-        handlers::operate(&ctx, &r, batch.batch, *task)
-            .await
-            .unwrap();
+        );
+        let pipeline = Pipeline::parse(&toml, "case.toml", dir.path()).unwrap();
+        S3Case {
+            name: name.to_string(),
+            cfg,
+            bucket,
+            _dir: dir,
+            files,
+            keys,
+            source,
+            pipeline,
+        }
     }
-    let record = handlers::commit(&ctx, &r, batch.batch).await.unwrap();
-    assert_eq!(record.gone, [key(&files[1])]);
-    assert_eq!(record.files, 2);
-    let out = tempfile::tempdir().unwrap();
-    let sink = S3Store::new(&cfg, &bucket, "out");
-    for m in sink.list("", None).await.unwrap() {
-        let obj = sink.get(&m.key).await.unwrap().unwrap();
-        let path = out.path().join(&m.key);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, obj.bytes).unwrap();
+
+    fn context(&self) -> Context {
+        let mut ctx = Context::open(self.pipeline.clone(), Some(&self.cfg)).unwrap();
+        test_mode(&mut ctx);
+        ctx
     }
-    assert_eq!(
-        committed_rows(out.path(), "gone").await,
-        duckdb_rows(&[files[0].clone(), files[2].clone()], SQL).await
-    );
+
+    /// The committed rows, read from a local copy of the sink.
+    async fn committed(&self) -> Vec<String> {
+        let out = tempfile::tempdir().unwrap();
+        let sink = S3Store::new(&self.cfg, &self.bucket, "out");
+        for m in sink.list("", None).await.unwrap() {
+            let obj = sink.get(&m.key).await.unwrap().unwrap();
+            let path = out.path().join(&m.key);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, obj.bytes).unwrap();
+        }
+        committed_rows(out.path(), &self.name).await
+    }
 }

@@ -13,8 +13,6 @@ use datafusion::arrow::array::{
     ArrayRef, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
 };
 use datafusion::arrow::datatypes::{Field, Schema};
-use sluice_engine::sinks::ParquetSink;
-use sluice_engine::storage::LocalStore;
 
 use crate::schema::write_parquet;
 use crate::support::*;
@@ -71,31 +69,10 @@ fn strs(v: &[&str]) -> ArrayRef {
     Arc::new(StringArray::from(v.to_vec()))
 }
 
-fn list(files: &[PathBuf]) -> String {
-    files
-        .iter()
-        .map(|f| format!("'{}'", f.display()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// The committed output as a reader that merges schemas sees it: DuckDB
 /// over exactly the files the manifests name, `union_by_name`.
 async fn sink_rows(root: &Path, name: &str, cols: &str) -> Vec<String> {
-    let sink_dir = root.join("out/sink");
-    let sink = ParquetSink::new(Arc::new(LocalStore::new(sink_dir.clone())), name);
-    let files: Vec<PathBuf> = sink
-        .manifests()
-        .await
-        .unwrap()
-        .into_iter()
-        .flat_map(|m| m.files.into_iter().map(|f| sink_dir.join(f.key)))
-        .collect();
-    duckdb_sql(&format!(
-        "SELECT {cols} FROM read_parquet([{}], union_by_name = true)",
-        list(&files)
-    ))
-    .await
+    manifest_rows(&root.join("out/sink"), name, cols, ", union_by_name = true").await
 }
 
 /// A CSV file with the pinned columns in another order was read by
@@ -174,7 +151,7 @@ async fn add_columns_adds_new_columns_as_schema_versions() {
     assert_eq!(summary.batches.len(), 3);
     let expected = duckdb_sql(&format!(
         "SELECT a, b, c, d FROM read_parquet([{}], union_by_name = true)",
-        list(&files)
+        quoted(&files)
     ))
     .await;
     assert_eq!(sink_rows(root, "grow", "a, b, c, d").await, expected);
@@ -240,7 +217,7 @@ async fn add_columns_reads_each_csv_header_by_name() {
     run(&local_context(&pipeline(root, &toml))).await.unwrap();
     let expected = duckdb_sql(&format!(
         "SELECT a, b, c FROM read_csv([{}], union_by_name = true)",
-        list(&files)
+        quoted(&files)
     ))
     .await;
     assert_eq!(expected, ["1|x|NULL", "2|y|3.5", "4|NULL|NULL", "7|q|NULL"]);
@@ -387,7 +364,7 @@ async fn a_run_adding_columns_crashed_at_each_write_recovers() {
     let total = writes.load(Ordering::SeqCst);
     let expected = duckdb_sql(&format!(
         "SELECT a, b, c, d FROM read_parquet([{}], union_by_name = true)",
-        list(&files)
+        quoted(&files)
     ))
     .await;
     assert_eq!(

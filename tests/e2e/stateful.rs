@@ -8,9 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sluice_engine::sinks::ParquetSink;
-use sluice_engine::storage::LocalStore;
-
 use crate::support::*;
 
 const WINDOWED: &str = r#"SELECT window.start AS window_start, window.end AS window_end, "PULocationID", count(*) AS trips, sum(passenger_count) AS passengers, max(trip_distance) AS longest FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes'), "PULocationID""#;
@@ -43,44 +40,9 @@ state_partitions = 3
     )
 }
 
-fn list(files: &[PathBuf]) -> String {
-    files
-        .iter()
-        .map(|f| format!("'{}'", f.display()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The files the manifests name, in batch order (each batch's own).
-async fn manifest_files(root: &Path, name: &str) -> Vec<(u64, bool, Vec<PathBuf>)> {
-    let sink_dir = root.join("out/sink");
-    let sink = ParquetSink::new(Arc::new(LocalStore::new(sink_dir.clone())), name);
-    sink.manifests()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|m| {
-            let files = m.files.into_iter().map(|f| sink_dir.join(f.key)).collect();
-            (m.batch, m.complete, files)
-        })
-        .collect()
-}
-
 /// Every committed row, as DuckDB reads the committed files.
 async fn committed(root: &Path, name: &str, cols: &str) -> Vec<String> {
-    let files: Vec<PathBuf> = manifest_files(root, name)
-        .await
-        .into_iter()
-        .flat_map(|(_, _, f)| f)
-        .collect();
-    if files.is_empty() {
-        return Vec::new();
-    }
-    duckdb_sql(&format!(
-        "SELECT {cols} FROM read_parquet([{}])",
-        list(&files)
-    ))
-    .await
+    manifest_rows(&root.join("out/sink"), name, cols, "").await
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
@@ -213,17 +175,17 @@ async fn complete_and_update_modes_end_at_the_one_shot_group_by() {
         let want = duckdb_sql(&format!(
             "SELECT \"PULocationID\", count(*) AS trips, sum(passenger_count)::BIGINT AS \
              passengers FROM read_parquet([{}]) GROUP BY ALL",
-            list(&files)
+            quoted(&files)
         ))
         .await;
-        let manifests = manifest_files(root, "agg").await;
+        let manifests = manifest_files(&root.join("out/sink"), "agg").await;
         assert_eq!(manifests.len(), 4, "{mode}");
         if mode == "complete" {
             let (_, complete, last) = manifests.last().unwrap().clone();
             assert!(complete);
             let got = duckdb_sql(&format!(
                 "SELECT * FROM read_parquet([{}], hive_partitioning = false)",
-                list(&last)
+                quoted(&last)
             ))
             .await;
             assert_eq!(got, want, "{mode}");
@@ -236,7 +198,7 @@ async fn complete_and_update_modes_end_at_the_one_shot_group_by() {
                 }
                 for row in duckdb_sql(&format!(
                     "SELECT * FROM read_parquet([{}], hive_partitioning = false)",
-                    list(&files)
+                    quoted(&files)
                 ))
                 .await
                 {

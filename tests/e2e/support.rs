@@ -610,3 +610,46 @@ async fn duckdb_read(files: &[PathBuf], options: &str, sql: &str) -> Vec<String>
         .unwrap();
     rows_of(&df.collect().await.unwrap())
 }
+
+/// `files` as a DuckDB list body: `'a', 'b'`.
+pub fn quoted(files: &[PathBuf]) -> String {
+    files
+        .iter()
+        .map(|f| format!("'{}'", f.display()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The files each manifest of the local sink `sink_dir` names, in batch
+/// order: (batch, a complete snapshot, its files).
+pub async fn manifest_files(sink_dir: &Path, name: &str) -> Vec<(u64, bool, Vec<PathBuf>)> {
+    let sink = ParquetSink::new(Arc::new(LocalStore::new(sink_dir.to_path_buf())), name);
+    sink.manifests()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| {
+            let files = m.files.into_iter().map(|f| sink_dir.join(f.key)).collect();
+            (m.batch, m.complete, files)
+        })
+        .collect()
+}
+
+/// The committed rows of a local sink as DuckDB reads exactly the files
+/// its manifests name (`options`: more `read_parquet` settings, such as
+/// `, union_by_name = true`); none when nothing was committed.
+pub async fn manifest_rows(sink_dir: &Path, name: &str, cols: &str, options: &str) -> Vec<String> {
+    let files: Vec<PathBuf> = manifest_files(sink_dir, name)
+        .await
+        .into_iter()
+        .flat_map(|(_, _, f)| f)
+        .collect();
+    if files.is_empty() {
+        return Vec::new();
+    }
+    duckdb_sql(&format!(
+        "SELECT {cols} FROM read_parquet([{}], hive_partitioning = false{options})",
+        quoted(&files)
+    ))
+    .await
+}

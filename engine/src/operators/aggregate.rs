@@ -323,7 +323,6 @@ mod tests {
     use super::*;
     use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
-    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
     use datafusion::datasource::MemTable;
     use datafusion::physical_plan::collect;
     use proptest::prelude::*;
@@ -352,27 +351,7 @@ mod tests {
         RecordBatch::try_new(schema, vec![Arc::new(k), Arc::new(x), Arc::new(n)]).unwrap()
     }
 
-    fn render(batches: &[RecordBatch]) -> Vec<String> {
-        let opts = FormatOptions::default().with_null("NULL");
-        let mut out = Vec::new();
-        for b in batches {
-            let f: Vec<_> = b
-                .columns()
-                .iter()
-                .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts).unwrap())
-                .collect();
-            for r in 0..b.num_rows() {
-                out.push(
-                    f.iter()
-                        .map(|f| f.value(r).to_string())
-                        .collect::<Vec<_>>()
-                        .join("|"),
-                );
-            }
-        }
-        out.sort();
-        out
-    }
+    use crate::operators::testing::render;
 
     async fn planned(rows: &[Row], partitions: usize) -> (SessionContext, Arc<dyn ExecutionPlan>) {
         planned_sql(rows, partitions, SQL).await

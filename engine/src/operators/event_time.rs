@@ -284,33 +284,12 @@ mod tests {
     use crate::operators::window::rewrite;
     use datafusion::arrow::array::{StringArray, TimestampMillisecondArray};
     use datafusion::arrow::datatypes::Field;
-    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
     use datafusion::datasource::MemTable;
     use datafusion::prelude::SessionContext;
 
     const MIN_MS: i64 = 60_000;
 
-    fn render(batches: &[RecordBatch]) -> Vec<String> {
-        let opts = FormatOptions::default().with_null("NULL");
-        let mut out = Vec::new();
-        for b in batches {
-            let f: Vec<_> = b
-                .columns()
-                .iter()
-                .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts).unwrap())
-                .collect();
-            for r in 0..b.num_rows() {
-                out.push(
-                    f.iter()
-                        .map(|f| f.value(r).to_string())
-                        .collect::<Vec<_>>()
-                        .join("|"),
-                );
-            }
-        }
-        out.sort();
-        out
-    }
+    use crate::operators::testing::render;
 
     /// Millisecond event times (the unit CSV inference gives), a watermark
     /// of 00:20: the rows at 00:05 and 00:20 are late (at or below it), the

@@ -159,7 +159,6 @@ mod tests {
     use crate::operators::window::{assign, rewrite};
     use datafusion::arrow::array::{Float64Array, StringArray, TimestampMicrosecondArray};
     use datafusion::arrow::datatypes::{Field, Schema};
-    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
     use datafusion::datasource::MemTable;
     use proptest::prelude::*;
 
@@ -181,27 +180,7 @@ mod tests {
         RecordBatch::try_new(schema, vec![Arc::new(ts), Arc::new(zone), Arc::new(amount)]).unwrap()
     }
 
-    fn render(batches: &[RecordBatch]) -> Vec<String> {
-        let opts = FormatOptions::default().with_null("NULL");
-        let mut out = Vec::new();
-        for b in batches {
-            let f: Vec<_> = b
-                .columns()
-                .iter()
-                .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts).unwrap())
-                .collect();
-            for r in 0..b.num_rows() {
-                out.push(
-                    f.iter()
-                        .map(|f| f.value(r).to_string())
-                        .collect::<Vec<_>>()
-                        .join("|"),
-                );
-            }
-        }
-        out.sort();
-        out
-    }
+    use crate::operators::testing::render;
 
     /// Runs `sql` over `arrivals` (batches in order) the way a pipeline
     /// will: per batch, drop rows at or below the watermark committed

@@ -113,6 +113,36 @@ pub struct PartialFile {
 }
 
 pub(crate) use merge::merge as merge_states;
+
+/// What the operators' unit tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use datafusion::arrow::record_batch::RecordBatch;
+    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+
+    /// Batches as sorted `|`-joined text rows (a multiset), nulls as NULL.
+    pub(crate) fn render(batches: &[RecordBatch]) -> Vec<String> {
+        let opts = FormatOptions::default().with_null("NULL");
+        let mut out = Vec::new();
+        for b in batches {
+            let f: Vec<_> = b
+                .columns()
+                .iter()
+                .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts).expect("formattable"))
+                .collect();
+            for r in 0..b.num_rows() {
+                out.push(
+                    f.iter()
+                        .map(|f| f.value(r).to_string())
+                        .collect::<Vec<_>>()
+                        .join("|"),
+                );
+            }
+        }
+        out.sort();
+        out
+    }
+}
 pub(crate) use stateful::TaskState;
 
 /// A session for merging and finishing states.

@@ -420,7 +420,6 @@ mod tests {
         use super::super::*;
         use crate::operators::aggregate::{Staged, session};
         use datafusion::arrow::array::{Float64Array, StringArray, TimestampMicrosecondArray};
-        use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
         use datafusion::datasource::MemTable;
         use datafusion::physical_plan::collect;
         use proptest::prelude::*;
@@ -441,27 +440,7 @@ mod tests {
                 .unwrap()
         }
 
-        fn render(batches: &[RecordBatch]) -> Vec<String> {
-            let opts = FormatOptions::default().with_null("NULL");
-            let mut out = Vec::new();
-            for b in batches {
-                let f: Vec<_> = b
-                    .columns()
-                    .iter()
-                    .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts).unwrap())
-                    .collect();
-                for r in 0..b.num_rows() {
-                    out.push(
-                        f.iter()
-                            .map(|f| f.value(r).to_string())
-                            .collect::<Vec<_>>()
-                            .join("|"),
-                    );
-                }
-            }
-            out.sort();
-            out
-        }
+        use crate::operators::testing::render;
 
         async fn run(
             b: RecordBatch,
