@@ -310,3 +310,52 @@ async fn changing_what_the_state_is_of_is_refused_until_reset() {
     run(&local_context(&pipeline(root, &toml))).await.unwrap();
     assert!(control_of(root, &toml).await.last_committed > before.last_committed);
 }
+
+/// `[watermark] wallclock_bound`: a scheduled run with no new data
+/// advances the watermark to the wall clock minus the bound and closes the
+/// windows whose data can no longer arrive. Run 1 (clock 01:30, data of
+/// hour 0) leaves the 00:45 window open (watermark about 00:50); run 2 at
+/// 03:00 with no new data emits it: afterwards every window of the file is
+/// committed (DuckDB's time_bucket over it). Without the bound, run 2 is
+/// idle and the window waits.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wallclock_bound_closes_windows_on_a_run_with_no_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = toml("wall", WINDOWED, "append", true, 10).replace(
+        "delay = \"10 minutes\"",
+        "delay = \"10 minutes\"\nwallclock_bound = \"1 hour\"",
+    );
+    let file = root.join("input/trips-000.parquet");
+    crate::schema::write_parquet(&file, &sluice_cli::generator::taxi_batch(0, 120));
+    let at = |hh: i64, mm: i64| {
+        let ms = 1_704_067_200_000 + (hh * 60 + mm) * 60_000; // 2024-01-01 hh:mm
+        let mut ctx = local_context(&pipeline(root, &toml));
+        ctx.clock = Arc::new(move || ms);
+        ctx
+    };
+    run(&at(1, 30)).await.unwrap();
+    let cols = "window_start, window_end, \"PULocationID\", trips, passengers, longest";
+    let all = duckdb_sql(&format!(
+        "SELECT time_bucket(INTERVAL 15 MINUTES, tpep_pickup_datetime) AS window_start, \
+         time_bucket(INTERVAL 15 MINUTES, tpep_pickup_datetime) + INTERVAL 15 MINUTES AS \
+         window_end, \"PULocationID\", count(*) AS trips, sum(passenger_count)::BIGINT AS \
+         passengers, max(trip_distance) AS longest FROM read_parquet('{}') GROUP BY ALL",
+        file.display()
+    ))
+    .await;
+    let first = committed(root, "wall", cols).await;
+    assert!(
+        !first.is_empty() && first.len() < all.len(),
+        "{} of {}",
+        first.len(),
+        all.len()
+    );
+    let second = run(&at(3, 0)).await.unwrap();
+    let files: Vec<u64> = second.batches.iter().map(|b| b.files).collect();
+    assert_eq!(files, [0], "one batch with no input");
+    assert_eq!(committed(root, "wall", cols).await, all);
+    // Nothing more is owed: the next run is idle.
+    let third = run(&at(3, 5)).await.unwrap();
+    assert!(third.batches.is_empty(), "{third:?}");
+}

@@ -187,6 +187,10 @@ pub struct StatefulState {
     pub merged_watermark_us: Option<i64>,
     /// Per state partition, the state file in force (checkpoint key).
     pub state: Vec<Option<String>>,
+    /// The earliest window end left in the state, microseconds: once the
+    /// watermark reaches it a batch with no input has a window to close.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_close_us: Option<i64>,
     /// Rows the batch dropped as late.
     #[serde(default)]
     pub late_rows: u64,

@@ -138,6 +138,7 @@ async fn merge_results(
     let before = control.stateful.clone().unwrap_or_default();
     let mut state = Vec::with_capacity(partitions.len());
     let mut outputs = Vec::new();
+    let mut next_close_us: Option<i64> = None;
     for p in partitions {
         let key = paths::checkpoint::merge(off.batch, p, run.epoch);
         let Some(obj) = ctx.checkpoint.store().get(&key).await? else {
@@ -156,6 +157,10 @@ async fn merge_results(
             serde_json::from_slice(&obj.bytes).map_err(|e| ctx.broken(key, e.to_string()))?;
         state.push(m.state);
         outputs.extend(m.outputs);
+        next_close_us = match (next_close_us, m.next_close_us) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
     let max_event = results.iter().filter_map(|r| r.max_event_us).max();
     let watermark_us = match (&ctx.pipeline.watermark, max_event) {
@@ -171,6 +176,7 @@ async fn merge_results(
             watermark_us,
             merged_watermark_us: before.watermark_us,
             state,
+            next_close_us,
             late_rows: results.iter().map(|r| r.late_rows).sum(),
             shape,
         },

@@ -33,6 +33,9 @@ pub struct MergeResult {
     pub state: Option<String>,
     /// Groups in that state.
     pub state_rows: u64,
+    /// The earliest window end in that state, microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_close_us: Option<i64>,
     /// Wall time, ms.
     pub millis: u64,
 }
@@ -166,6 +169,7 @@ pub async fn merge(
         rows_out,
         state,
         state_rows,
+        next_close_us: merged.next_close_us,
         millis: started.elapsed().as_millis() as u64,
     };
     ctx.checkpoint

@@ -173,6 +173,34 @@ async fn check_state_shape(ctx: &Context, control: &Control) -> Result<()> {
     Ok(())
 }
 
+/// The watermark a stateful query's state is under now: the committed
+/// one, advanced to the wall clock minus `wallclock_bound` if set.
+fn current_watermark(p: &crate::pipeline::Pipeline, control: &Control, now_ms: i64) -> Option<i64> {
+    let w = p.watermark.as_ref()?;
+    let committed = control.stateful.as_ref().and_then(|s| s.watermark_us);
+    let clock = w
+        .wallclock_bound_us
+        .map(|b| now_ms.saturating_mul(1000).saturating_sub(b));
+    committed.max(clock).filter(|_| control.stateful.is_some())
+}
+
+/// Whether a stateful query owes a batch with no input: the watermark
+/// (committed, or advanced by the wall clock) has reached the end of a
+/// window still in the state. Append and update modes only: complete mode
+/// keeps every window and writes them all with each batch.
+fn closing_owed(p: &crate::pipeline::Pipeline, control: &Control, now_ms: i64) -> bool {
+    let Some(s) = &control.stateful else {
+        return false;
+    };
+    if p.output_mode == crate::pipeline::OutputMode::Complete {
+        return false;
+    }
+    match (current_watermark(p, control, now_ms), s.next_close_us) {
+        (Some(now), Some(end)) => now >= end,
+        _ => false,
+    }
+}
+
 /// After a run's last batch of a stateful query over windows: when the
 /// watermark that batch committed has moved past the one its merges
 /// closed windows with, plan one more batch with no input, whose merges
@@ -183,16 +211,19 @@ async fn trailing_batch(
     run: &RunState,
     control: &Control,
 ) -> Result<Option<Offsets>> {
-    let Some(s) = &control.stateful else {
+    if !closing_owed(&ctx.pipeline, control, ctx.now()) {
         return Ok(None);
-    };
-    let moved = match (s.watermark_us, s.merged_watermark_us) {
-        (Some(now), Some(used)) => now > used,
-        (Some(_), None) => true,
-        _ => false,
-    };
-    if !moved || ctx.pipeline.watermark.is_none() {
-        return Ok(None);
+    }
+    // The wall clock's advance is recorded before the batch that closes
+    // windows with it, so its tasks and merges read it from control.
+    let wm = current_watermark(&ctx.pipeline, control, ctx.now());
+    if wm != control.stateful.as_ref().and_then(|s| s.watermark_us) {
+        update_control(ctx, run.epoch, &|c| {
+            if let Some(s) = &mut c.stateful {
+                s.watermark_us = s.watermark_us.max(wm);
+            }
+        })
+        .await?;
     }
     let schema = ctx.schema().await?;
     let off = Offsets {
@@ -252,10 +283,12 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     // anything: processed files deleted from the source, or a changed spec,
     // change the listing without making work. (Notify mode looked above.)
     let mut index = None;
-    let retry = control.is_some_and(|c| !c.retry.is_empty());
+    // Work without new input: files asked for again, or a batch that
+    // closes windows (a stateful query's watermark moved).
+    let owed = control.is_some_and(|c| !c.retry.is_empty() || closing_owed(p, c, ctx.now()));
     if !recover && looked.inbox.is_none() {
         let i = ctx.checkpoint.index().await?;
-        if !retry && discovery::new_inputs(&looked.listed, &i, p.source.discovery).is_empty() {
+        if !owed && discovery::new_inputs(&looked.listed, &i, p.source.discovery).is_empty() {
             return Ok(idle("no new data"));
         }
         index = Some(i);
@@ -424,7 +457,10 @@ async fn look(ctx: &Context, control: Option<&Control>) -> Result<Look> {
     let p = &ctx.pipeline;
     // (Files `sluice retry-quarantined` asked for are work too.)
     let settled = control.is_some_and(|c| {
-        c.status == RunStatus::Idle && c.spec_hash == p.spec_hash() && c.retry.is_empty()
+        c.status == RunStatus::Idle
+            && c.spec_hash == p.spec_hash()
+            && c.retry.is_empty()
+            && !closing_owed(p, c, ctx.now())
     });
     if p.source.discovery == DiscoveryMode::Notify {
         let entries = discovery::read_inbox(ctx.checkpoint.store().as_ref()).await?;

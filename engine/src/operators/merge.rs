@@ -38,6 +38,10 @@ pub(crate) struct Merged {
     pub emit: Vec<RecordBatch>,
     /// The partition's next state (the state schema).
     pub state: Vec<RecordBatch>,
+    /// The earliest window end left in that state, microseconds (none
+    /// without windows or without state): the watermark that closes a
+    /// window next.
+    pub next_close_us: Option<i64>,
 }
 
 /// Merge `state` and `partials` of one partition under `mode`, closing
@@ -112,9 +116,25 @@ pub(crate) async fn merge(
     } else {
         collect(staged.finish(vec![emit_rows])?, ctx.task_ctx()).await?
     };
+    let next_close_us = match schema.index_of(WINDOW_END) {
+        Ok(end) if keep.num_rows() > 0 => {
+            let end = cast(
+                keep.column(end),
+                &DataType::Timestamp(TimeUnit::Microsecond, None),
+            )?;
+            let end = cast(&end, &DataType::Int64)?;
+            datafusion::arrow::compute::min(
+                end.as_any()
+                    .downcast_ref::<datafusion::arrow::array::Int64Array>()
+                    .expect("cast to Int64"),
+            )
+        }
+        _ => None,
+    };
     Ok(Merged {
         emit,
         state: vec![keep],
+        next_close_us,
     })
 }
 

@@ -496,18 +496,13 @@ impl SqlOperator {
                 .min((task.bytes / SMALL_TASK_BYTES).max(1) as usize),
             ..self.clone()
         };
-        let access = source.scan_access()?;
-        let planned = self.planned_inputs(batch, inputs, task)?;
-        let (files, deferred, mut gone, heads) =
-            self.readable_now(&access, batch, task, &planned).await?;
-        // On S3, every read of a file is pinned to the version planned (its
-        // ETag): one replaced since fails its read rather than being read
-        // as input the plan did not name. (Local files: checked above.)
-        let access = if access.url.as_str() == "file:///" {
-            access
-        } else {
-            access.pinned(files.iter().map(|f| (f.key.as_str(), f.etag.as_deref())))
-        };
+        let Readable {
+            access,
+            files,
+            deferred,
+            mut gone,
+            heads,
+        } = self.readable(source, batch, inputs, task).await?;
         let read = op
             .read_and_write(&access, sink, epoch, batch, task, files)
             .await?;
@@ -535,6 +530,36 @@ impl SqlOperator {
             partials: Vec::new(),
             late_rows: 0,
             max_event_us: None,
+        })
+    }
+
+    /// The task's files to read now, and how: the planned inputs less those
+    /// left for the next run or gone, read through an access that, on S3,
+    /// pins every read to the version planned (its ETag): a file replaced
+    /// since fails its read rather than being read as input the plan did
+    /// not name. (Local files were checked against the listing.)
+    async fn readable(
+        &self,
+        source: &dyn Store,
+        batch: u64,
+        inputs: &[InputFile],
+        task: &TaskPlan,
+    ) -> Result<Readable> {
+        let access = source.scan_access()?;
+        let planned = self.planned_inputs(batch, inputs, task)?;
+        let (files, deferred, gone, heads) =
+            self.readable_now(&access, batch, task, &planned).await?;
+        let access = if access.url.as_str() == "file:///" {
+            access
+        } else {
+            access.pinned(files.iter().map(|f| (f.key.as_str(), f.etag.as_deref())))
+        };
+        Ok(Readable {
+            access,
+            files,
+            deferred,
+            gone,
+            heads,
         })
     }
 
@@ -1063,6 +1088,15 @@ struct TaskRead {
     rescued: u64,
     /// Inputs deleted since they were planned.
     gone: Vec<String>,
+}
+
+/// What a task reads ([`SqlOperator::readable`]).
+struct Readable {
+    access: ScanAccess,
+    files: Vec<InputFile>,
+    deferred: Vec<InputFile>,
+    gone: Vec<String>,
+    heads: u64,
 }
 
 /// Files of a task not read by its scan: read row by row (`salvage`), or

@@ -361,15 +361,13 @@ impl SqlOperator {
         use super::event_time::{EventTally, EventTimeTable};
         use super::scan::BatchTable;
         let started = std::time::Instant::now();
-        let access = source.scan_access()?;
-        let planned = self.planned_inputs(batch, inputs, task)?;
-        let (files, deferred, mut gone, heads) =
-            self.readable_now(&access, batch, task, &planned).await?;
-        let access = if access.url.as_str() == "file:///" {
-            access
-        } else {
-            access.pinned(files.iter().map(|f| (f.key.as_str(), f.etag.as_deref())))
-        };
+        let super::Readable {
+            access,
+            files,
+            deferred,
+            mut gone,
+            heads,
+        } = self.readable(source, batch, inputs, task).await?;
         let refs: Vec<&crate::checkpoint::InputFile> = files.iter().collect();
         let scan = self.scan_session(&access);
         let checked = self.check_drift(&scan, &access, batch, &refs).await?;

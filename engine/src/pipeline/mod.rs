@@ -383,6 +383,11 @@ pub struct Watermark {
     /// How late a row may arrive, microseconds: the watermark after a batch
     /// is the largest event time seen minus this.
     pub delay_us: i64,
+    /// Beyond Spark: at each run the watermark also advances to the wall
+    /// clock minus this (microseconds), so a run with no new data closes
+    /// windows whose data can no longer arrive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wallclock_bound_us: Option<i64>,
 }
 
 /// A pipeline, parsed, validated and with its locations resolved.

@@ -78,6 +78,7 @@ struct LimitsFile {
 struct WatermarkFile {
     column: String,
     delay: String,
+    wallclock_bound: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -196,6 +197,13 @@ impl Pipeline {
                     // "0 seconds" is a valid delay: no lateness allowed.
                     Err(_) if w.delay.split_whitespace().next() == Some("0") => 0,
                     Err(e) => return Err(spec_err(format!("watermark.delay: {e}"))),
+                },
+                wallclock_bound_us: match &w.wallclock_bound {
+                    None => None,
+                    Some(b) => Some(
+                        super::duration_us(b)
+                            .map_err(|e| spec_err(format!("watermark.wallclock_bound: {e}")))?,
+                    ),
                 },
             }),
         };
