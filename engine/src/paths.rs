@@ -228,6 +228,17 @@ pub mod sink {
         format!("{QUARANTINE_PREFIX}batch={n:010}/rows-{task:05}-e{epoch}.jsonl")
     }
 
+    /// The late rows task `task` of batch `n` read under lease `epoch`
+    /// (`[watermark] late = "side-output"`).
+    pub(crate) fn late_rows(n: u64, task: u32, epoch: u64) -> String {
+        format!("{}late-{task:05}-e{epoch}.parquet", late_prefix(n))
+    }
+
+    /// Prefix of batch `n`'s late rows.
+    pub(crate) fn late_prefix(n: u64) -> String {
+        format!("_late/batch={n:010}/")
+    }
+
     /// Prefix of what batch `n` set aside.
     pub(crate) fn quarantine_prefix(n: u64) -> String {
         format!("{QUARANTINE_PREFIX}batch={n:010}/")

@@ -45,6 +45,19 @@ async fn committed(root: &Path, name: &str, cols: &str) -> Vec<String> {
     manifest_rows(&root.join("out/sink"), name, cols, "").await
 }
 
+/// The rows under the sink's `_late/`, as DuckDB reads them.
+async fn late_rows(root: &Path) -> Vec<String> {
+    let files = walk(&root.join("out/sink/_late"));
+    if files.is_empty() {
+        return Vec::new();
+    }
+    duckdb_sql(&format!(
+        "SELECT * FROM read_parquet([{}], hive_partitioning = false)",
+        quoted(&files)
+    ))
+    .await
+}
+
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).into_iter().flatten() {
@@ -108,7 +121,10 @@ async fn tumbling_windows_in_append_mode_equal_duckdb() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let input = root.join("input");
-    let toml = toml("win", WINDOWED, "append", true, 10);
+    let toml = toml("win", WINDOWED, "append", true, 10).replace(
+        "delay = \"10 minutes\"",
+        "delay = \"10 minutes\"\nlate = \"side-output\"",
+    );
     let mut arrivals = Vec::new();
     for hour in 0..3u64 {
         let batch = sluice_cli::generator::taxi_batch(hour, 200);
@@ -129,7 +145,7 @@ async fn tumbling_windows_in_append_mode_equal_duckdb() {
     // Late: hour 1 again, under a new key.
     let late = input.join("trips-009.parquet");
     crate::schema::write_parquet(&late, &sluice_cli::generator::taxi_batch(1, 50));
-    arrivals.push(late);
+    arrivals.push(late.clone());
     let last = run(&local_context(&pipeline(root, &toml))).await.unwrap();
     let cols = "window_start, window_end, \"PULocationID\", trips, passengers, longest";
     let want = expected_append(&arrivals).await;
@@ -137,6 +153,11 @@ async fn tumbling_windows_in_append_mode_equal_duckdb() {
     assert_eq!(committed(root, "win", cols).await, want);
     let control = control_of(root, &toml).await;
     assert_eq!(control.totals.late_rows, 50, "the late file's rows");
+    // Side output: the late rows, as read, under the sink's _late/.
+    assert_eq!(
+        late_rows(root).await,
+        duckdb_sql(&format!("SELECT * FROM read_parquet('{}')", late.display())).await
+    );
     let s = control.stateful.expect("state recorded");
     assert_eq!(s.state.len(), 3);
     // Only the state files the last commit names are left.
@@ -218,16 +239,25 @@ async fn complete_and_update_modes_end_at_the_one_shot_group_by() {
 /// committed windows equal DuckDB's, none twice, nothing uncommitted left.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_windowed_run_crashed_at_each_write_recovers() {
-    let toml = toml("winc", WINDOWED, "append", true, 1);
+    let toml = toml("winc", WINDOWED, "append", true, 1).replace(
+        "delay = \"10 minutes\"",
+        "delay = \"10 minutes\"\nlate = \"side-output\"",
+    );
+    // Three hours, then a late file (hour 1 again, written last, so read
+    // last: every row of it is late).
     let setup = |root: &Path| -> Vec<PathBuf> {
         let input = root.join("input");
-        (0..3u64)
+        let mut files: Vec<PathBuf> = (0..3u64)
             .map(|h| {
                 let path = input.join(format!("trips-{h:03}.parquet"));
                 crate::schema::write_parquet(&path, &sluice_cli::generator::taxi_batch(h, 80));
                 path
             })
-            .collect()
+            .collect();
+        let late = input.join("trips-009.parquet");
+        crate::schema::write_parquet(&late, &sluice_cli::generator::taxi_batch(1, 20));
+        files.push(late);
+        files
     };
     let clean = tempfile::tempdir().unwrap();
     let files = setup(clean.path());
@@ -239,6 +269,12 @@ async fn a_windowed_run_crashed_at_each_write_recovers() {
     let cols = "window_start, window_end, \"PULocationID\", trips, passengers, longest";
     let want = expected_append(&files).await;
     assert_eq!(committed(clean.path(), "winc", cols).await, want);
+    let want_late = duckdb_sql(&format!(
+        "SELECT * FROM read_parquet('{}')",
+        files[3].display()
+    ))
+    .await;
+    assert_eq!(late_rows(clean.path()).await, want_late);
     assert!(total > 10, "{total} writes");
     for k in 1..=total {
         let dir = tempfile::tempdir().unwrap();
@@ -270,6 +306,11 @@ async fn a_windowed_run_crashed_at_each_write_recovers() {
             "uncommitted files after failing write {k}"
         );
         assert_eq!(staged_files(&root.join("out/sink")), Vec::<String>::new());
+        assert_eq!(
+            late_rows(root).await,
+            want_late,
+            "late rows after failing write {k}"
+        );
     }
 }
 

@@ -194,6 +194,10 @@ pub struct StatefulState {
     /// Rows the batch dropped as late.
     #[serde(default)]
     pub late_rows: u64,
+    /// `late = "side-output"`: the files under the sink's `_late/` holding
+    /// them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub late_files: Vec<OutputFile>,
     /// What the state is of: a hash of the query's stateful shape (the
     /// rewritten SQL, the window, the watermark column, the output mode and
     /// the partition count). A run under another shape is refused while
@@ -333,7 +337,7 @@ pub struct TaskPlan {
 }
 
 /// One committed output file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OutputFile {
     /// Key relative to the sink root.
     pub key: String,

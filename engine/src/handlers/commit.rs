@@ -178,6 +178,7 @@ async fn merge_results(
             state,
             next_close_us,
             late_rows: results.iter().map(|r| r.late_rows).sum(),
+            late_files: results.iter().filter_map(|r| r.late_file.clone()).collect(),
             shape,
         },
         outputs,
@@ -229,6 +230,15 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
             rows_written,
         )
         .await?;
+    // Late-row files of attempts the commit did not keep.
+    if p.watermark.as_ref().is_some_and(|w| w.late_side_output) {
+        let keep = record
+            .stateful
+            .as_ref()
+            .map(|s| s.late_files.clone())
+            .unwrap_or_default();
+        ctx.sink.remove_unnamed_late(record.batch, &keep).await?;
+    }
     ctx.sink
         .commit(&Manifest {
             format_version: checkpoint::FORMAT_VERSION,

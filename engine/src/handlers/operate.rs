@@ -71,6 +71,7 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
             };
             op.run_partial(
                 &source,
+                &sink,
                 ctx.checkpoint.store().as_ref(),
                 run.epoch,
                 batch,

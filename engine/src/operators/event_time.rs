@@ -38,6 +38,9 @@ pub(crate) struct EventTally {
     /// The largest event time kept, microseconds since the epoch
     /// (`i64::MIN`: no row).
     pub max_event_us: AtomicI64,
+    /// The late rows themselves, when they are to be written
+    /// (`late = "side-output"`).
+    pub late_rows: Option<std::sync::Mutex<Vec<RecordBatch>>>,
 }
 
 impl Default for EventTally {
@@ -45,11 +48,20 @@ impl Default for EventTally {
         EventTally {
             late: AtomicU64::new(0),
             max_event_us: AtomicI64::new(i64::MIN),
+            late_rows: None,
         }
     }
 }
 
 impl EventTally {
+    /// A tally that also keeps the late rows.
+    pub(crate) fn keeping_late() -> EventTally {
+        EventTally {
+            late_rows: Some(std::sync::Mutex::new(Vec::new())),
+            ..EventTally::default()
+        }
+    }
+
     /// The largest event time kept, if any row was.
     pub(crate) fn max_event_us(&self) -> Option<i64> {
         Some(self.max_event_us.load(Ordering::Relaxed)).filter(|m| *m != i64::MIN)
@@ -259,6 +271,12 @@ fn apply(
                 .collect();
             let late = on_time.iter().filter(|k| *k == Some(false)).count() as u64;
             tally.late.fetch_add(late, Ordering::Relaxed);
+            if late > 0
+                && let Some(kept) = &tally.late_rows
+            {
+                let rows = filter_record_batch(batch, &datafusion::arrow::compute::not(&on_time)?)?;
+                kept.lock().expect("not poisoned").push(rows);
+            }
             filter_record_batch(batch, &on_time)?
         }
     };

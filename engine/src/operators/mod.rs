@@ -99,6 +99,10 @@ pub struct TaskResult {
     /// A stateful query: the largest event time read (none if no row).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_event_us: Option<i64>,
+    /// A stateful query with `late = "side-output"`: the late rows the task
+    /// wrote under the sink's `_late/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_file: Option<OutputFile>,
 }
 
 /// Partial states a task wrote for one state partition.
@@ -530,6 +534,7 @@ impl SqlOperator {
             partials: Vec::new(),
             late_rows: 0,
             max_event_us: None,
+            late_file: None,
         })
     }
 

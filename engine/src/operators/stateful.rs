@@ -350,6 +350,7 @@ impl SqlOperator {
     pub(crate) async fn run_partial(
         &self,
         source: &dyn crate::storage::Store,
+        sink: &crate::sinks::ParquetSink,
         checkpoint: &dyn crate::storage::Store,
         epoch: u64,
         batch: u64,
@@ -401,7 +402,12 @@ impl SqlOperator {
                 .collect(),
             partitions: self.partitions,
         };
-        let tally = Arc::new(EventTally::default());
+        let side_output = q.watermark.as_ref().is_some_and(|w| w.late_side_output);
+        let tally = Arc::new(if side_output {
+            EventTally::keeping_late()
+        } else {
+            EventTally::default()
+        });
         let column = q
             .watermark
             .as_ref()
@@ -471,7 +477,21 @@ impl SqlOperator {
                 rows,
             });
         }
+        let late: Vec<datafusion::arrow::record_batch::RecordBatch> = tally
+            .late_rows
+            .as_ref()
+            .map(|m| std::mem::take(&mut *m.lock().expect("not poisoned")))
+            .unwrap_or_default();
+        let late_file = if late.is_empty() {
+            None
+        } else {
+            Some(
+                sink.write_late(epoch, batch, task.task, self.schema.clone(), &late)
+                    .await?,
+            )
+        };
         Ok(super::TaskResult {
+            late_file,
             task: task.task,
             rows_in: super::leaf_rows(&partial),
             rows_out: 0,

@@ -388,6 +388,10 @@ pub struct Watermark {
     /// windows whose data can no longer arrive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wallclock_bound_us: Option<i64>,
+    /// Late rows are dropped (counted), or also written, as read, under the
+    /// sink's `_late/batch=N/`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub late_side_output: bool,
 }
 
 /// A pipeline, parsed, validated and with its locations resolved.

@@ -79,6 +79,7 @@ struct WatermarkFile {
     column: String,
     delay: String,
     wallclock_bound: Option<String>,
+    late: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -197,6 +198,16 @@ impl Pipeline {
                     // "0 seconds" is a valid delay: no lateness allowed.
                     Err(_) if w.delay.split_whitespace().next() == Some("0") => 0,
                     Err(e) => return Err(spec_err(format!("watermark.delay: {e}"))),
+                },
+                late_side_output: match w.late.as_deref() {
+                    None | Some("drop") => false,
+                    Some("side-output") => true,
+                    Some(other) => {
+                        return Err(spec_err(format!(
+                            "watermark.late = \"{other}\": use \"drop\" (default) or \
+                             \"side-output\" (late rows also written under the sink's _late/)"
+                        )));
+                    }
                 },
                 wallclock_bound_us: match &w.wallclock_bound {
                     None => None,

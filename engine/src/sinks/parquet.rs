@@ -252,6 +252,52 @@ impl ParquetSink {
         })
     }
 
+    /// Write the late rows a task read to `_late/batch=N/late-T-eE.parquet`
+    /// (a retried task of the same run rewrites its own file; the commit
+    /// names the files it keeps and removes the rest).
+    pub(crate) async fn write_late(
+        &self,
+        epoch: u64,
+        batch: u64,
+        task: u32,
+        schema: SchemaRef,
+        rows: &[datafusion::arrow::record_batch::RecordBatch],
+    ) -> Result<OutputFile> {
+        let key = paths::sink::late_rows(batch, task, epoch);
+        let fail = |e: String| self.exec_err(batch, task, e, ErrorClass::Fatal);
+        let mut w = ArrowWriter::try_new(Vec::new(), schema, None)
+            .map_err(|e| fail(format!("parquet open: {e}")))?;
+        for b in rows {
+            w.write(b)
+                .map_err(|e| fail(format!("parquet write: {e}")))?;
+        }
+        let body = w
+            .into_inner()
+            .map_err(|e| fail(format!("parquet close: {e}")))?;
+        let bytes = body.len() as u64;
+        self.store
+            .put(&key, Bytes::from(body), PutMode::Overwrite)
+            .await?;
+        Ok(OutputFile {
+            key,
+            rows: rows.iter().map(|b| b.num_rows() as u64).sum(),
+            bytes,
+        })
+    }
+
+    /// Delete the late-row files of batch `n` that `keep` does not name.
+    pub(crate) async fn remove_unnamed_late(&self, n: u64, keep: &[OutputFile]) -> Result<()> {
+        let stale: Vec<String> = self
+            .store
+            .list(&paths::sink::late_prefix(n), None)
+            .await?
+            .into_iter()
+            .map(|m| m.key)
+            .filter(|k| !keep.iter().any(|r| &r.key == k))
+            .collect();
+        delete_all(&self.store, stale).await
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn finish_part(
         &self,
@@ -422,6 +468,7 @@ impl ParquetSink {
             self.staging_prefix(batch),
             paths::sink::batch_prefix(batch),
             paths::sink::quarantine_prefix(batch),
+            paths::sink::late_prefix(batch),
         ] {
             let keys = self.store.list(&prefix, None).await?;
             delete_all(&self.store, keys.into_iter().map(|m| m.key).collect()).await?;
