@@ -804,7 +804,7 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             if let Some(s) = &c.stateful {
                 let held = s.state.iter().filter(|k| k.is_some()).count();
                 println!(
-                    "state        {held} of {} partitions hold state; watermark {}",
+                    "stateful     {held} of {} partitions hold state; watermark {}",
                     s.state.len(),
                     s.watermark_us
                         .and_then(chrono::DateTime::from_timestamp_micros)
