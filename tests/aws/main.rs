@@ -668,7 +668,87 @@ max_files_per_batch = 2
     // 8. A poison upload under `on_bad_file = "quarantine"`: the run
     //    through the functions commits the good files and records it.
     quarantine(&stack, &cfg, &sfn, bucket).await;
+
+    // 9. A stateful query (tumbling windows, append mode): the operator
+    //    Lambdas write partial states, the Merge map runs the operator
+    //    function once per state partition, the committer records state.
+    windowed(&stack, &cfg, &sfn, bucket).await;
     eprintln!("aws e2e: proxy saw {}", stats(&stack));
+}
+
+/// A fifth pipeline with a windowed GROUP BY in append mode over three
+/// hourly files landing with one notification: the execution succeeds
+/// through the Merge map, and the committed windows are DuckDB's
+/// `time_bucket` GROUP BY over the files, restricted to the windows the
+/// final watermark (largest pickup minus the delay) closed: the run's batch
+/// with no input emitted them.
+async fn windowed(stack: &Stack, cfg: &S3Config, sfn: &StepFunctions, bucket: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input");
+    let files: Vec<PathBuf> = (0..3u64)
+        .map(|h| {
+            let path = input.join(format!("trips-{h:03}.parquet"));
+            let bytes = sluice_cli::generator::encode(
+                &sluice_cli::generator::taxi_batch(h, 150),
+                sluice_engine::pipeline::SourceFormat::Parquet,
+                None,
+            )
+            .unwrap();
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, bytes).unwrap();
+            path
+        })
+        .collect();
+    let source = S3Store::new(cfg, bucket, "windowed");
+    let keys = upload_all(&source, &input, &files, "windowed").await;
+    let toml = format!(
+        r#"name = "windows"
+[source]
+uri = "s3://{bucket}/windowed/"
+format = "parquet"
+table = "trips"
+[query]
+sql = '''SELECT window.start AS window_start, window.end AS window_end, "PULocationID", count(*) AS trips, sum(passenger_count) AS passengers, max(trip_distance) AS longest FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes'), "PULocationID"'''
+[sink]
+uri = "s3://{bucket}/windows-out/"
+[checkpoint]
+uri = "s3://{bucket}/checkpoints/"
+[watermark]
+column = "tpep_pickup_datetime"
+delay = "10 minutes"
+[limits]
+state_partitions = 2
+"#
+    );
+    let p = Pipeline::parse(&toml, "windows.toml", dir.path()).unwrap();
+    let ctx = Context::open(p, Some(cfg)).unwrap();
+    admin::register(&ctx).await.unwrap();
+    let e = started_epoch(&invoke_trigger(stack, &s3_event(bucket, &keys)), "windows");
+    let end = wait_execution(sfn, stack, "windows", e).await;
+    assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    let out = tempfile::tempdir().unwrap();
+    download(cfg, bucket, "windows-out", out.path()).await;
+    let wm = duckdb_sql(&format!(
+        "SELECT epoch_us(max(tpep_pickup_datetime)) - 600000000 FROM read_parquet([{}])",
+        quoted(&files)
+    ))
+    .await;
+    let want = duckdb_sql(&format!(
+        "SELECT * FROM (SELECT time_bucket(INTERVAL 15 MINUTES, tpep_pickup_datetime) AS \
+         window_start, time_bucket(INTERVAL 15 MINUTES, tpep_pickup_datetime) + INTERVAL 15 \
+         MINUTES AS window_end, \"PULocationID\", count(*) AS trips, \
+         sum(passenger_count)::BIGINT AS passengers, max(trip_distance) AS longest FROM \
+         read_parquet([{}]) GROUP BY ALL) WHERE epoch_us(window_end) <= {}",
+        quoted(&files),
+        wm[0]
+    ))
+    .await;
+    assert!(want.len() > 20, "{} windows", want.len());
+    assert_eq!(committed_rows(out.path(), "windows").await, want);
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    let s = c.stateful.expect("state recorded by the committer");
+    assert_eq!(s.state.len(), 2);
+    assert_eq!(c.status, RunStatus::Idle);
 }
 
 /// Upload `files` (under `input`) to `source` (at `prefix` in the bucket)
