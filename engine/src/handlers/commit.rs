@@ -134,7 +134,7 @@ async fn merge_results(
     let Some(shape) = super::plan::stateful_shape(ctx, off).await? else {
         return Ok(None);
     };
-    let partitions = super::plan::merges(ctx, off).await?;
+    let partitions = super::plan::state_partitions(ctx);
     let before = control.stateful.clone().unwrap_or_default();
     let mut state = Vec::with_capacity(partitions.len());
     let mut outputs = Vec::new();

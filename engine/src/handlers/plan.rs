@@ -121,9 +121,14 @@ async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Resul
 /// stateful query, none for a row-by-row one.
 pub(super) async fn merges(ctx: &Context, off: &Offsets) -> Result<Vec<u32>> {
     Ok(match stateful_shape(ctx, off).await? {
-        Some(_) => (0..ctx.pipeline.limits.state_partitions.max(1)).collect(),
+        Some(_) => state_partitions(ctx),
         None => Vec::new(),
     })
+}
+
+/// Every state partition of the pipeline.
+pub(super) fn state_partitions(ctx: &Context) -> Vec<u32> {
+    (0..ctx.pipeline.limits.state_partitions.max(1)).collect()
 }
 
 /// The stateful shape of the query a batch runs

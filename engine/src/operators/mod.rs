@@ -235,7 +235,7 @@ impl SqlOperator {
     /// logical plan.
     pub async fn check(&self) -> Result<LogicalPlan> {
         let p = &self.pipeline;
-        if self.stateful().await?.is_some() {
+        if self.analyse_stateful().await?.is_some() {
             // Planned and checked as a stateful query.
             return LogicalPlanBuilder::empty(false)
                 .build()

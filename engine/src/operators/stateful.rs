@@ -77,12 +77,26 @@ impl SqlOperator {
         Ok(Arc::new(Schema::new(fields)))
     }
 
+    /// The pipeline's query as a stateful query, for a pipeline that passed
+    /// its check ([`Self::analyse_stateful`]): one with neither
+    /// `[watermark]` nor a `sink.mode` other than append is row by row (the
+    /// check refuses a GROUP BY there), so the steps of a row-by-row
+    /// pipeline (every task, plan and commit) do not parse and plan its
+    /// query again to find that out.
+    pub(crate) async fn stateful(&self) -> Result<Option<StatefulQuery>> {
+        let p = &self.pipeline;
+        if p.watermark.is_none() && p.output_mode == OutputMode::Append {
+            return Ok(None);
+        }
+        self.analyse_stateful().await
+    }
+
     /// The pipeline's query as a stateful query, if it aggregates (`None`:
     /// a row-by-row query). Refused, by name: anything that does not run in
     /// stages, a DISTINCT or ordered aggregate, append mode without a
     /// window, a window without `[watermark]` in append mode, a watermark on
     /// another column than the window's.
-    pub(crate) async fn stateful(&self) -> Result<Option<StatefulQuery>> {
+    pub(crate) async fn analyse_stateful(&self) -> Result<Option<StatefulQuery>> {
         let p = &self.pipeline;
         let w = rewrite(&p.sql).map_err(|e| self.sql_err(e))?;
         let schema = self.windowed_schema(w.window.as_ref())?;
@@ -220,7 +234,7 @@ uri = "ck"
     async fn the_issues_queries_are_accepted() {
         let tumbling = r#"SELECT window.start AS window_start, window.end AS window_end, "PULocationID", count(*) AS trips, sum(total_amount) AS revenue, avg(trip_distance) AS avg_distance FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes'), "PULocationID""#;
         let q = op(pipeline(tumbling, WM))
-            .stateful()
+            .analyse_stateful()
             .await
             .unwrap()
             .unwrap();
@@ -231,7 +245,7 @@ uri = "ck"
                        HAVING count(*) > 1";
         assert!(
             op(pipeline(sliding, WM))
-                .stateful()
+                .analyse_stateful()
                 .await
                 .unwrap()
                 .is_some()
@@ -242,10 +256,10 @@ uri = "ck"
                 per_zone,
                 &format!("[sink]\nuri = \"out\"\nmode = \"{mode}\""),
             );
-            assert!(op(p).stateful().await.unwrap().is_some(), "{mode}");
+            assert!(op(p).analyse_stateful().await.unwrap().is_some(), "{mode}");
         }
         let row_by_row = op(pipeline("SELECT * FROM trips WHERE total_amount > 0", ""));
-        assert_eq!(row_by_row.stateful().await.unwrap(), None);
+        assert_eq!(row_by_row.analyse_stateful().await.unwrap(), None);
     }
 
     /// Each misuse the issue lists, refused with what to write.
@@ -294,7 +308,7 @@ uri = "ck"
             ),
         ] {
             let e = op(pipeline(sql, extra))
-                .stateful()
+                .analyse_stateful()
                 .await
                 .map(|q| format!("accepted: {q:?}"))
                 .unwrap_or_else(|e| e.to_string());
@@ -302,7 +316,7 @@ uri = "ck"
         }
         let other = "[watermark]\ncolumn = \"other\"\ndelay = \"1 minute\"";
         let e = op(pipeline(window, other))
-            .stateful()
+            .analyse_stateful()
             .await
             .unwrap_err()
             .to_string();
