@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use datafusion::dataframe::DataFrameWriteOptions;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use sluice_engine::handlers::Context;
@@ -29,6 +29,19 @@ pub struct BenchArgs {
     /// Work folder (default: a temporary folder, removed afterwards).
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
+    /// Which query: a row-by-row filter and projection, or a windowed
+    /// GROUP BY (tumbling 15 minutes x zone, count/sum/avg).
+    #[arg(long, value_enum, default_value_t = BenchQuery::Filter)]
+    query: BenchQuery,
+}
+
+/// The benchmark's query.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchQuery {
+    /// Row by row: WHERE and computed columns.
+    Filter,
+    /// A windowed GROUP BY through the merge stage.
+    Window,
 }
 
 const SQL: &str = "SELECT \"VendorID\", tpep_pickup_datetime, \"PULocationID\", \"DOLocationID\", \
@@ -100,6 +113,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         if d.exists() {
             std::fs::remove_dir_all(d)?;
         }
+    }
+    if args.query == BenchQuery::Window {
+        return crate::bench_window::run(&dir, args.files, args.rows, args.rounds).await;
     }
     std::fs::create_dir_all(&dir)?;
     println!(

@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_planning;
+mod bench_window;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -356,6 +356,9 @@ pub struct Durations {
     pub operate_ms: u64,
     /// The longest task, ms.
     pub task_max_ms: u64,
+    /// A stateful query: the longest merge of a state partition, ms.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub merge_max_ms: u64,
     /// Commit, ms.
     pub commit_ms: u64,
 }

@@ -52,7 +52,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         .filter(|i| !quarantined.iter().any(|q| q.key == i.key))
         .collect();
     let mut outputs: Vec<_> = match &merged {
-        Some((_, outputs)) => outputs.clone(),
+        Some(m) => m.outputs.clone(),
         None => results.iter().flat_map(|r| r.outputs.clone()).collect(),
     };
     outputs.sort_by(|a, b| a.key.cmp(&b.key));
@@ -61,9 +61,11 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         None => results.iter().map(|r| r.rows_out).sum(),
     };
     ctx.sink.verify(batch, &outputs).await?;
+    // Tasks' and merges' own requests (each counted where it ran).
     let task_requests = results
         .iter()
-        .fold(RequestCounts::default(), |acc, r| acc.plus(&r.requests));
+        .fold(RequestCounts::default(), |acc, r| acc.plus(&r.requests))
+        .plus(&merged.as_ref().map(|m| m.requests).unwrap_or_default());
     let mut record = Commit {
         format_version: checkpoint::FORMAT_VERSION,
         batch,
@@ -78,6 +80,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
             plan_ms: off.plan_ms,
             operate_ms: (started_ms - off.planned_ms).max(0) as u64,
             task_max_ms: results.iter().map(|r| r.millis).max().unwrap_or(0),
+            merge_max_ms: merged.as_ref().map_or(0, |m| m.millis),
             commit_ms: 0,
         },
         requests: RequestCounts::default(),
@@ -96,7 +99,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
             .then(|| off.schema.clone())
             .flatten(),
         rescued_fields: results.iter().map(|r| r.rescued_fields).sum(),
-        stateful: merged.map(|(s, _)| s),
+        stateful: merged.map(|m| m.state),
     };
     record.durations.commit_ms = started.elapsed().as_millis() as u64;
     // Planner, tasks and this committer, including the commit write itself.
@@ -116,6 +119,18 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     Ok(record)
 }
 
+/// What the merges of a stateful query's batch left for its commit.
+struct Merged {
+    /// The state and watermark after the batch.
+    state: crate::checkpoint::StatefulState,
+    /// The parts the merges staged.
+    outputs: Vec<crate::checkpoint::OutputFile>,
+    /// The longest merge, ms.
+    millis: u64,
+    /// The merges' storage requests.
+    requests: RequestCounts,
+}
+
 /// A stateful query's batch: the state and watermark after it, and the
 /// parts its merges staged; `None` for a row-by-row query. Every state
 /// partition's merge must have finished under this run.
@@ -125,12 +140,7 @@ async fn merge_results(
     off: &crate::checkpoint::Offsets,
     control: &crate::checkpoint::Control,
     results: &[TaskResult],
-) -> Result<
-    Option<(
-        crate::checkpoint::StatefulState,
-        Vec<crate::checkpoint::OutputFile>,
-    )>,
-> {
+) -> Result<Option<Merged>> {
     let Some(shape) = super::plan::stateful_shape(ctx, off).await? else {
         return Ok(None);
     };
@@ -139,6 +149,7 @@ async fn merge_results(
     let mut state = Vec::with_capacity(partitions.len());
     let mut outputs = Vec::new();
     let mut next_close_us: Option<i64> = None;
+    let (mut millis, mut requests) = (0, RequestCounts::default());
     for p in partitions {
         let key = paths::checkpoint::merge(off.batch, p, run.epoch);
         let Some(obj) = ctx.checkpoint.store().get(&key).await? else {
@@ -157,6 +168,8 @@ async fn merge_results(
             serde_json::from_slice(&obj.bytes).map_err(|e| ctx.broken(key, e.to_string()))?;
         state.push(m.state);
         outputs.extend(m.outputs);
+        millis = millis.max(m.millis);
+        requests = requests.plus(&m.requests);
         next_close_us = match (next_close_us, m.next_close_us) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -171,8 +184,8 @@ async fn merge_results(
         ),
         _ => before.watermark_us,
     };
-    Ok(Some((
-        crate::checkpoint::StatefulState {
+    Ok(Some(Merged {
+        state: crate::checkpoint::StatefulState {
             watermark_us,
             merged_watermark_us: before.watermark_us,
             state,
@@ -182,7 +195,9 @@ async fn merge_results(
             shape,
         },
         outputs,
-    )))
+        millis,
+        requests,
+    }))
 }
 
 /// The results the tasks of `batch` recorded under this run, in task order;

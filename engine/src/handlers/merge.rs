@@ -9,6 +9,8 @@
 //! rewrites the same files and the commit record names exactly one state
 //! file per partition.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use super::context::Context;
@@ -18,7 +20,8 @@ use crate::checkpoint::OutputFile;
 use crate::error::{Error, ErrorClass, Result};
 use crate::operators::{SqlOperator, TaskResult};
 use crate::paths;
-use crate::storage::PutMode;
+use crate::sinks::ParquetSink;
+use crate::storage::{CountingStore, PutMode, RequestCounts, Store};
 
 /// What the merge of one state partition of a batch did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +41,9 @@ pub struct MergeResult {
     pub next_close_us: Option<i64>,
     /// Wall time, ms.
     pub millis: u64,
+    /// Storage requests it made, this result's write included.
+    #[serde(default)]
+    pub requests: RequestCounts,
 }
 
 /// Merge step: merge state partition `partition` of `batch`.
@@ -78,6 +84,12 @@ pub async fn merge(
         )
     })?;
     let staged = op.staged(&q).await?;
+    // Views that count only this merge's requests.
+    let store = CountingStore::new(ctx.checkpoint.store().clone());
+    let sink = ParquetSink::new(
+        Arc::new(CountingStore::new(ctx.sink.store().clone())),
+        &p.name,
+    );
     let read_state = |key: String, bytes: bytes::Bytes| {
         staged
             .read_state(&key, &bytes)
@@ -89,18 +101,12 @@ pub async fn merge(
     };
     let mut state = Vec::new();
     if let Some(key) = before.state.get(partition as usize).cloned().flatten() {
-        let obj = ctx
-            .checkpoint
-            .store()
-            .get(&key)
-            .await?
-            .ok_or_else(|| ctx.broken(key.clone(), "the state in force is missing"))?;
-        state = read_state(key, obj.bytes)?;
+        state = restore(ctx, &store, &staged, key).await?;
     }
     let mut partials = Vec::new();
     for t in &off.tasks {
         let key = paths::checkpoint::work(batch, t.task, run.epoch);
-        let Some(obj) = ctx.checkpoint.store().get(&key).await? else {
+        let Some(obj) = store.get(&key).await? else {
             return Err(Error::Execution {
                 pipeline: p.name.clone(),
                 batch,
@@ -112,10 +118,10 @@ pub async fn merge(
         let result: TaskResult =
             serde_json::from_slice(&obj.bytes).map_err(|e| ctx.broken(key, e.to_string()))?;
         for f in result.partials.iter().filter(|f| f.partition == partition) {
-            let obj =
-                ctx.checkpoint.store().get(&f.key).await?.ok_or_else(|| {
-                    ctx.broken(f.key.clone(), "a task's partial states are missing")
-                })?;
+            let obj = store
+                .get(&f.key)
+                .await?
+                .ok_or_else(|| ctx.broken(f.key.clone(), "a task's partial states are missing"))?;
             partials.extend(read_state(f.key.clone(), obj.bytes)?);
         }
     }
@@ -141,13 +147,11 @@ pub async fn merge(
     if rows_out > 0 {
         let schema = merged.emit[0].schema();
         let stream = crate::operators::batches_stream(schema.clone(), merged.emit);
-        outputs = ctx
-            .sink
+        outputs = sink
             .write_partition(run.epoch, batch, partition, 0, schema, stream)
             .await?;
     }
-    ctx.sink
-        .remove_stale_parts(run.epoch, batch, partition, &outputs)
+    sink.remove_stale_parts(run.epoch, batch, partition, &outputs)
         .await?;
     let state_rows: u64 = merged.state.iter().map(|b| b.num_rows() as u64).sum();
     let state = if state_rows > 0 {
@@ -155,14 +159,14 @@ pub async fn merge(
         let bytes = staged
             .write_state(&merged.state)
             .map_err(|e| ctx.broken(key.clone(), e.to_string()))?;
-        ctx.checkpoint
-            .store()
-            .put(&key, bytes.into(), PutMode::Overwrite)
-            .await?;
+        store.put(&key, bytes.into(), PutMode::Overwrite).await?;
         Some(key)
     } else {
         None
     };
+    let mut requests = store.counts().plus(&sink.store().counts());
+    requests.get += 2; // the plan and control read above
+    requests.put += 1; // this result, written below
     let result = MergeResult {
         partition,
         outputs,
@@ -171,6 +175,7 @@ pub async fn merge(
         state_rows,
         next_close_us: merged.next_close_us,
         millis: started.elapsed().as_millis() as u64,
+        requests,
     };
     ctx.checkpoint
         .store()
@@ -184,4 +189,76 @@ pub async fn merge(
         .await?;
     tracing::debug!(pipeline = %p.name, batch, partition, rows_out, state_rows, "merged");
     Ok(result)
+}
+
+/// Read and decode the state file `key` through `store`, checking it was
+/// written by this query and this DataFusion version.
+async fn restore(
+    ctx: &Context,
+    store: &dyn Store,
+    staged: &crate::operators::Staged,
+    key: String,
+) -> Result<Vec<datafusion::arrow::array::RecordBatch>> {
+    let obj = store
+        .get(&key)
+        .await?
+        .ok_or_else(|| ctx.broken(key.clone(), "the state in force is missing"))?;
+    staged
+        .read_state(&key, &obj.bytes)
+        .map_err(|message| Error::Checkpoint {
+            pipeline: ctx.pipeline.name.clone(),
+            key,
+            message,
+        })
+}
+
+/// The state in force of a stateful pipeline, as a merge restores it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateSize {
+    /// Partitions holding state.
+    pub partitions: u32,
+    /// Groups (open windows, or every group in complete mode).
+    pub groups: u64,
+    /// Bytes of the state files.
+    pub bytes: u64,
+}
+
+/// Read and decode every partition's state in force, as the merges of the
+/// next batch would (`sluice bench --query window` times this as the
+/// restore). A pipeline without state gives zeros.
+pub async fn restore_state(ctx: &Context) -> Result<StateSize> {
+    let Some((control, _)) = ctx.checkpoint.control().await? else {
+        return Ok(StateSize::default());
+    };
+    let Some(st) = control.stateful else {
+        return Ok(StateSize::default());
+    };
+    let schema = match &control.schema {
+        Some(v) => super::schema::arrow_of(ctx, v, paths::checkpoint::CONTROL.to_string())?,
+        None => ctx.schema().await?,
+    };
+    let op = SqlOperator::new(ctx.pipeline.clone(), schema);
+    let Some(q) = op.stateful().await? else {
+        return Ok(StateSize::default());
+    };
+    let staged = op.staged(&q).await?;
+    let mut size = StateSize::default();
+    for key in st.state.into_iter().flatten() {
+        let store = ctx.checkpoint.store().as_ref();
+        let obj = store
+            .get(&key)
+            .await?
+            .ok_or_else(|| ctx.broken(key.clone(), "the state in force is missing"))?;
+        size.bytes += obj.bytes.len() as u64;
+        let batches = staged
+            .read_state(&key, &obj.bytes)
+            .map_err(|message| Error::Checkpoint {
+                pipeline: ctx.pipeline.name.clone(),
+                key,
+                message,
+            })?;
+        size.partitions += 1;
+        size.groups += batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
+    }
+    Ok(size)
 }

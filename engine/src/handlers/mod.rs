@@ -28,7 +28,7 @@ pub use commit::commit;
 pub use context::{Context, Contexts};
 pub use lease::{heartbeat, release};
 pub(crate) use lease::{swap_control, update_control};
-pub use merge::{MergeResult, merge};
+pub use merge::{MergeResult, StateSize, merge, restore_state};
 pub use operate::operate;
 pub use payloads::{
     BatchRef, CommitAction, CommitRequest, CommitSummary, PlanOutcome, PlanRequest, Refusal,

@@ -116,6 +116,7 @@ pub struct PartialFile {
     pub rows: u64,
 }
 
+pub(crate) use aggregate::Staged;
 pub(crate) use merge::merge as merge_states;
 
 /// What the operators' unit tests share.

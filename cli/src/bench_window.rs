@@ -1,0 +1,247 @@
+//! `sluice bench --query window`: a windowed GROUP BY (tumbling 15 minutes
+//! x pickup zone, count/sum/avg) as a sluice run against raw DataFusion
+//! running the same GROUP BY once over the same files; the merge stage with
+//! 1, 2 and 4 state partitions; and the state's size and restore time after
+//! 100 batches. Prints what it measured in this one run; nothing here is a
+//! pass/fail test.
+
+use std::path::Path;
+use std::time::Instant;
+
+use datafusion::dataframe::DataFrameWriteOptions;
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use sluice_engine::handlers::{self, Context};
+use sluice_engine::pipeline::{Pipeline, SourceFormat};
+use sluice_engine::runner::{self, RunEnd, RunSummary};
+
+/// The query as a user writes it (Spark's spelling).
+const SQL: &str = "SELECT window.start AS window_start, window.end AS window_end, \
+    \"PULocationID\", count(*) AS trips, sum(total_amount) AS revenue, \
+    avg(trip_distance) AS avg_distance \
+    FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes'), \"PULocationID\"";
+
+/// The same GROUP BY in plain DataFusion SQL, run once over all files.
+const RAW_SQL: &str = "SELECT \
+    date_bin(INTERVAL '15 minutes', tpep_pickup_datetime, TIMESTAMP '1970-01-01T00:00:00') AS window_start, \
+    date_bin(INTERVAL '15 minutes', tpep_pickup_datetime, TIMESTAMP '1970-01-01T00:00:00') + INTERVAL '15 minutes' AS window_end, \
+    \"PULocationID\", count(*) AS trips, sum(total_amount) AS revenue, \
+    avg(trip_distance) AS avg_distance \
+    FROM trips GROUP BY 1, 2, 3";
+
+/// A windowed pipeline over `input` writing under `out/<name>`.
+fn pipeline_toml(name: &str, input: &str, mode: &str, partitions: u32, files: u64) -> String {
+    format!(
+        r#"name = "{name}"
+[source]
+uri = "{input}"
+format = "parquet"
+table = "trips"
+discovery = "ordered"
+[query]
+sql = '''{SQL}'''
+[watermark]
+column = "tpep_pickup_datetime"
+delay = "10 minutes"
+[sink]
+uri = "out/{name}"
+mode = "{mode}"
+[checkpoint]
+uri = "out/{name}-checkpoint"
+retain_batches = 200
+[limits]
+state_partitions = {partitions}
+max_files_per_batch = {files}
+max_bytes_per_batch = "100 GiB"
+max_bytes_per_task = "100 GiB"
+max_batches_per_execution = 1000
+"#
+    )
+}
+
+fn open(dir: &Path, toml: &str) -> anyhow::Result<Context> {
+    let pipeline = Pipeline::parse(toml, "bench.toml", dir)?;
+    Ok(Context::open(pipeline, None)?)
+}
+
+async fn raw_datafusion(input: &Path, out: &Path) -> anyhow::Result<(f64, u64)> {
+    let started = Instant::now();
+    let parts = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(parts));
+    ctx.register_parquet(
+        "trips",
+        input.to_str().expect("utf-8 path"),
+        ParquetReadOptions::default().file_extension(".parquet"),
+    )
+    .await?;
+    let written = ctx
+        .sql(RAW_SQL)
+        .await?
+        .write_parquet(
+            out.to_str().expect("utf-8 path"),
+            DataFrameWriteOptions::new(),
+            None,
+        )
+        .await?;
+    let secs = started.elapsed().as_secs_f64();
+    let rows = written
+        .first()
+        .and_then(|b| {
+            b.column(0)
+                .as_any()
+                .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+                .map(|a| a.value(0))
+        })
+        .unwrap_or(0);
+    Ok((secs, rows))
+}
+
+async fn run_to_end(ctx: &Context) -> anyhow::Result<(RunSummary, f64)> {
+    let started = Instant::now();
+    let summary = runner::run(ctx, |_| {}).await?;
+    let secs = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        summary.end == RunEnd::Done,
+        "bench run ended {:?}",
+        summary.end
+    );
+    Ok((summary, secs))
+}
+
+/// Sum over the run's batches of the longest merge of each (the merge
+/// stage's time on the critical path), ms.
+async fn merge_ms(ctx: &Context, summary: &RunSummary) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for b in &summary.batches {
+        let commit = ctx
+            .checkpoint
+            .commit(b.batch)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("batch {} has no commit record", b.batch))?;
+        total += commit.durations.merge_max_ms;
+    }
+    Ok(total)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    v[v.len() / 2]
+}
+
+/// Run the window benchmark over `files` x `rows` and print its report.
+pub async fn run(dir: &Path, files: u64, rows: usize, rounds: usize) -> anyhow::Result<()> {
+    let (input, out) = (dir.join("input"), dir.join("out"));
+    let input100 = dir.join("input100");
+    for d in [&input, &out, &input100] {
+        if d.exists() {
+            std::fs::remove_dir_all(d)?;
+        }
+    }
+    std::fs::create_dir_all(dir)?;
+    println!(
+        "generating {files} taxi files x {rows} rows (Parquet) in {}",
+        dir.display()
+    );
+    sluice_cli::generator::write_taxi_files(&input, files, rows, SourceFormat::Parquet, None)?;
+    let total_rows = files * rows as u64;
+
+    // Throughput: the whole backlog in one run (one data batch and the
+    // closing batch), against the same GROUP BY once in raw DataFusion.
+    let (mut raw, mut ours) = (Vec::new(), Vec::new());
+    let (mut raw_groups, mut our_groups, mut batches) = (0, 0, 0);
+    for round in 0..rounds.max(1) {
+        let (secs, groups) = raw_datafusion(&input, &out.join(format!("raw-{round}"))).await?;
+        raw.push(secs);
+        raw_groups = groups;
+        let ctx = open(
+            dir,
+            &pipeline_toml(&format!("window{round}"), "input", "append", 4, 100_000),
+        )?;
+        let (summary, secs) = run_to_end(&ctx).await?;
+        ours.push(secs);
+        let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
+        anyhow::ensure!(
+            rows_in == total_rows,
+            "sluice read {rows_in} rows, expected {total_rows}"
+        );
+        our_groups = summary.batches.iter().map(|b| b.rows_out).sum();
+        batches = summary.batches.len();
+    }
+    let (raw_s, ours_s) = (median(raw), median(ours));
+
+    // The merge stage with 1, 2, 4 partitions: one file per batch, so state
+    // carries across batches.
+    let mut merges = Vec::new();
+    for partitions in [1u32, 2, 4] {
+        let ctx = open(
+            dir,
+            &pipeline_toml(
+                &format!("merge{partitions}"),
+                "input",
+                "append",
+                partitions,
+                1,
+            ),
+        )?;
+        let (summary, secs) = run_to_end(&ctx).await?;
+        let ms = merge_ms(&ctx, &summary).await?;
+        merges.push((partitions, summary.batches.len(), ms, secs));
+    }
+
+    // State after 100 batches, in append mode (open windows only) and in
+    // complete mode (every group kept).
+    let small = (total_rows / 100).max(1) as usize;
+    sluice_cli::generator::write_taxi_files(&input100, 100, small, SourceFormat::Parquet, None)?;
+    let mut states = Vec::new();
+    for mode in ["append", "complete"] {
+        let ctx = open(
+            dir,
+            &pipeline_toml(&format!("state-{mode}"), "input100", mode, 4, 1),
+        )?;
+        let (summary, secs) = run_to_end(&ctx).await?;
+        let data_batches = summary.batches.iter().filter(|b| b.files > 0).count();
+        anyhow::ensure!(
+            data_batches == 100,
+            "{mode}: {data_batches} data batches, expected 100"
+        );
+        let ms = merge_ms(&ctx, &summary).await?;
+        let mut restore = Vec::new();
+        let mut size = handlers::StateSize::default();
+        for _ in 0..5 {
+            let started = Instant::now();
+            size = handlers::restore_state(&ctx).await?;
+            restore.push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+        states.push((mode, secs, ms, size, median(restore)));
+    }
+
+    println!();
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!(
+        "| input | {files} files, {total_rows} rows; tumbling 15 minutes x PULocationID, count/sum/avg |"
+    );
+    println!(
+        "| raw DataFusion (same GROUP BY once, Parquet out), median of {rounds} | {raw_s:.3} s, {:.0} rows/s, {raw_groups} groups |",
+        total_rows as f64 / raw_s
+    );
+    println!(
+        "| sluice run (append, 4 state partitions, {batches} batches incl. closing), median of {rounds} | {ours_s:.3} s, {:.0} rows/s, {our_groups} windows emitted |",
+        total_rows as f64 / ours_s
+    );
+    println!(
+        "| **ratio sluice / raw DataFusion** (goal >= 0.7) | **{:.2}** |",
+        raw_s / ours_s
+    );
+    for (partitions, batches, ms, secs) in merges {
+        println!(
+            "| one file per batch, {partitions} state partition(s): {batches} batches | run {secs:.3} s, merge stage {ms} ms (sum of each batch's longest merge) |"
+        );
+    }
+    for (mode, secs, ms, size, restore_ms) in states {
+        println!(
+            "| state after 100 batches ({mode}) | {} groups in {} partitions, {} bytes; restore {restore_ms:.1} ms (median of 5); run {secs:.3} s, merge stage {ms} ms |",
+            size.groups, size.partitions, size.bytes
+        );
+    }
+    Ok(())
+}
