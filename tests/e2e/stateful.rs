@@ -400,3 +400,87 @@ async fn a_wallclock_bound_closes_windows_on_a_run_with_no_data() {
     let third = run(&at(3, 5)).await.unwrap();
     assert!(third.batches.is_empty(), "{third:?}");
 }
+
+/// Session windows (`session_window(ts, '1 minute')` per vendor) in append
+/// mode: run 1 takes hours 0 and 1 in one batch, one task per file, so
+/// sessions that cross the hour are merged from two tasks' partials; run 2
+/// takes hour 2, whose sessions continue those of hour 1 left in state;
+/// run 3 a late copy of hour 1. Expected, without Sluice: DuckDB's
+/// gaps-and-islands over the rows that were not late (a row more than the
+/// gap after its vendor's previous row starts a session; a session ends at
+/// its last row plus the gap), the sessions that end at or before the
+/// final watermark.
+#[tokio::test(flavor = "multi_thread")]
+async fn session_windows_in_append_mode_equal_duckdb_gaps_and_islands() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    let sql = r#"SELECT session_window.start AS session_start, session_window.end AS session_end, "VendorID", count(*) AS trips, sum(passenger_count) AS passengers FROM trips GROUP BY session_window(tpep_pickup_datetime, '1 minute'), "VendorID""#;
+    let toml = toml("sess", sql, "append", true, 10)
+        .replace("[limits]", "[limits]\nmax_bytes_per_task = \"1 KiB\"");
+    let file = |name: &str, hour: u64, rows: usize| {
+        let path = input.join(name);
+        crate::schema::write_parquet(&path, &sluice_cli::generator::taxi_batch(hour, rows));
+        path
+    };
+    let mut batches: Vec<Vec<PathBuf>> = Vec::new();
+    batches.push(vec![
+        file("trips-000.parquet", 0, 240),
+        file("trips-001.parquet", 1, 240),
+    ]);
+    let first = run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    assert_eq!(first.batches[0].files, 2);
+    batches.push(vec![file("trips-002.parquet", 2, 240)]);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    batches.push(vec![file("trips-009.parquet", 1, 60)]);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+
+    // The oracle: late rows and the final watermark from the batches.
+    let delay = DELAY_MIN * 60_000_000;
+    let mut wm: Option<i64> = None;
+    let mut parts = Vec::new();
+    for files in &batches {
+        let cut = wm.map_or(String::new(), |w| {
+            format!(" WHERE epoch_us(tpep_pickup_datetime) > {w}")
+        });
+        parts.push(format!(
+            "SELECT * FROM read_parquet([{}]){cut}",
+            quoted(files)
+        ));
+        let mut m = i64::MIN;
+        for f in files {
+            m = m.max(max_pickup_us(f).await);
+        }
+        wm = Some(wm.map_or(m - delay, |w| w.max(m - delay)));
+    }
+    let wm = wm.unwrap();
+    let want = duckdb_sql(&format!(
+        "WITH r AS ({}), \
+         f AS (SELECT *, CASE WHEN lag(tpep_pickup_datetime) OVER w IS NULL \
+               OR tpep_pickup_datetime > lag(tpep_pickup_datetime) OVER w + INTERVAL 1 MINUTE \
+               THEN 1 ELSE 0 END AS fresh FROM r \
+               WINDOW w AS (PARTITION BY \"VendorID\" ORDER BY tpep_pickup_datetime)), \
+         s AS (SELECT *, sum(fresh) OVER (PARTITION BY \"VendorID\" ORDER BY tpep_pickup_datetime \
+               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS sid FROM f) \
+         SELECT * FROM (SELECT min(tpep_pickup_datetime) AS session_start, \
+           max(tpep_pickup_datetime) + INTERVAL 1 MINUTE AS session_end, \"VendorID\", \
+           count(*) AS trips, sum(passenger_count)::BIGINT AS passengers \
+           FROM s GROUP BY \"VendorID\", sid) WHERE epoch_us(session_end) <= {wm}",
+        parts.join(" UNION ALL ")
+    ))
+    .await;
+    // Sessions of several rows, some crossing an hour (a file boundary).
+    assert!(want.len() > 30, "{} sessions", want.len());
+    let cols = "session_start, session_end, \"VendorID\", trips, passengers";
+    assert_eq!(committed(root, "sess", cols).await, want);
+    let hour = |h: i64| format!("2024-01-01T{h:02}:00:00");
+    assert!(
+        want.iter().any(|r| {
+            let f: Vec<&str> = r.split('|').collect();
+            f[0] < hour(1).as_str() && f[1] > hour(1).as_str()
+        }),
+        "no session crosses 01:00: the test would not check merging across tasks"
+    );
+    let control = control_of(root, &toml).await;
+    assert_eq!(control.totals.late_rows, 60, "the late file's rows");
+}

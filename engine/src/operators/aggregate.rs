@@ -65,6 +65,9 @@ pub(crate) struct Staged {
     /// The aggregate that reads the raw rows (`Partial` or `Single`): its
     /// expressions and input are what the stages run.
     first: AggregateExec,
+    /// The window columns are session windows: merged per key wherever
+    /// states meet ([`Self::merge_sessions`]).
+    sessions: bool,
 }
 
 impl Staged {
@@ -98,7 +101,12 @@ impl Staged {
                     .into(),
             );
         }
-        Ok(Some(Staged { plan, top, first }))
+        Ok(Some(Staged {
+            plan,
+            top,
+            first,
+            sessions: false,
+        }))
     }
 
     /// Why an aggregate of this query cannot run in stages, if one cannot:
@@ -124,10 +132,54 @@ impl Staged {
         })
     }
 
-    /// The states' group-key columns (the first ones), by index: what
-    /// states are hash-partitioned by.
+    /// The states' group-key columns (the first ones), by index.
     pub(crate) fn key_columns(&self) -> Vec<usize> {
         (0..self.first.group_expr().expr().len()).collect()
+    }
+
+    /// Its window columns are session windows (see [`Self::merge_sessions`]).
+    pub(crate) fn with_sessions(mut self, sessions: bool) -> Staged {
+        self.sessions = sessions;
+        self
+    }
+
+    /// The window columns' indices in the state schema, if it has them.
+    fn window_columns(&self) -> Result<Option<(usize, usize)>> {
+        use super::window::{WINDOW_END, WINDOW_START};
+        let schema = self.state_schema()?;
+        Ok(schema
+            .index_of(WINDOW_START)
+            .ok()
+            .zip(schema.index_of(WINDOW_END).ok()))
+    }
+
+    /// What states are hash-partitioned by: the group keys, without the
+    /// window columns when those are session windows (a session's bounds
+    /// change as it merges, so its key alone must say where it lives).
+    pub(crate) fn partition_columns(&self) -> Result<Vec<usize>> {
+        let keys = self.key_columns();
+        match self.window_columns()? {
+            Some((start, end)) if self.sessions => Ok(keys
+                .into_iter()
+                .filter(|k| *k != start && *k != end)
+                .collect()),
+            _ => Ok(keys),
+        }
+    }
+
+    /// Session windows: `states` with the windows of each key that touch
+    /// merged into one session (see [`super::window::merge_sessions`]), so
+    /// a `PartialReduce` merges their states. Other queries: as they are.
+    pub(crate) fn merge_sessions(&self, states: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+        let Some((start, end)) = self.window_columns()?.filter(|_| self.sessions) else {
+            return Ok(states);
+        };
+        let schema = self.state_schema()?;
+        let all = datafusion::arrow::compute::concat_batches(&schema, &states)?;
+        let keys = self.partition_columns()?;
+        Ok(vec![super::window::merge_sessions(
+            &all, &keys, start, end,
+        )?])
     }
 
     /// The schema of the states (group columns, then each aggregate's state

@@ -62,7 +62,7 @@ pub(crate) async fn merge(
     if all.iter().all(|b| b.num_rows() == 0) {
         return Ok(Merged::default());
     }
-    let merged = collect(staged.reduce(all)?, ctx.task_ctx()).await?;
+    let merged = collect(staged.reduce(staged.merge_sessions(all)?)?, ctx.task_ctx()).await?;
     let merged = concat_batches(&schema, &merged)?;
     let n = merged.num_rows();
     let closed: BooleanArray = match (schema.index_of(WINDOW_END).ok(), watermark) {

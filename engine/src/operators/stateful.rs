@@ -171,6 +171,14 @@ impl SqlOperator {
                     w.column, w.column
                 )));
             }
+            (Some(w), OutputMode::Update, _) if w.session => {
+                return Err(self.sql_err(
+                    "session_window(...) in update mode is not supported (as in Spark: a \
+                     session's bounds change as it merges, so an update could not say which \
+                     earlier row it replaces): use sink.mode = \"append\" with [watermark], or \
+                     \"complete\"",
+                ));
+            }
             (Some(w), _, Some(m)) if m.column != w.column => {
                 return Err(self.sql_err(format!(
                     "[watermark] column = \"{}\" but the window is over {}: the watermark \
@@ -284,7 +292,7 @@ uri = "ck"
             (
                 "SELECT count(*) FROM trips GROUP BY session_window(tpep_pickup_datetime, '5 minutes')",
                 update,
-                "session_window",
+                "session_window(...) in update mode",
             ),
             (
                 r#"SELECT "PULocationID", count(DISTINCT store_and_fwd_flag) FROM trips GROUP BY "PULocationID""#,
@@ -349,9 +357,10 @@ impl SqlOperator {
             .create_physical_plan()
             .await
             .map_err(|e| self.sql_err(e))?;
-        Staged::of(plan)
+        Ok(Staged::of(plan)
             .map_err(|e| self.sql_err(e))?
-            .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))
+            .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))?
+            .with_sessions(q.window.as_ref().is_some_and(|w| w.session)))
     }
 
     /// Run one task of a stateful query: read the task's files (late rows
@@ -454,12 +463,24 @@ impl SqlOperator {
             .map_err(exec)?;
         let staged = Staged::of(plan)
             .map_err(|e| self.sql_err(e))?
-            .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))?;
+            .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))?
+            .with_sessions(q.window.as_ref().is_some_and(|w| w.session));
         let partial = staged.partial().map_err(exec)?;
-        let states = datafusion::physical_plan::collect(partial.clone(), ctx.task_ctx())
+        let mut states = datafusion::physical_plan::collect(partial.clone(), ctx.task_ctx())
             .await
             .map_err(exec)?;
-        let keys = staged.key_columns();
+        if q.window.as_ref().is_some_and(|w| w.session) {
+            // One window per row so far: merge the task's own sessions
+            // first, so the partials it writes hold sessions, not rows.
+            let merged = staged.merge_sessions(states).map_err(exec)?;
+            states = datafusion::physical_plan::collect(
+                staged.reduce(merged).map_err(exec)?,
+                ctx.task_ctx(),
+            )
+            .await
+            .map_err(exec)?;
+        }
+        let keys = staged.partition_columns().map_err(exec)?;
         let n = state.partitions.max(1);
         let mut parts: Vec<Vec<datafusion::arrow::record_batch::RecordBatch>> =
             vec![Vec::new(); n as usize];
