@@ -186,6 +186,7 @@ async fn measure(mode: DiscoveryMode, history: u64, new: u64) -> anyhow::Result<
         epoch,
         discovered: false,
         batches: 0,
+        events: 0,
         trigger: Some("bench".into()),
         spec: String::new(),
     };

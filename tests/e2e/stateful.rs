@@ -603,3 +603,37 @@ async fn random_arrivals_batches_tasks_and_partitions_equal_duckdb() {
         );
     }
 }
+
+/// A stateful batch with 1,024 state partitions adds about 7,200 events to
+/// its execution's history (a merge per partition in an inline Map), so
+/// the third batch would pass Step Functions' 25,000-event cap: the
+/// planner hands over to a new execution before it (the same hand-over as
+/// `max_batches_per_execution`), and the output is still DuckDB's windows.
+#[tokio::test(flavor = "multi_thread")]
+async fn many_state_partitions_hand_over_before_the_history_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    let toml = toml("wide", WINDOWED, "append", true, 1)
+        .replace("state_partitions = 3", "state_partitions = 1024");
+    let files: Vec<PathBuf> = (0..2u64)
+        .map(|h| {
+            let path = input.join(format!("trips-{h:03}.parquet"));
+            crate::schema::write_parquet(&path, &sluice_cli::generator::taxi_batch(h, 100));
+            path
+        })
+        .collect();
+    let ran = run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    // Two data batches and the closing one: 3 x ~7,200 events > 20,000.
+    let files_per_batch: Vec<u64> = ran.batches.iter().map(|b| b.files).collect();
+    assert_eq!(files_per_batch, [1, 1, 0]);
+    assert_eq!(
+        ran.executions, 2,
+        "the closing batch runs in a second execution"
+    );
+    let cols = "window_start, window_end, \"PULocationID\", trips, passengers, longest";
+    assert_eq!(
+        committed(root, "wide", cols).await,
+        expected_append(&[files[0].clone(), files[1].clone()]).await
+    );
+}

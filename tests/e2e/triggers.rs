@@ -600,6 +600,7 @@ async fn an_expired_lease_of_a_running_execution_is_not_taken_over() {
         epoch: 1,
         discovered: false,
         batches: 0,
+        events: 0,
         trigger: None,
         spec: String::new(),
     };
@@ -805,6 +806,7 @@ async fn a_cancelled_run_is_fenced_and_the_next_run_resumes_its_batch() {
         epoch,
         discovered: false,
         batches: 0,
+        events: 0,
         trigger: Some("manual".into()),
         spec: String::new(),
     };

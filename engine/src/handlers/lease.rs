@@ -94,7 +94,7 @@ pub(crate) async fn continue_run(ctx: &Context, run: RunState) -> Result<PlanOut
         c.heartbeat_ms = Some(now);
     })
     .await?;
-    tracing::info!(pipeline = %ctx.pipeline.name, epoch = run.epoch, batches = run.batches, "batch budget of this execution used; handing over");
+    tracing::info!(pipeline = %ctx.pipeline.name, epoch = run.epoch, batches = run.batches, events = run.events, "batch or history budget of this execution used; handing over");
     Ok(PlanOutcome::Continue { run })
 }
 

@@ -18,6 +18,10 @@ pub struct RunState {
     /// Batches handed out by this execution (`limits.max_batches_per_execution`).
     #[serde(default)]
     pub batches: u64,
+    /// About how many history events those batches add to this execution
+    /// (Step Functions caps a Standard execution's history at 25,000).
+    #[serde(default)]
+    pub events: u64,
     /// What started the run, recorded in its commits (`sluice history`).
     #[serde(default)]
     pub trigger: Option<String>,

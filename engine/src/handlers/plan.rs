@@ -81,13 +81,19 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
 /// written to the checkpoint (idempotent: the same list on every resume) and
 /// the payload carries only where it is.
 async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Result<PlanOutcome> {
-    if run.batches >= ctx.pipeline.limits.max_batches_per_execution {
+    let tasks: Vec<u32> = off.tasks.iter().map(|t| t.task).collect();
+    let distributed = tasks.len() as u64 > ctx.pipeline.limits.max_inline_tasks;
+    let merge = merges(ctx, off).await?;
+    let events = batch_events(tasks.len() as u64, distributed, merge.len() as u64);
+    // The first batch of an execution always goes: one batch must fit.
+    if run.batches >= ctx.pipeline.limits.max_batches_per_execution
+        || (run.batches > 0 && run.events + events > EVENT_BUDGET)
+    {
         return continue_run(ctx, run).await;
     }
     let resumed = off.epoch != run.epoch;
     run.batches += 1;
-    let tasks: Vec<u32> = off.tasks.iter().map(|t| t.task).collect();
-    let distributed = tasks.len() as u64 > ctx.pipeline.limits.max_inline_tasks;
+    run.events += events;
     let mut task_list = None;
     if distributed {
         let key = crate::paths::checkpoint::task_list(off.batch);
@@ -112,9 +118,27 @@ async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Resul
             files: off.inputs.len() as u64,
             bytes: off.bytes(),
             resumed,
-            merge: merges(ctx, off).await?,
+            merge,
         },
     })
+}
+
+/// History events an execution may spend on batches before it hands over
+/// to the next one: Step Functions caps a Standard execution's history at
+/// 25,000 events; the rest is headroom for retries, the plan of the
+/// hand-over and the end of the run.
+pub(crate) const EVENT_BUDGET: u64 = 20_000;
+
+/// About how many history events one batch adds to its execution: the
+/// Plan and Commit tasks and the choices around them (5 events per Lambda
+/// task state, 2 per choice), the Operate map (4, plus 7 per inline
+/// iteration: its start and end and a task state's 5; a Distributed Map
+/// runs its iterations in child executions and adds about 10), and for a
+/// stateful query the Merge map (4, plus 7 per state partition).
+pub(crate) fn batch_events(tasks: u64, distributed: bool, merges: u64) -> u64 {
+    let operate = if distributed { 10 } else { 4 + 7 * tasks };
+    let merge = if merges > 0 { 4 + 7 * merges } else { 0 };
+    30 + operate + merge
 }
 
 /// The state partitions a batch's merges cover: all of them for a
@@ -317,6 +341,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         epoch,
         discovered: false,
         batches: 0,
+        events: 0,
         trigger: Some(match Owner::parse(&ctx.owner) {
             Owner::Local { .. } => "sluice run".into(),
             _ => "execution input".into(),

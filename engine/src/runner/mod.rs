@@ -92,6 +92,10 @@ pub struct RunSummary {
     pub end: RunEnd,
     /// Committed batches, in order.
     pub batches: Vec<BatchReport>,
+    /// Executions of the state machine it took (more than one when an
+    /// execution used its batch or history budget and handed over).
+    #[serde(default)]
+    pub executions: u64,
     /// Wall time, ms.
     pub millis: u64,
     /// Storage requests of the whole run.
@@ -325,13 +329,16 @@ impl Runner {
         let counts_at_start = ctx.counts();
         let mut batches = Vec::new();
         let mut input = input;
+        let mut executions = 0;
         loop {
             let observed = execute_once(ctx, &machine, input, &self.sleep, &mut on_batch).await?;
+            executions += 1;
             batches.extend(observed.batches);
             if !observed.continued {
                 return Ok(RunSummary {
                     end: observed.end.unwrap_or(RunEnd::Done),
                     batches,
+                    executions,
                     millis: started.elapsed().as_millis() as u64,
                     requests: ctx.counts().since(&counts_at_start),
                 });

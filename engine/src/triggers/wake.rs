@@ -93,6 +93,7 @@ pub fn execution_input(pipeline: &str, epoch: u64, trigger: &str) -> Value {
             epoch,
             discovered: false,
             batches: 0,
+            events: 0,
             trigger: Some(trigger.to_string()),
             spec: String::new(),
         },
