@@ -285,3 +285,32 @@ max_files_per_batch = 1
         assert_recovered(&root, "down", &again.end, &expected, k).await;
     }
 }
+
+/// A complete-mode upstream writes the whole result every batch: read as
+/// new rows, each group would count once per upstream batch. The
+/// downstream refuses it, naming the manifest and what to do, and commits
+/// nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_complete_mode_upstream_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 2, 40);
+    let up = pipeline_toml("up", "parquet", "", "max_files_per_batch = 1").replace(
+        "[sink]\nuri = \"out/sink\"",
+        "[sink]\nuri = \"out/sink\"\nmode = \"complete\"",
+    );
+    let up = up.replace(
+        &up[up.find("sql = ").unwrap()..up.find("\n[sink]").unwrap()],
+        r#"sql = 'SELECT "PULocationID", count(*) AS trips FROM trips GROUP BY "PULocationID"'"#,
+    );
+    assert!(up.contains("mode = \"complete\""), "{up}");
+    let ran = run(&local_context(&pipeline(root, &up))).await.unwrap();
+    assert_eq!(ran.batches.len(), 2);
+    let down = local_context(&pipeline(root, &downstream_toml("manifests", "")));
+    let e = run(&down).await.unwrap_err().to_string();
+    assert!(
+        e.contains("_sluice/manifest/") && e.contains("complete snapshot"),
+        "{e}"
+    );
+    assert!(down_commits(root).await.is_empty());
+}

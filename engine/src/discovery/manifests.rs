@@ -116,6 +116,19 @@ pub(crate) async fn read_upstream(
                 format!("names batch {} under the name of batch {n}", manifest.batch),
             ));
         }
+        if manifest.complete {
+            // Each batch of a complete-mode sink replaces the earlier ones:
+            // read as new rows, every group would count once per batch.
+            return Err(broken(
+                &key,
+                "is a complete snapshot (the source pipeline's sink.mode = \"complete\"): each \
+                 batch of it replaces the earlier ones, so reading its batches as new rows \
+                 would count every group again per batch; read that sink's last manifest as a \
+                 table instead, or give the source pipeline sink.mode = \"append\" or \
+                 \"update\""
+                    .into(),
+            ));
+        }
         let files = manifest
             .files
             .into_iter()
