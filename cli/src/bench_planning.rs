@@ -187,6 +187,8 @@ async fn measure(mode: DiscoveryMode, history: u64, new: u64) -> anyhow::Result<
         discovered: false,
         batches: 0,
         events: 0,
+        plan_ms: 0,
+        plan_memory_mb: 0,
         trigger: Some("bench".into()),
         spec: String::new(),
     };

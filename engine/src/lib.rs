@@ -32,6 +32,7 @@
 
 pub mod admin;
 pub mod checkpoint;
+pub mod cost;
 pub mod discovery;
 pub mod error;
 #[cfg(feature = "lambda")]
@@ -64,6 +65,7 @@ mod layering {
         ("storage", 2),
         ("pipeline", 3),
         ("checkpoint", 4),
+        ("cost", 5),
         ("discovery", 5),
         ("planning", 5),
         ("sinks", 5),

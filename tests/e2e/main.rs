@@ -26,3 +26,4 @@ mod stateful;
 mod storage_contract;
 mod trigger_storm;
 mod triggers;
+mod usage;

@@ -601,6 +601,8 @@ async fn an_expired_lease_of_a_running_execution_is_not_taken_over() {
         discovered: false,
         batches: 0,
         events: 0,
+        plan_ms: 0,
+        plan_memory_mb: 0,
         trigger: None,
         spec: String::new(),
     };
@@ -807,6 +809,8 @@ async fn a_cancelled_run_is_fenced_and_the_next_run_resumes_its_batch() {
         discovered: false,
         batches: 0,
         events: 0,
+        plan_ms: 0,
+        plan_memory_mb: 0,
         trigger: Some("manual".into()),
         spec: String::new(),
     };

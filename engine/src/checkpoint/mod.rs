@@ -23,9 +23,9 @@ mod records;
 
 pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};
 pub use records::{
-    Commit, Control, Durations, FORMAT_VERSION, Index, InputFile, KeyClaim, ListingState, Manifest,
-    Offsets, OutputFile, PipelineRecord, Quarantined, RunStatus, SchemaVersion, SinkOwner,
-    SourceCursor, StatefulState, TaskPlan, Totals,
+    Commit, Control, Durations, FORMAT_VERSION, FunctionUsage, Index, InputFile, KeyClaim,
+    ListingState, Manifest, Offsets, OutputFile, PipelineRecord, Quarantined, RunStatus,
+    SchemaVersion, SinkOwner, SourceCursor, StatefulState, TaskPlan, Totals, Usage,
 };
 
 /// Which batches' offsets and commits may be deleted once `last_committed`

@@ -363,6 +363,46 @@ pub struct Durations {
     pub commit_ms: u64,
 }
 
+/// What a batch used of what AWS bills by use: Lambda invocations and
+/// their billed duration per function, and Step Functions state
+/// transitions. (Storage requests are the commit's `requests`.)
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Per function.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub functions: Vec<FunctionUsage>,
+    /// State transitions of the execution for this batch (Map iterations
+    /// included).
+    #[serde(default)]
+    pub transitions: u64,
+}
+
+/// The invocations of one function.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionUsage {
+    /// `planner`, `operator`, `committer` or `trigger`.
+    pub function: String,
+    /// Invocations.
+    pub invocations: u64,
+    /// Billed duration: each invocation's wall time rounded up to the
+    /// millisecond, summed.
+    pub billed_ms: u64,
+    /// The function's configured memory, MB.
+    pub memory_mb: u64,
+}
+
+impl FunctionUsage {
+    /// `invocations` of `function` at `memory_mb`, `billed_ms` in all.
+    pub fn new(function: &str, invocations: u64, billed_ms: u64, memory_mb: u64) -> FunctionUsage {
+        FunctionUsage {
+            function: function.to_string(),
+            invocations,
+            billed_ms,
+            memory_mb,
+        }
+    }
+}
+
 /// `commits/N.json`: the record that makes batch N committed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Commit {
@@ -441,6 +481,9 @@ pub struct Commit {
     /// A stateful query: its state and watermark after this batch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stateful: Option<StatefulState>,
+    /// What the batch used of what AWS bills by use (`sluice cost`).
+    #[serde(default)]
+    pub usage: Usage,
 }
 
 /// An input file set aside because it could not be read.

@@ -5,7 +5,7 @@
 use super::context::Context;
 use super::lease::{owned_control, release, update_control};
 use super::payloads::{Refusal, RunState};
-use crate::checkpoint::{self, Commit, Durations, Manifest, RunStatus};
+use crate::checkpoint::{self, Commit, Durations, FunctionUsage, Manifest, RunStatus, Usage};
 use crate::discovery;
 use crate::error::{Error, ErrorClass, Result};
 use crate::operators::TaskResult;
@@ -83,6 +83,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
             merge_max_ms: merged.as_ref().map_or(0, |m| m.millis),
             commit_ms: 0,
         },
+        usage: Usage::default(),
         requests: RequestCounts::default(),
         input_keys: taken.iter().map(|i| i.key.clone()).collect(),
         trigger: run.trigger.clone(),
@@ -99,9 +100,10 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
             .then(|| off.schema.clone())
             .flatten(),
         rescued_fields: results.iter().map(|r| r.rescued_fields).sum(),
-        stateful: merged.map(|m| m.state),
+        stateful: merged.as_ref().map(|m| m.state.clone()),
     };
-    record.durations.commit_ms = started.elapsed().as_millis() as u64;
+    record.durations.commit_ms = super::usage::billed_ms(started);
+    record.usage = batch_usage(run, &off, &results, merged.as_ref(), &record);
     // Planner, tasks and this committer, including the commit write itself.
     let mut own = ctx.counts().since(&counts_before);
     own.put_create += 1;
@@ -119,6 +121,53 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     Ok(record)
 }
 
+/// What the batch used: the Plan invocation that handed it out, its tasks'
+/// and merges' invocations of the operator function, this commit's
+/// invocation (up to its record's write), and its state transitions.
+fn batch_usage(
+    run: &RunState,
+    off: &crate::checkpoint::Offsets,
+    results: &[TaskResult],
+    merged: Option<&Merged>,
+    record: &Commit,
+) -> Usage {
+    use super::usage::{COMMITTER, OPERATOR, PLANNER, batch_transitions, memory_mb};
+    let merges = merged.map_or(0, |m| m.invocations);
+    let operator_ms: u64 =
+        results.iter().map(|r| r.millis).sum::<u64>() + merged.map_or(0, |m| m.billed_ms);
+    let operator_mb = results
+        .iter()
+        .map(|r| r.memory_mb)
+        .chain(merged.map(|m| m.memory_mb))
+        .find(|m| *m > 0)
+        .unwrap_or_else(|| memory_mb(OPERATOR));
+    let mut functions = Vec::new();
+    if run.plan_ms > 0 {
+        functions.push(FunctionUsage::new(
+            PLANNER,
+            1,
+            run.plan_ms,
+            run.plan_memory_mb,
+        ));
+    }
+    functions.push(FunctionUsage::new(
+        OPERATOR,
+        off.tasks.len() as u64 + merges,
+        operator_ms,
+        operator_mb,
+    ));
+    functions.push(FunctionUsage::new(
+        COMMITTER,
+        1,
+        record.durations.commit_ms,
+        memory_mb(COMMITTER),
+    ));
+    Usage {
+        functions,
+        transitions: batch_transitions(off.tasks.len() as u64, merges),
+    }
+}
+
 /// What the merges of a stateful query's batch left for its commit.
 struct Merged {
     /// The state and watermark after the batch.
@@ -129,6 +178,12 @@ struct Merged {
     millis: u64,
     /// The merges' storage requests.
     requests: RequestCounts,
+    /// Merge invocations (one per state partition).
+    invocations: u64,
+    /// Their billed duration, ms.
+    billed_ms: u64,
+    /// The operator function's memory they ran with, MB.
+    memory_mb: u64,
 }
 
 /// A stateful query's batch: the state and watermark after it, and the
@@ -150,6 +205,7 @@ async fn merge_results(
     let mut outputs = Vec::new();
     let mut next_close_us: Option<i64> = None;
     let (mut millis, mut requests) = (0, RequestCounts::default());
+    let (mut invocations, mut billed_ms, mut memory_mb) = (0, 0, 0);
     for p in partitions {
         let key = paths::checkpoint::merge(off.batch, p, run.epoch);
         let Some(obj) = ctx.checkpoint.store().get(&key).await? else {
@@ -170,6 +226,9 @@ async fn merge_results(
         outputs.extend(m.outputs);
         millis = millis.max(m.millis);
         requests = requests.plus(&m.requests);
+        invocations += 1;
+        billed_ms += m.millis;
+        memory_mb = memory_mb.max(m.memory_mb);
         next_close_us = match (next_close_us, m.next_close_us) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -197,6 +256,9 @@ async fn merge_results(
         outputs,
         millis,
         requests,
+        invocations,
+        billed_ms,
+        memory_mb,
     }))
 }
 

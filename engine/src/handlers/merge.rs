@@ -39,8 +39,11 @@ pub struct MergeResult {
     /// The earliest window end in that state, microseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_close_us: Option<i64>,
-    /// Wall time, ms.
+    /// Billed duration of the merge's invocation, ms.
     pub millis: u64,
+    /// The operator function's configured memory, MB.
+    #[serde(default)]
+    pub memory_mb: u64,
     /// Storage requests it made, this result's write included.
     #[serde(default)]
     pub requests: RequestCounts,
@@ -174,7 +177,8 @@ pub async fn merge(
         state,
         state_rows,
         next_close_us: merged.next_close_us,
-        millis: started.elapsed().as_millis() as u64,
+        millis: super::usage::billed_ms(started),
+        memory_mb: super::usage::memory_mb(super::usage::OPERATOR),
         requests,
     };
     ctx.checkpoint

@@ -22,6 +22,7 @@ mod ownership;
 mod payloads;
 mod plan;
 mod schema;
+pub(crate) mod usage;
 
 pub(crate) use commit::abandon;
 pub use commit::commit;
@@ -49,8 +50,16 @@ pub(crate) type HandlerFuture<'a, T> = futures::future::BoxFuture<'a, Result<T>>
 /// The planner function's entry point.
 pub fn handle_plan(ctx: &Context, req: PlanRequest) -> HandlerFuture<'_, PlanOutcome> {
     Box::pin(async move {
+        let started = std::time::Instant::now();
         ctx.check_pipeline(&req.pipeline)?;
-        plan(ctx, req.run).await
+        let mut outcome = plan(ctx, req.run).await?;
+        // The invocation that hands out a batch is billed to it (the
+        // commit reads this from the run it is given).
+        if let PlanOutcome::Batch { run, .. } = &mut outcome {
+            run.plan_ms = usage::billed_ms(started);
+            run.plan_memory_mb = usage::memory_mb(usage::PLANNER);
+        }
+        Ok(outcome)
     })
 }
 

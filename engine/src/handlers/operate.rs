@@ -17,6 +17,7 @@ use crate::storage::{CountingStore, PutMode};
 /// Operate step: run one task of a batch, and leave its result in the
 /// checkpoint for the committer (`work/N/task-T-eE.json`).
 pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Result<TaskResult> {
+    let started = std::time::Instant::now();
     ctx.check_spec(run)?;
     let off = ctx
         .planned(
@@ -85,6 +86,8 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     };
     result.requests.get += 2; // the plan and control read above
     result.requests.put += 1; // the result written below
+    result.millis = super::usage::billed_ms(started);
+    result.memory_mb = super::usage::memory_mb(super::usage::OPERATOR);
     let bytes = serde_json::to_vec(&result).expect("a task result serializes");
     ctx.checkpoint
         .store()

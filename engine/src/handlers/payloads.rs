@@ -29,6 +29,17 @@ pub struct RunState {
     /// Plan; every later step checks its context against it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub spec: String,
+    /// Billed duration of the Plan invocation that handed out the current
+    /// batch, ms (billed to that batch by its commit).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub plan_ms: u64,
+    /// That invocation's configured memory, MB.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub plan_memory_mb: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Where a Distributed Map reads a batch's task list: an S3 object (on a
@@ -250,10 +261,6 @@ pub struct CommitSummary {
     /// The schema version the batch read with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_version: Option<u32>,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 impl From<&Commit> for CommitSummary {

@@ -342,6 +342,8 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         discovered: false,
         batches: 0,
         events: 0,
+        plan_ms: 0,
+        plan_memory_mb: 0,
         trigger: Some(match Owner::parse(&ctx.owner) {
             Owner::Local { .. } => "sluice run".into(),
             _ => "execution input".into(),

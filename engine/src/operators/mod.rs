@@ -62,8 +62,11 @@ pub struct TaskResult {
     pub rows_out: u64,
     /// Input bytes.
     pub bytes_read: u64,
-    /// Wall time, ms.
+    /// Billed duration of the task's invocation, ms.
     pub millis: u64,
+    /// The operator function's configured memory, MB.
+    #[serde(default)]
+    pub memory_mb: u64,
     /// Storage requests of this task.
     #[serde(default)]
     pub requests: RequestCounts,
@@ -521,6 +524,7 @@ impl SqlOperator {
             bytes_read: read.bytes,
             outputs: read.outputs,
             millis: started.elapsed().as_millis() as u64,
+            memory_mb: 0,
             requests: source
                 .counts()
                 .plus(&sink.store().counts())

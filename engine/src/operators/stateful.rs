@@ -533,6 +533,7 @@ impl SqlOperator {
             bytes_read: files.iter().map(|f| f.size).sum(),
             outputs: Vec::new(),
             millis: started.elapsed().as_millis() as u64,
+            memory_mb: 0,
             requests: source.counts().plus(&crate::storage::RequestCounts {
                 get: heads,
                 put: partials.len() as u64,

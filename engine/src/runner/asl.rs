@@ -66,6 +66,17 @@ pub trait TaskInvoker: Send + Sync {
 pub(crate) type Sleeper =
     Arc<dyn Fn(Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
+tokio::task_local! {
+    /// State transitions of the execution running in this task.
+    static TRANSITIONS: Arc<std::sync::atomic::AtomicU64>;
+}
+
+/// Count one state transition of the execution in progress (each state
+/// entered, inside Map iterations too, and each retry of a Task or Map).
+fn transition() {
+    let _ = TRANSITIONS.try_with(|c| c.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+}
+
 /// A parsed, checked state machine.
 #[derive(Debug, Clone)]
 pub struct StateMachine {
@@ -250,6 +261,21 @@ impl StateMachine {
         Ok(())
     }
 
+    /// Run an execution with `input` to its end; also returns the state
+    /// transitions it took.
+    pub async fn execute_counted(
+        &self,
+        input: Value,
+        tasks: &dyn TaskInvoker,
+        sleep: &Sleeper,
+    ) -> (Result<Value, Failure>, u64) {
+        let counter = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let result = TRANSITIONS
+            .scope(counter.clone(), self.execute(input, tasks, sleep))
+            .await;
+        (result, counter.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Run an execution with `input` to its end.
     pub async fn execute(
         &self,
@@ -280,6 +306,7 @@ impl StateMachine {
             loop {
                 let state = &self.states[&name];
                 tracing::debug!(state = %name, "entering state");
+                transition();
                 match self.step(&name, state, data, context, tasks, sleep).await? {
                     (Some(next), out) => {
                         name = next;
@@ -403,6 +430,7 @@ impl StateMachine {
                 delay = delay.min(cap);
             }
             *done += 1;
+            transition();
             tracing::info!(state = %name, error = %f.error, attempt = *done, delay_s = delay, "retrying");
             sleep(Duration::from_secs_f64(delay)).await;
         }

@@ -100,6 +100,11 @@ pub struct RunSummary {
     pub millis: u64,
     /// Storage requests of the whole run.
     pub requests: crate::storage::RequestCounts,
+    /// What the run used as this runner counted it: each handler call
+    /// (billed as its wall time rounded up to the millisecond, at the
+    /// memory template.yaml configures) and each state transition.
+    #[serde(default)]
+    pub usage: crate::checkpoint::Usage,
 }
 
 /// A real sleep, for Retry intervals and Wait states.
@@ -119,6 +124,10 @@ struct Observed {
     heartbeat: Option<tokio::task::JoinHandle<()>>,
     /// The execution used its batch budget and handed the run over.
     continued: bool,
+    /// Invocations per function: (invocations, billed ms).
+    invocations: std::collections::BTreeMap<&'static str, (u64, u64)>,
+    /// State transitions.
+    transitions: u64,
 }
 
 /// Binds the definition's Task resources to the in-process handlers.
@@ -130,6 +139,27 @@ struct LocalInvoker<'a> {
 
 impl LocalInvoker<'_> {
     async fn call(&self, resource: &str, input: Value) -> Result<Value> {
+        use crate::handlers::usage;
+        let function = match resource {
+            PLANNER => Some(usage::PLANNER),
+            OPERATOR => Some(usage::OPERATOR),
+            COMMITTER => Some(usage::COMMITTER),
+            TRIGGER => Some(usage::TRIGGER),
+            _ => None,
+        };
+        let started = Instant::now();
+        let out = self.call_handler(resource, input).await;
+        if let Some(f) = function {
+            let billed = crate::handlers::usage::billed_ms(started);
+            let mut o = self.observed.lock().expect("not poisoned");
+            let e = o.invocations.entry(f).or_default();
+            e.0 += 1;
+            e.1 += billed;
+        }
+        out
+    }
+
+    async fn call_handler(&self, resource: &str, input: Value) -> Result<Value> {
         let bad = |e: serde_json::Error| Error::Run {
             pipeline: self.ctx.pipeline.name.clone(),
             message: format!("{resource}: payload does not fit its request type: {e}"),
@@ -330,15 +360,37 @@ impl Runner {
         let mut batches = Vec::new();
         let mut input = input;
         let mut executions = 0;
+        let mut counted: std::collections::BTreeMap<&'static str, (u64, u64)> = Default::default();
+        let mut transitions = 0;
         loop {
             let observed = execute_once(ctx, &machine, input, &self.sleep, &mut on_batch).await?;
             executions += 1;
+            transitions += observed.transitions;
+            for (f, (n, ms)) in &observed.invocations {
+                let e = counted.entry(f).or_default();
+                e.0 += n;
+                e.1 += ms;
+            }
             batches.extend(observed.batches);
             if !observed.continued {
                 return Ok(RunSummary {
                     end: observed.end.unwrap_or(RunEnd::Done),
                     batches,
                     executions,
+                    usage: crate::checkpoint::Usage {
+                        functions: counted
+                            .iter()
+                            .map(|(f, (n, ms))| {
+                                crate::checkpoint::FunctionUsage::new(
+                                    f,
+                                    *n,
+                                    *ms,
+                                    crate::handlers::usage::memory_mb(f),
+                                )
+                            })
+                            .collect(),
+                        transitions,
+                    },
                     millis: started.elapsed().as_millis() as u64,
                     requests: ctx.counts().since(&counts_at_start),
                 });
@@ -383,11 +435,14 @@ async fn execute_once(
             last_error: None,
             heartbeat: None,
             continued: false,
+            invocations: Default::default(),
+            transitions: 0,
         }),
         on_batch: Mutex::new(on_batch),
     };
-    let result = machine.execute(input, &invoker, sleep).await;
-    let observed = invoker.observed.into_inner().expect("not poisoned");
+    let (result, transitions) = machine.execute_counted(input, &invoker, sleep).await;
+    let mut observed = invoker.observed.into_inner().expect("not poisoned");
+    observed.transitions = transitions;
     if let Some(h) = &observed.heartbeat {
         h.abort();
     }

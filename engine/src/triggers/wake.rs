@@ -94,6 +94,8 @@ pub fn execution_input(pipeline: &str, epoch: u64, trigger: &str) -> Value {
             discovered: false,
             batches: 0,
             events: 0,
+            plan_ms: 0,
+            plan_memory_mb: 0,
             trigger: Some(trigger.to_string()),
             spec: String::new(),
         },

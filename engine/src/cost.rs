@@ -1,0 +1,254 @@
+//! What runs cost, from what they used: Lambda (GB-seconds and requests),
+//! Step Functions (state transitions) and S3 (requests by class), priced
+//! from a price table (`engine/prices/us-east-1.toml` by default, any file
+//! of the same shape with `sluice cost --prices`), and the always-on Spark
+//! job Sluice replaces, for comparison. The free tier is left out.
+
+use serde::Deserialize;
+
+use crate::checkpoint::Usage;
+use crate::storage::RequestCounts;
+
+/// The default price table: us-east-1 list prices.
+pub const DEFAULT_PRICES: &str = include_str!("../prices/us-east-1.toml");
+
+/// A price table (see `engine/prices/us-east-1.toml` for each field).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Prices {
+    /// Lambda.
+    pub lambda: LambdaPrices,
+    /// Step Functions.
+    pub step_functions: StepFunctionsPrices,
+    /// S3 requests.
+    pub s3: S3Prices,
+    /// EMR Serverless, for the always-on comparison.
+    pub emr_serverless: EmrPrices,
+    /// The always-on job compared against.
+    pub always_on: AlwaysOn,
+}
+
+/// Lambda prices.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LambdaPrices {
+    /// `arm64` or `x86_64`: which GB-second price applies.
+    pub architecture: String,
+    /// Per GB-second, arm64.
+    pub arm64_per_gb_second: f64,
+    /// Per GB-second, x86_64.
+    pub x86_64_per_gb_second: f64,
+    /// Per invocation.
+    pub per_request: f64,
+}
+
+/// Step Functions prices.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepFunctionsPrices {
+    /// Standard workflows, per state transition.
+    pub standard_per_transition: f64,
+    /// Express workflows, per request.
+    pub express_per_request: f64,
+    /// Express workflows, per GB-second.
+    pub express_per_gb_second: f64,
+}
+
+/// S3 request prices.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Prices {
+    /// PUT, COPY, POST, LIST per 1,000.
+    pub put_copy_post_list_per_1000: f64,
+    /// GET, HEAD and other reads per 1,000.
+    pub get_head_per_1000: f64,
+}
+
+/// EMR Serverless prices.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmrPrices {
+    /// Per vCPU-hour.
+    pub per_vcpu_hour: f64,
+    /// Per GB-hour of memory.
+    pub per_gb_hour: f64,
+}
+
+/// The always-on Spark job.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlwaysOn {
+    /// Driver and executors.
+    pub workers: u32,
+    /// vCPU of each.
+    pub vcpu_per_worker: f64,
+    /// Memory of each, GB.
+    pub gb_per_worker: f64,
+    /// Hours in a month.
+    pub hours_per_month: f64,
+}
+
+impl Prices {
+    /// Parse a price table; `what` names it in errors.
+    pub fn parse(text: &str, what: &str) -> Result<Prices, String> {
+        let p: Prices = toml::from_str(text).map_err(|e| format!("{what}: {e}"))?;
+        if !matches!(p.lambda.architecture.as_str(), "arm64" | "x86_64") {
+            return Err(format!(
+                "{what}: lambda.architecture is \"{}\"; write \"arm64\" or \"x86_64\"",
+                p.lambda.architecture
+            ));
+        }
+        Ok(p)
+    }
+
+    /// The default table (us-east-1).
+    pub fn default_table() -> Prices {
+        Prices::parse(DEFAULT_PRICES, "engine/prices/us-east-1.toml")
+            .expect("the built-in price table parses")
+    }
+
+    /// Lambda's price per GB-second for the configured architecture.
+    pub fn lambda_gb_second(&self) -> f64 {
+        if self.lambda.architecture == "arm64" {
+            self.lambda.arm64_per_gb_second
+        } else {
+            self.lambda.x86_64_per_gb_second
+        }
+    }
+
+    /// The always-on job's price per hour.
+    pub fn always_on_hourly(&self) -> f64 {
+        let a = &self.always_on;
+        let e = &self.emr_serverless;
+        a.workers as f64 * (a.vcpu_per_worker * e.per_vcpu_hour + a.gb_per_worker * e.per_gb_hour)
+    }
+
+    /// The always-on job's price per month.
+    pub fn always_on_monthly(&self) -> f64 {
+        self.always_on_hourly() * self.always_on.hours_per_month
+    }
+}
+
+/// Dollars, split by service.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Bill {
+    /// Lambda: GB-seconds and requests.
+    pub lambda: f64,
+    /// Step Functions: state transitions.
+    pub step_functions: f64,
+    /// S3: requests.
+    pub s3: f64,
+}
+
+impl Bill {
+    /// All of it.
+    pub fn total(&self) -> f64 {
+        self.lambda + self.step_functions + self.s3
+    }
+
+    /// Sum of two bills.
+    pub fn plus(&self, o: &Bill) -> Bill {
+        Bill {
+            lambda: self.lambda + o.lambda,
+            step_functions: self.step_functions + o.step_functions,
+            s3: self.s3 + o.s3,
+        }
+    }
+}
+
+/// GB-seconds of `billed_ms` at `memory_mb`.
+pub fn gb_seconds(billed_ms: u64, memory_mb: u64) -> f64 {
+    (billed_ms as f64 / 1000.0) * (memory_mb as f64 / 1024.0)
+}
+
+/// The bill for `usage` and `requests` at `prices`.
+pub fn bill(usage: &Usage, requests: &RequestCounts, prices: &Prices) -> Bill {
+    let gb_s: f64 = usage
+        .functions
+        .iter()
+        .map(|f| gb_seconds(f.billed_ms, f.memory_mb))
+        .sum();
+    let invocations: u64 = usage.functions.iter().map(|f| f.invocations).sum();
+    let lambda = gb_s * prices.lambda_gb_second() + invocations as f64 * prices.lambda.per_request;
+    let step_functions = usage.transitions as f64 * prices.step_functions.standard_per_transition;
+    // S3 bills a conditional write as a PUT; a DELETE is free.
+    let put_class = requests.put + requests.put_create + requests.put_update + requests.list;
+    let s3 = put_class as f64 / 1000.0 * prices.s3.put_copy_post_list_per_1000
+        + requests.get as f64 / 1000.0 * prices.s3.get_head_per_1000;
+    Bill {
+        lambda,
+        step_functions,
+        s3,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::FunctionUsage;
+
+    fn close(a: f64, b: f64) {
+        assert!((a - b).abs() < 1e-12, "{a} != {b}");
+    }
+
+    /// The figures: 1 driver + 1 executor of 4 vCPU / 16 GB on EMR
+    /// Serverless: 8 x 0.052624 + 32 x 0.0057785 = 0.605904 $/hour, x 730
+    /// = 442.30992 $/month.
+    #[test]
+    fn the_always_on_job_costs_about_442_a_month() {
+        let p = Prices::default_table();
+        close(p.always_on_hourly(), 0.605904);
+        close(p.always_on_monthly(), 442.30992);
+    }
+
+    /// By hand: planner 1 x 12 ms at 1769 MB, operator 4 invocations
+    /// 1,000 ms in all at 3008 MB, committer 1 x 40 ms at 1769 MB.
+    /// GB-s = 0.012 x 1769/1024 + 1.0 x 3008/1024 + 0.040 x 1769/1024
+    ///      = 0.020730469 + 2.9375 + 0.069101563 = 3.027332031;
+    /// x 0.0000133334 = 0.0000403647..., + 6 requests x 0.0000002 =
+    /// 0.0000012. 30 transitions x 0.000025 = 0.00075. S3: 10 PUT + 3
+    /// create + 2 compare-and-swap + 5 LIST = 20 PUT-class: 0.0001; 100 GET:
+    /// 0.00004; 7 DELETE: free.
+    #[test]
+    fn a_batch_is_billed_by_hand() {
+        let usage = Usage {
+            functions: vec![
+                FunctionUsage::new("planner", 1, 12, 1769),
+                FunctionUsage::new("operator", 4, 1000, 3008),
+                FunctionUsage::new("committer", 1, 40, 1769),
+            ],
+            transitions: 30,
+        };
+        let requests = RequestCounts {
+            get: 100,
+            put: 10,
+            put_create: 3,
+            put_update: 2,
+            list: 5,
+            delete: 7,
+        };
+        let b = bill(&usage, &requests, &Prices::default_table());
+        let gb_s = 0.012 * 1769.0 / 1024.0 + 1.0 * 3008.0 / 1024.0 + 0.040 * 1769.0 / 1024.0;
+        close(gb_s, 3.027_332_031_25);
+        close(
+            b.lambda,
+            3.027_332_031_25 * 0.000_013_333_4 + 6.0 * 0.000_000_2,
+        );
+        close(b.step_functions, 0.000_75);
+        close(b.s3, 0.000_1 + 0.000_04);
+        close(b.total(), b.lambda + 0.000_75 + 0.000_14);
+    }
+
+    #[test]
+    fn x86_and_bad_tables() {
+        let x86 = DEFAULT_PRICES.replace("architecture = \"arm64\"", "architecture = \"x86_64\"");
+        let p = Prices::parse(&x86, "x86.toml").unwrap();
+        close(p.lambda_gb_second(), 0.000_016_666_7);
+        let bad = DEFAULT_PRICES.replace("architecture = \"arm64\"", "architecture = \"sparc\"");
+        let e = Prices::parse(&bad, "bad.toml").unwrap_err();
+        assert!(e.contains("bad.toml") && e.contains("\"sparc\""), "{e}");
+        let missing = DEFAULT_PRICES.replace("per_request = 0.0000002\n", "");
+        let e = Prices::parse(&missing, "short.toml").unwrap_err();
+        assert!(e.contains("short.toml") && e.contains("per_request"), "{e}");
+    }
+}

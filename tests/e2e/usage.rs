@@ -1,0 +1,146 @@
+//! Usage in commit records (what `sluice cost` prices): each batch's
+//! record names its Lambda invocations per function and its state
+//! transitions, computed by the handlers from what the batch did. The
+//! local runner counts the same things independently, as it interprets
+//! the definition (every state entered, every handler call): the records
+//! plus each execution's ending (its last Plan, and `HasBatch`,
+//! `Finished`, and `Continue` with its trigger invocation when it hands
+//! over) must add up to the runner's count exactly.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::support::*;
+
+async fn records(root: &Path, toml: &str) -> Vec<sluice_engine::checkpoint::Commit> {
+    let ctx = local_context(&pipeline(root, toml));
+    let mut out = Vec::new();
+    let mut n = 0;
+    while let Some(c) = ctx.checkpoint.commit(n).await.unwrap() {
+        out.push(c);
+        n += 1;
+    }
+    out
+}
+
+/// Per function: (invocations, billed ms) in `u`.
+fn by_function(u: &sluice_engine::checkpoint::Usage) -> BTreeMap<String, (u64, u64)> {
+    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for f in &u.functions {
+        let e = out.entry(f.function.clone()).or_default();
+        e.0 += f.invocations;
+        e.1 += f.billed_ms;
+    }
+    out
+}
+
+async fn check(name: &str, toml: &str, files: u64, expect_executions: u64, tasks_per_batch: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), files, 60);
+    let ran = run(&local_context(&pipeline(root, toml))).await.unwrap();
+    assert_eq!(ran.executions, expect_executions, "{name}");
+    let commits = records(root, toml).await;
+    assert_eq!(commits.len(), ran.batches.len(), "{name}");
+    assert!(
+        commits
+            .iter()
+            .all(|c| c.usage.transitions > 0 && c.usage.functions.len() == 3),
+        "{name}: every record has its usage: {:?}",
+        commits.iter().map(|c| &c.usage).collect::<Vec<_>>()
+    );
+    if tasks_per_batch > 1 {
+        assert!(
+            commits
+                .iter()
+                .any(|c| by_function(&c.usage)["operator"].0 >= tasks_per_batch),
+            "{name}: a batch of {tasks_per_batch} tasks"
+        );
+    }
+    let mut recorded: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut transitions = 0;
+    for c in &commits {
+        transitions += c.usage.transitions;
+        for (f, (n, ms)) in by_function(&c.usage) {
+            let e = recorded.entry(f).or_default();
+            e.0 += n;
+            e.1 += ms;
+        }
+    }
+    // Each execution ends with a Plan that hands out no batch, HasBatch and
+    // Finished; one that hands over also runs Continue (the trigger).
+    let handovers = ran.executions - 1;
+    transitions += 3 * ran.executions + handovers;
+    recorded.entry("planner".into()).or_default().0 += ran.executions;
+    if handovers > 0 {
+        recorded.entry("trigger".into()).or_default().0 += handovers;
+    }
+    let counted = by_function(&ran.usage);
+    assert_eq!(ran.usage.transitions, transitions, "{name}: transitions");
+    let invocations = |m: &BTreeMap<String, (u64, u64)>| -> BTreeMap<String, u64> {
+        m.iter().map(|(f, (n, _))| (f.clone(), *n)).collect()
+    };
+    assert_eq!(
+        invocations(&counted),
+        invocations(&recorded),
+        "{name}: invocations"
+    );
+    // Billed time: the records measure inside the handlers, the runner
+    // around each call, which also holds the last Plan of each execution.
+    for (f, (_, ms)) in &recorded {
+        assert!(
+            *ms <= counted[f].1,
+            "{name}: {f} billed {ms} ms > counted {}",
+            counted[f].1
+        );
+    }
+    assert!(recorded["operator"].1 > 0, "{name}: the tasks took time");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn recorded_usage_adds_up_to_what_the_runner_counted() {
+    // Row by row, three batches of two tasks each (inline Map).
+    let plain = pipeline_toml(
+        "plain",
+        "parquet",
+        "",
+        "max_files_per_batch = 2\nmax_bytes_per_task = 1",
+    );
+    check("inline", &plain, 6, 1, 2).await;
+    // The same through the Distributed Map (one child execution per task).
+    let many = plain.replace(
+        "max_bytes_per_task = 1",
+        "max_bytes_per_task = 1\nmax_inline_tasks = 1",
+    );
+    check("distributed", &many, 4, 1, 2).await;
+    // Two executions: the first hands over after one batch.
+    let handed = plain.replace("max_bytes_per_task = 1", "max_batches_per_execution = 1");
+    check("handed over", &handed, 4, 2, 1).await;
+    // A stateful query: two state partitions merged per batch, and the
+    // closing batch with no input.
+    let windowed = r#"SELECT window.start AS ws, "PULocationID", count(*) AS n FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes'), "PULocationID""#;
+    let stateful = pipeline_toml(
+        "win",
+        "parquet",
+        "",
+        "max_files_per_batch = 1\nstate_partitions = 2",
+    )
+    .replace(&plain_sql(), windowed)
+    .replace(
+        "[checkpoint]",
+        "[watermark]\ncolumn = \"tpep_pickup_datetime\"\ndelay = \"10 minutes\"\n[checkpoint]",
+    );
+    assert!(
+        stateful.contains("window(") && stateful.contains("[watermark]"),
+        "{stateful}"
+    );
+    check("stateful", &stateful, 2, 1, 1).await;
+}
+
+/// The SQL `pipeline_toml` writes.
+fn plain_sql() -> String {
+    let t = pipeline_toml("x", "parquet", "", "");
+    let from = t.find("sql = '''").unwrap() + "sql = '''".len();
+    let to = t[from..].find("'''").unwrap() + from;
+    t[from..to].to_string()
+}
