@@ -3,9 +3,10 @@
 //! transitions, computed by the handlers from what the batch did. The
 //! local runner counts the same things independently, as it interprets
 //! the definition (every state entered, every handler call): the records
-//! plus each execution's ending (its last Plan, and `HasBatch`,
-//! `Finished`, and `Continue` with its trigger invocation when it hands
-//! over) must add up to the runner's count exactly.
+//! plus each execution's ending, recorded in `control.json` totals (its
+//! last Plan, `HasBatch`, `Finished`, and `Continue` when it hands over),
+//! must add up to the runner's count exactly (the trigger invocation of
+//! `Continue` aside).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -67,11 +68,24 @@ async fn check(name: &str, toml: &str, files: u64, expect_executions: u64, tasks
             e.1 += ms;
         }
     }
-    // Each execution ends with a Plan that hands out no batch, HasBatch and
-    // Finished; one that hands over also runs Continue (the trigger).
+    // Each execution's ending (a Plan that hands out no batch, HasBatch and
+    // Finished, and Continue for one that hands over) is in control.json.
+    let totals = control_of(root, toml).await.totals;
+    assert_eq!(totals.runs, ran.executions, "{name}: runs ended");
     let handovers = ran.executions - 1;
-    transitions += 3 * ran.executions + handovers;
-    recorded.entry("planner".into()).or_default().0 += ran.executions;
+    assert_eq!(
+        totals.run_ends.transitions,
+        3 * ran.executions + handovers,
+        "{name}: transitions of the executions' endings"
+    );
+    transitions += totals.run_ends.transitions;
+    for (f, (n, ms)) in by_function(&totals.run_ends) {
+        let e = recorded.entry(f).or_default();
+        e.0 += n;
+        e.1 += ms;
+    }
+    // The trigger invocation Continue makes is not recorded (the trigger
+    // writes control only when it claims the lease).
     if handovers > 0 {
         recorded.entry("trigger".into()).or_default().0 += handovers;
     }

@@ -67,7 +67,7 @@ impl ListingState {
 }
 
 /// Running totals over all committed batches, for `sluice show` in O(1).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Totals {
     /// Batches committed.
     pub batches: u64,
@@ -95,6 +95,14 @@ pub struct Totals {
     /// watermark).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub late_rows: u64,
+    /// Runs ended (each execution's ending, also one that handed over).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub runs: u64,
+    /// What those endings used, outside any batch: the Plan invocation
+    /// that found nothing more, and its transitions (`Plan`, `HasBatch`,
+    /// `Finished`).
+    #[serde(default, skip_serializing_if = "Usage::is_empty")]
+    pub run_ends: Usage,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -366,7 +374,7 @@ pub struct Durations {
 /// What a batch used of what AWS bills by use: Lambda invocations and
 /// their billed duration per function, and Step Functions state
 /// transitions. (Storage requests are the commit's `requests`.)
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Usage {
     /// Per function.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -378,7 +386,7 @@ pub struct Usage {
 }
 
 /// The invocations of one function.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct FunctionUsage {
     /// `planner`, `operator`, `committer` or `trigger`.
     pub function: String,
@@ -389,6 +397,34 @@ pub struct FunctionUsage {
     pub billed_ms: u64,
     /// The function's configured memory, MB.
     pub memory_mb: u64,
+}
+
+impl Usage {
+    /// Nothing used.
+    pub fn is_empty(&self) -> bool {
+        self.functions.is_empty() && self.transitions == 0
+    }
+
+    /// `self` and `other` together (per function, by name and memory).
+    pub fn plus(&self, other: &Usage) -> Usage {
+        let mut functions = self.functions.clone();
+        for f in &other.functions {
+            match functions
+                .iter_mut()
+                .find(|g| g.function == f.function && g.memory_mb == f.memory_mb)
+            {
+                Some(g) => {
+                    g.invocations += f.invocations;
+                    g.billed_ms += f.billed_ms;
+                }
+                None => functions.push(f.clone()),
+            }
+        }
+        Usage {
+            functions,
+            transitions: self.transitions + other.transitions,
+        }
+    }
 }
 
 impl FunctionUsage {

@@ -69,7 +69,11 @@ pub(crate) async fn release_idle(ctx: &Context, run: &RunState) -> Result<bool> 
     let now = ctx.now();
     let spec_hash = ctx.pipeline.spec_hash();
     let again = swap_control(ctx, |read| {
-        let (c, again) = checkpoint::end_of_run(owned(ctx, read, run.epoch)?, now, &spec_hash);
+        let (mut c, again) = checkpoint::end_of_run(owned(ctx, read, run.epoch)?, now, &spec_hash);
+        if !again {
+            c.totals.runs += 1;
+            c.totals.run_ends = c.totals.run_ends.plus(&super::usage::run_end(false));
+        }
         Ok((c, again))
     })
     .await?;
@@ -87,11 +91,14 @@ pub(crate) async fn release_idle(ctx: &Context, run: &RunState) -> Result<bool> 
 /// batches already planned.
 pub(crate) async fn continue_run(ctx: &Context, run: RunState) -> Result<PlanOutcome> {
     let now = ctx.now();
+    let end = super::usage::run_end(true);
     update_control(ctx, run.epoch, &|c| {
         c.status = RunStatus::Idle;
         c.requested = true;
         c.resume = true;
         c.heartbeat_ms = Some(now);
+        c.totals.runs += 1;
+        c.totals.run_ends = c.totals.run_ends.plus(&end);
     })
     .await?;
     tracing::info!(pipeline = %ctx.pipeline.name, epoch = run.epoch, batches = run.batches, events = run.events, "batch or history budget of this execution used; handing over");

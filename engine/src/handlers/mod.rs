@@ -50,16 +50,18 @@ pub(crate) type HandlerFuture<'a, T> = futures::future::BoxFuture<'a, Result<T>>
 /// The planner function's entry point.
 pub fn handle_plan(ctx: &Context, req: PlanRequest) -> HandlerFuture<'_, PlanOutcome> {
     Box::pin(async move {
-        let started = std::time::Instant::now();
-        ctx.check_pipeline(&req.pipeline)?;
-        let mut outcome = plan(ctx, req.run).await?;
-        // The invocation that hands out a batch is billed to it (the
-        // commit reads this from the run it is given).
-        if let PlanOutcome::Batch { run, .. } = &mut outcome {
-            run.plan_ms = usage::billed_ms(started);
-            run.plan_memory_mb = usage::memory_mb(usage::PLANNER);
-        }
-        Ok(outcome)
+        usage::timed(async move {
+            ctx.check_pipeline(&req.pipeline)?;
+            let mut outcome = plan(ctx, req.run).await?;
+            // The invocation that hands out a batch is billed to it (the
+            // commit reads this from the run it is given).
+            if let PlanOutcome::Batch { run, .. } = &mut outcome {
+                run.plan_ms = usage::invocation_ms();
+                run.plan_memory_mb = usage::memory_mb(usage::PLANNER);
+            }
+            Ok(outcome)
+        })
+        .await
     })
 }
 

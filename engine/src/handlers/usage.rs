@@ -18,6 +18,38 @@ pub(crate) const TRIGGER: &str = "trigger";
 /// with on AWS.
 const TEMPLATE: &str = include_str!("../../../template.yaml");
 
+tokio::task_local! {
+    /// When the handler invocation running in this task started.
+    static STARTED: Instant;
+}
+
+/// Run `f` as one handler invocation, timed from now.
+pub(crate) async fn timed<F: std::future::Future>(f: F) -> F::Output {
+    STARTED.scope(Instant::now(), f).await
+}
+
+/// Billed duration of the handler invocation in progress so far (0
+/// outside [`timed`]).
+pub(crate) fn invocation_ms() -> u64 {
+    STARTED.try_with(|s| billed_ms(*s)).unwrap_or(0)
+}
+
+/// What one execution's ending used: the Plan invocation in progress,
+/// and the transitions `Plan`, `HasBatch` and `Finished` (and `Continue`
+/// when it hands over; the trigger invocation that step makes is not in
+/// it).
+pub(crate) fn run_end(handover: bool) -> crate::checkpoint::Usage {
+    crate::checkpoint::Usage {
+        functions: vec![crate::checkpoint::FunctionUsage::new(
+            PLANNER,
+            1,
+            invocation_ms(),
+            memory_mb(PLANNER),
+        )],
+        transitions: if handover { 4 } else { 3 },
+    }
+}
+
 /// Billed duration of an invocation that started at `started`: its wall
 /// time so far rounded up to the millisecond (Lambda's billing unit).
 pub(crate) fn billed_ms(started: Instant) -> u64 {
