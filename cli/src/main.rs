@@ -4,6 +4,7 @@
 mod bench;
 mod bench_planning;
 mod bench_window;
+mod cost;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -100,6 +101,23 @@ enum Command {
         /// How many batches at most.
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        /// Print as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What the last batches cost on AWS (Lambda, Step Functions, S3), per batch and per run, the month at an arrival rate, and the always-on Spark job it replaces.
+    Cost {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// How many batches, newest first.
+        #[arg(long, default_value_t = 100)]
+        last: usize,
+        /// A price table (default: us-east-1 list prices, engine/prices/us-east-1.toml).
+        #[arg(long)]
+        prices: Option<PathBuf>,
+        /// Project the month at one run every DURATION (e.g. "5 minutes") instead of the observed rate.
+        #[arg(long)]
+        every: Option<String>,
         /// Print as JSON.
         #[arg(long)]
         json: bool,
@@ -224,6 +242,13 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             json,
         } => history(&pipeline, limit, json).await,
         Command::Register { pipeline } => register(&pipeline).await,
+        Command::Cost {
+            pipeline,
+            last,
+            prices,
+            every,
+            json,
+        } => cost::run(&open(&pipeline).await?, last, prices, every, json).await,
         Command::Gen {
             dataset: Dataset::Taxi,
             files,
@@ -517,7 +542,7 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>9}  trigger",
+        "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>9}  {:>10}  trigger",
         "batch",
         "committed",
         "epoch",
@@ -530,15 +555,17 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
         "rescued",
         "schema",
         "late",
-        "ms"
+        "ms",
+        "cost"
     );
+    let prices = sluice_engine::cost::Prices::default_table();
     for c in &commits {
         let when = chrono::DateTime::from_timestamp_millis(c.committed_ms)
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
             .unwrap_or_else(|| "-".into());
         let d = &c.durations;
         println!(
-            "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>9}  {}",
+            "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>9}  {:>10}  {}",
             c.batch,
             when,
             c.epoch,
@@ -556,6 +583,7 @@ async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCo
             ),
             c.stateful.as_ref().map_or(0, |s| s.late_rows),
             d.plan_ms + d.operate_ms + d.commit_ms,
+            cost::dollars(sluice_engine::cost::bill(&c.usage, &c.requests, &prices).total()),
             c.trigger.as_deref().unwrap_or("-")
         );
     }
@@ -781,6 +809,21 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                     }
                     .to_string()
                     .replacen("  ", ", ", 1)
+                );
+            }
+            if let Some(lc) = &status.last_commit {
+                let (prices, _) = cost::prices(None)?;
+                let r = cost::report(&ctx, 50, &prices, "default", None).await?;
+                let run: f64 = r
+                    .batches
+                    .iter()
+                    .filter(|b| b.epoch == lc.epoch)
+                    .map(|b| b.bill.total())
+                    .sum::<f64>()
+                    + r.run_end.total();
+                println!(
+                    "last run     cost {} on AWS at us-east-1 list prices (`sluice cost` for more)",
+                    cost::dollars(run)
                 );
             }
             let t = &c.totals;

@@ -182,6 +182,174 @@ pub fn bill(usage: &Usage, requests: &RequestCounts, prices: &Prices) -> Bill {
     }
 }
 
+/// One batch's usage and bill.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BatchCost {
+    /// Batch number.
+    pub batch: u64,
+    /// The run (lease epoch) that committed it.
+    pub epoch: u64,
+    /// When (ms since the Unix epoch).
+    pub committed_ms: i64,
+    /// Input files.
+    pub files: u64,
+    /// Rows read.
+    pub rows_in: u64,
+    /// Rows written.
+    pub rows_out: u64,
+    /// Lambda GB-seconds.
+    pub gb_seconds: f64,
+    /// Lambda invocations.
+    pub invocations: u64,
+    /// State transitions.
+    pub transitions: u64,
+    /// Storage requests.
+    pub requests: RequestCounts,
+    /// Dollars.
+    pub bill: Bill,
+}
+
+/// What `sluice cost` prints: the batches' bills, per batch and per run,
+/// the month at an arrival rate, the always-on job, and the break-even
+/// rate.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    /// The price table used.
+    pub prices: String,
+    /// Always "not included".
+    pub free_tier: &'static str,
+    /// The batches priced, oldest first.
+    pub batches: Vec<BatchCost>,
+    /// Runs (lease epochs) among them.
+    pub runs: u64,
+    /// All of the batches' bills.
+    pub batches_bill: Bill,
+    /// The mean cost of a run's ending outside its batches (its last Plan
+    /// invocation and transitions), over every run ended so far.
+    pub run_end: Bill,
+    /// Mean dollars per batch.
+    pub per_batch: f64,
+    /// Mean dollars per run: its batches and its ending.
+    pub per_run: f64,
+    /// Seconds between runs used for the month: observed (first to last
+    /// commit over the runs) or given (`--every`).
+    pub interval_s: Option<f64>,
+    /// `observed` or `given`.
+    pub interval_from: &'static str,
+    /// Runs in a month at that interval.
+    pub runs_per_month: Option<f64>,
+    /// Dollars in a month at that interval.
+    pub month: Option<f64>,
+    /// The always-on job, per hour and per month.
+    pub always_on_hourly: f64,
+    /// The always-on job per month.
+    pub always_on_month: f64,
+    /// Runs per hour at which Sluice costs as much as the always-on job.
+    pub break_even_runs_per_hour: Option<f64>,
+}
+
+/// Price `commits` (any order) with `prices`; `totals` give the runs'
+/// endings; `every_s` overrides the observed interval between runs.
+pub fn report(
+    commits: &[crate::checkpoint::Commit],
+    totals: &crate::checkpoint::Totals,
+    prices: &Prices,
+    prices_name: &str,
+    every_s: Option<f64>,
+) -> Report {
+    let mut batches: Vec<BatchCost> = commits
+        .iter()
+        .map(|c| BatchCost {
+            batch: c.batch,
+            epoch: c.epoch,
+            committed_ms: c.committed_ms,
+            files: c.files,
+            rows_in: c.rows_in,
+            rows_out: c.rows_out,
+            gb_seconds: c
+                .usage
+                .functions
+                .iter()
+                .map(|f| gb_seconds(f.billed_ms, f.memory_mb))
+                .sum(),
+            invocations: c.usage.functions.iter().map(|f| f.invocations).sum(),
+            transitions: c.usage.transitions,
+            requests: c.requests,
+            bill: bill(&c.usage, &c.requests, prices),
+        })
+        .collect();
+    batches.sort_by_key(|b| b.batch);
+    let mut epochs: Vec<u64> = batches.iter().map(|b| b.epoch).collect();
+    epochs.sort();
+    epochs.dedup();
+    let runs = epochs.len() as u64;
+    let batches_bill = batches
+        .iter()
+        .fold(Bill::default(), |acc, b| acc.plus(&b.bill));
+    let ends = bill(&totals.run_ends, &RequestCounts::default(), prices);
+    let per_end = |x: f64| {
+        if totals.runs > 0 {
+            x / totals.runs as f64
+        } else {
+            0.0
+        }
+    };
+    let run_end = Bill {
+        lambda: per_end(ends.lambda),
+        step_functions: per_end(ends.step_functions),
+        s3: per_end(ends.s3),
+    };
+    let per_batch = if batches.is_empty() {
+        0.0
+    } else {
+        batches_bill.total() / batches.len() as f64
+    };
+    let per_run = if runs == 0 {
+        0.0
+    } else {
+        batches_bill.total() / runs as f64 + run_end.total()
+    };
+    // Observed: the time from the first run's first commit to the last
+    // run's first commit, over the runs between.
+    let observed = if runs >= 2 {
+        let first_of = |e: u64| {
+            batches
+                .iter()
+                .filter(|b| b.epoch == e)
+                .map(|b| b.committed_ms)
+                .min()
+                .unwrap_or(0)
+        };
+        let span = first_of(*epochs.last().expect("runs")) - first_of(epochs[0]);
+        (span > 0).then(|| span as f64 / 1000.0 / (runs - 1) as f64)
+    } else {
+        None
+    };
+    let (interval_s, interval_from) = match every_s {
+        Some(s) => (Some(s), "given"),
+        None => (observed, "observed"),
+    };
+    let month_s = prices.always_on.hours_per_month * 3600.0;
+    let runs_per_month = interval_s.map(|s| month_s / s);
+    Report {
+        prices: prices_name.to_string(),
+        free_tier: "not included",
+        batches,
+        runs,
+        batches_bill,
+        run_end,
+        per_batch,
+        per_run,
+        interval_s,
+        interval_from,
+        runs_per_month,
+        month: runs_per_month.map(|n| n * per_run),
+        always_on_hourly: prices.always_on_hourly(),
+        always_on_month: prices.always_on_monthly(),
+        break_even_runs_per_hour: (per_run > 0.0).then(|| prices.always_on_hourly() / per_run),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,5 +418,50 @@ mod tests {
         let missing = DEFAULT_PRICES.replace("per_request = 0.0000002\n", "");
         let e = Prices::parse(&missing, "short.toml").unwrap_err();
         assert!(e.contains("short.toml") && e.contains("per_request"), "{e}");
+    }
+
+    /// Two runs of one batch each, ten minutes apart, each batch 7
+    /// transitions and nothing else: $0.000175 per batch; two run endings
+    /// of 3 transitions ($0.000075 each). Per run 0.00025; every 10
+    /// minutes is 4,380 runs in a 730-hour month: $1.095; break-even with
+    /// $0.605904 an hour at 2,423.616 runs an hour.
+    #[test]
+    fn a_report_by_hand() {
+        use crate::checkpoint::{Commit, Totals};
+        let commit = |batch: u64, epoch: u64, at_ms: i64| {
+            let mut c: Commit = serde_json::from_value(serde_json::json!({
+                "format_version": 1, "batch": batch, "epoch": epoch, "committed_ms": at_ms,
+                "files": 1, "bytes_read": 10, "rows_in": 5, "rows_out": 5, "outputs": [],
+                "durations": {"plan_ms": 0, "operate_ms": 0, "task_max_ms": 0, "commit_ms": 0},
+                "requests": {"get": 0, "put": 0, "put_create": 0, "put_update": 0, "list": 0, "delete": 0},
+                "input_keys": []
+            }))
+            .unwrap();
+            c.usage.transitions = 7;
+            c
+        };
+        let commits = [commit(1, 8, 600_000), commit(0, 7, 0)];
+        let totals = Totals {
+            runs: 2,
+            run_ends: Usage {
+                functions: Vec::new(),
+                transitions: 6,
+            },
+            ..Totals::default()
+        };
+        let p = Prices::default_table();
+        let r = report(&commits, &totals, &p, "default", None);
+        assert_eq!(r.runs, 2);
+        assert_eq!(r.batches[0].batch, 0);
+        close(r.per_batch, 0.000_175);
+        close(r.run_end.total(), 0.000_075);
+        close(r.per_run, 0.000_25);
+        assert_eq!(r.interval_s, Some(600.0));
+        close(r.runs_per_month.unwrap(), 4380.0);
+        close(r.month.unwrap(), 1.095);
+        close(r.break_even_runs_per_hour.unwrap(), 0.605_904 / 0.000_25);
+        let given = report(&commits, &totals, &p, "default", Some(300.0));
+        assert_eq!(given.interval_from, "given");
+        close(given.month.unwrap(), 2.19);
     }
 }

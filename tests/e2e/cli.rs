@@ -337,3 +337,135 @@ fn schema_versions_show_in_run_show_and_history() {
     assert_eq!(schemas.first(), Some(&"v2+"), "{history}");
     assert!(schemas[1..].iter().all(|s| *s == "v1"), "{history}");
 }
+
+/// `sluice cost --json` on the sample (two runs), against the bill
+/// computed here from the commit records and control.json as plain JSON,
+/// with AWS's us-east-1 list prices typed in: Lambda arm64 $0.0000133334
+/// per GB-s and $0.20 per million requests, Step Functions $0.025 per
+/// 1,000 transitions, S3 $0.005 per 1,000 PUT/COPY/POST/LIST and $0.0004
+/// per 1,000 GET; the always-on job 2 x (4 vCPU x $0.052624 + 16 GB x
+/// $0.0057785) an hour. Then a price table of our own (`--prices`).
+#[test]
+fn cost_prices_the_recorded_usage() {
+    let (dir, file) = sample_copy();
+    let file = file.as_str();
+    stdout(&sluice(&["run", file]));
+    let data = dir.path().join("data");
+    stdout(&sluice(&[
+        "gen",
+        "taxi",
+        "--files",
+        "1",
+        "--rows",
+        "500",
+        "--out",
+        data.to_str().unwrap(),
+    ]));
+    stdout(&sluice(&["run", file]));
+    let ck = dir.path().join("out/checkpoint/taxi");
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+    };
+    let bill = |u: &serde_json::Value, r: Option<&serde_json::Value>, gb_s_price: f64| -> f64 {
+        let mut gb_s = 0.0;
+        let mut calls = 0.0;
+        for f in u["functions"].as_array().into_iter().flatten() {
+            gb_s += f["billed_ms"].as_f64().unwrap() / 1000.0 * f["memory_mb"].as_f64().unwrap()
+                / 1024.0;
+            calls += f["invocations"].as_f64().unwrap();
+        }
+        let mut total = gb_s * gb_s_price + calls * 0.0000002;
+        total += u["transitions"].as_f64().unwrap() * 0.000025;
+        if let Some(r) = r {
+            let n = |k: &str| r[k].as_f64().unwrap();
+            total += (n("put") + n("put_create") + n("put_update") + n("list")) / 1000.0 * 0.005;
+            total += n("get") / 1000.0 * 0.0004;
+        }
+        total
+    };
+    let mut commits = Vec::new();
+    for e in std::fs::read_dir(ck.join("commits")).unwrap() {
+        commits.push(read(&e.unwrap().path()));
+    }
+    assert_eq!(commits.len(), 3, "two batches, then one");
+    let batches: f64 = commits
+        .iter()
+        .map(|c| bill(&c["usage"], Some(&c["requests"]), 0.0000133334))
+        .sum();
+    let totals = &read(&ck.join("control.json"))["totals"];
+    assert_eq!(totals["runs"], 2);
+    let end = bill(&totals["run_ends"], None, 0.0000133334) / 2.0;
+    let per_run = batches / 2.0 + end;
+    let hourly = 2.0 * (4.0 * 0.052624 + 16.0 * 0.0057785);
+    let got: serde_json::Value = serde_json::from_str(&stdout(&sluice(&[
+        "cost",
+        file,
+        "--json",
+        "--every",
+        "5 minutes",
+    ])))
+    .unwrap();
+    let close = |a: &serde_json::Value, b: f64, what: &str| {
+        let a = a.as_f64().unwrap();
+        assert!((a - b).abs() <= 1e-12 * b.max(1.0), "{what}: {a} vs {b}");
+    };
+    assert!(per_run > 0.0);
+    close(&got["per_run"], per_run, "per run");
+    close(
+        &got["month"],
+        per_run * 12.0 * 730.0,
+        "month at one run every 5 minutes",
+    );
+    close(&got["always_on_month"], hourly * 730.0, "always on");
+    close(
+        &got["break_even_runs_per_hour"],
+        hourly / per_run,
+        "break-even",
+    );
+    assert_eq!(got["free_tier"], "not included");
+    let table = stdout(&sluice(&["cost", file, "--every", "5 minutes"]));
+    assert!(
+        table.contains("break-even") && table.contains("free tier not included"),
+        "{table}"
+    );
+    let history = stdout(&sluice(&["history", file]));
+    assert!(
+        history.lines().next().unwrap().contains("cost"),
+        "{history}"
+    );
+
+    // Our own price table: x86_64 Lambda at $0.0000166667 per GB-s.
+    let ours = dir.path().join("prices.toml");
+    let default = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/prices/us-east-1.toml"),
+    )
+    .unwrap();
+    std::fs::write(
+        &ours,
+        default.replace("architecture = \"arm64\"", "architecture = \"x86_64\""),
+    )
+    .unwrap();
+    let x86: serde_json::Value = serde_json::from_str(&stdout(&sluice(&[
+        "cost",
+        file,
+        "--json",
+        "--prices",
+        ours.to_str().unwrap(),
+    ])))
+    .unwrap();
+    let batches_x86: f64 = commits
+        .iter()
+        .map(|c| bill(&c["usage"], Some(&c["requests"]), 0.0000166667))
+        .sum();
+    close(
+        &x86["per_run"],
+        batches_x86 / 2.0 + bill(&totals["run_ends"], None, 0.0000166667) / 2.0,
+        "per run, x86_64",
+    );
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[lambda]\n").unwrap();
+    let refused = sluice(&["cost", file, "--prices", bad.to_str().unwrap()]);
+    assert!(!refused.status.success());
+    let e = String::from_utf8_lossy(&refused.stderr);
+    assert!(e.contains("bad.toml"), "{e}");
+}

@@ -1,0 +1,159 @@
+//! `sluice cost`: what the last batches cost, per batch and per run, the
+//! month at an arrival rate, and the always-on Spark job they replace.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use sluice_engine::admin;
+use sluice_engine::cost::{self, Prices, Report};
+use sluice_engine::handlers::Context;
+
+/// The price table: `--prices FILE`, else the built-in us-east-1 one.
+pub fn prices(file: Option<&Path>) -> anyhow::Result<(Prices, String)> {
+    match file {
+        None => Ok((
+            Prices::default_table(),
+            "engine/prices/us-east-1.toml (built in)".into(),
+        )),
+        Some(f) => {
+            let text = std::fs::read_to_string(f)
+                .map_err(|e| anyhow::anyhow!("--prices {}: {e}", f.display()))?;
+            let p = Prices::parse(&text, &f.display().to_string()).map_err(anyhow::Error::msg)?;
+            Ok((p, f.display().to_string()))
+        }
+    }
+}
+
+/// Dollars, with enough digits for a batch's fractions of a cent.
+pub fn dollars(x: f64) -> String {
+    if x >= 1.0 {
+        format!("${x:.2}")
+    } else {
+        format!("${x:.6}")
+    }
+}
+
+/// The report for the last `last` batches of `ctx`'s pipeline.
+pub async fn report(
+    ctx: &Context,
+    last: usize,
+    prices: &Prices,
+    name: &str,
+    every_s: Option<f64>,
+) -> anyhow::Result<Report> {
+    let commits = admin::history(ctx, last).await?;
+    let totals = ctx
+        .checkpoint
+        .control()
+        .await?
+        .map(|(c, _)| c.totals)
+        .unwrap_or_default();
+    Ok(cost::report(&commits, &totals, prices, name, every_s))
+}
+
+/// `sluice cost`.
+pub async fn run(
+    ctx: &Context,
+    last: usize,
+    prices_file: Option<PathBuf>,
+    every: Option<String>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let (prices, name) = prices(prices_file.as_deref())?;
+    let every_s = match every {
+        None => None,
+        Some(text) => Some(
+            sluice_engine::pipeline::duration_us(&text)
+                .map_err(|e| anyhow::anyhow!("--every {text:?}: {e}"))? as f64
+                / 1e6,
+        ),
+    };
+    let r = report(ctx, last, &prices, &name, every_s).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let p = &ctx.pipeline.name;
+    if r.batches.is_empty() {
+        println!("{p}: no committed batches to price");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{p}: the last {} batches ({} runs), priced with {} (free tier not included)",
+        r.batches.len(),
+        r.runs,
+        r.prices
+    );
+    println!(
+        "{:>6}  {:<20}  {:>5}  {:>6}  {:>10}  {:>6}  {:>8}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {:>11}",
+        "batch",
+        "committed",
+        "epoch",
+        "files",
+        "rows in",
+        "calls",
+        "GB-s",
+        "trans.",
+        "requests",
+        "Lambda",
+        "Step Fn",
+        "S3",
+        "total"
+    );
+    for b in &r.batches {
+        let when = chrono::DateTime::from_timestamp_millis(b.committed_ms)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:>6}  {:<20}  {:>5}  {:>6}  {:>10}  {:>6}  {:>8.3}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {:>11}",
+            b.batch,
+            when,
+            b.epoch,
+            b.files,
+            b.rows_in,
+            b.invocations,
+            b.gb_seconds,
+            b.transitions,
+            b.requests.total(),
+            dollars(b.bill.lambda),
+            dollars(b.bill.step_functions),
+            dollars(b.bill.s3),
+            dollars(b.bill.total()),
+        );
+    }
+    let t = &r.batches_bill;
+    println!(
+        "per batch     {} (all batches: Lambda {}, Step Functions {}, S3 {})",
+        dollars(r.per_batch),
+        dollars(t.lambda),
+        dollars(t.step_functions),
+        dollars(t.s3)
+    );
+    println!(
+        "per run       {} (its batches, and its ending outside them: {})",
+        dollars(r.per_run),
+        dollars(r.run_end.total())
+    );
+    match (r.interval_s, r.runs_per_month, r.month) {
+        (Some(s), Some(n), Some(m)) => println!(
+            "month         {} at one run every {s:.0} s ({}): {n:.0} runs",
+            dollars(m),
+            r.interval_from
+        ),
+        _ => println!(
+            "month         one run only: give the arrival rate with --every (e.g. --every \"5 minutes\")"
+        ),
+    }
+    println!(
+        "always on     {} a month ({} an hour; see [always_on] in the price table)",
+        dollars(r.always_on_month),
+        dollars(r.always_on_hourly)
+    );
+    if let Some(k) = r.break_even_runs_per_hour {
+        println!(
+            "break-even    {k:.0} runs an hour (one every {:.1} s): below that rate Sluice costs less",
+            3600.0 / k
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
