@@ -723,9 +723,11 @@ state_partitions = 2
     let p = Pipeline::parse(&toml, "windows.toml", dir.path()).unwrap();
     let ctx = Context::open(p, Some(cfg)).unwrap();
     admin::register(&ctx).await.unwrap();
+    let before = stats(stack);
     let e = started_epoch(&invoke_trigger(stack, &s3_event(bucket, &keys)), "windows");
     let end = wait_execution(sfn, stack, "windows", e).await;
     assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    usage_matches(stack, sfn, &ctx, &execution_name("windows", e), &before).await;
     let out = tempfile::tempdir().unwrap();
     download(cfg, bucket, "windows-out", out.path()).await;
     let wm = duckdb_sql(&format!(
@@ -749,6 +751,78 @@ state_partitions = 2
     let s = c.stateful.expect("state recorded by the committer");
     assert_eq!(s.state.len(), 2);
     assert_eq!(c.status, RunStatus::Idle);
+}
+
+/// What the commits of `ctx`'s pipeline and its runs' endings recorded
+/// (all of them from the one execution `name`) against what served it: the
+/// state transitions against the states entered in moto's execution
+/// history (inside Map iterations too), and the Lambda invocations per
+/// function against what the proxy forwarded since `before`.
+async fn usage_matches(
+    stack: &Stack,
+    sfn: &StepFunctions,
+    ctx: &Context,
+    name: &str,
+    before: &Value,
+) {
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    let mut transitions = c.totals.run_ends.transitions;
+    let mut recorded: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut add = |u: &sluice_engine::checkpoint::Usage| {
+        for f in &u.functions {
+            *recorded
+                .entry(format!("sluice-{}", f.function))
+                .or_default() += f.invocations;
+        }
+    };
+    add(&c.totals.run_ends);
+    let mut batches = 0;
+    for b in 0..=c.last_committed.unwrap() {
+        let commit = ctx.checkpoint.commit(b).await.unwrap().unwrap();
+        transitions += commit.usage.transitions;
+        add(&commit.usage);
+        batches += 1;
+    }
+    assert!(batches >= 2, "{batches} batches");
+    let mut entered = 0;
+    let mut kinds: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut token = None;
+    loop {
+        let page = sfn
+            .client()
+            .get_execution_history()
+            .execution_arn(sfn.execution_arn(name))
+            .max_results(1000)
+            .set_next_token(token)
+            .send()
+            .await
+            .unwrap();
+        for ev in page.events() {
+            let kind = ev.r#type().as_str().to_string();
+            if kind.ends_with("StateEntered") {
+                entered += 1;
+            }
+            *kinds.entry(kind).or_default() += 1;
+        }
+        token = page.next_token().map(str::to_string);
+        if token.is_none() {
+            break;
+        }
+    }
+    assert_eq!(
+        transitions, entered,
+        "transitions recorded vs states entered in moto's history: {kinds:?}"
+    );
+    let after = stats(stack);
+    for f in ["sluice-planner", "sluice-operator", "sluice-committer"] {
+        let served = after[f]["invocations"].as_u64().unwrap_or(0)
+            - before[f]["invocations"].as_u64().unwrap_or(0);
+        assert_eq!(
+            recorded.get(f).copied().unwrap_or(0),
+            served,
+            "{f}: invocations recorded vs served by the proxy"
+        );
+    }
 }
 
 /// Upload `files` (under `input`) to `source` (at `prefix` in the bucket)
