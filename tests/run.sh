@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what the tests need (moto, DuckDB and
-# cargo-lambda in a venv, asl-validator from npm), starts a moto S3 server on
+# The whole test suite: installs what the tests need (moto, DuckDB,
+# jsonschema and cargo-lambda in a venv, asl-validator from npm), starts a moto S3 server on
 # 127.0.0.1, runs fmt, clippy and every test, and stops the server. The
 # emulated-AWS test (tests/aws) starts and stops its own moto, proxy and
 # cargo-lambda. Usage: tests/run.sh
@@ -25,12 +25,12 @@ SAM_INSTALL=$!
 install_tool "$CACHE/checkov-venv" checkov 'checkov==3.3.30' >"$CACHE/checkov-install.log" 2>&1 &
 CHECKOV_INSTALL=$!
 
-if ! "$VENV/bin/python" -c 'import moto, duckdb, boto3' 2>/dev/null \
+if ! "$VENV/bin/python" -c 'import moto, duckdb, boto3, jsonschema' 2>/dev/null \
   || [ ! -x "$VENV/bin/cargo-lambda" ]; then
   echo "== installing moto, duckdb and cargo-lambda into $VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check \
-    'moto[server]==5.2.5' boto3 duckdb 'cargo-lambda==1.9.2'
+    'moto[server]==5.2.5' boto3 duckdb jsonschema 'cargo-lambda==1.9.2'
 fi
 export SLUICE_PYTHON="$VENV/bin/python"
 

@@ -39,6 +39,7 @@ pub mod error;
 pub mod functions;
 pub mod handlers;
 pub mod hash;
+pub mod metrics;
 pub mod operators;
 pub mod paths;
 pub mod pipeline;
@@ -69,6 +70,7 @@ mod layering {
         ("discovery", 5),
         ("planning", 5),
         ("sinks", 5),
+        ("metrics", 6),
         ("operators", 6),
         ("handlers", 7),
         ("admin", 8),

@@ -16,6 +16,7 @@ mod equivalence;
 mod golden;
 mod idle;
 mod lease_model;
+mod metrics;
 mod notify;
 mod quarantine;
 mod s3;

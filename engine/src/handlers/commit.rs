@@ -118,6 +118,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         })?;
     }
     finish_commit(ctx, run, &record).await?;
+    ctx.metric(|| crate::metrics::batch_line(&record, &ctx.pipeline.name));
     Ok(record)
 }
 

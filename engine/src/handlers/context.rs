@@ -46,6 +46,8 @@ pub struct Context {
     /// Notify mode: reconcile (list the source) in the next run whether or
     /// not `reconcile_every` runs have passed (`sluice run --reconcile`).
     pub reconcile: bool,
+    /// Where CloudWatch EMF metric lines go (on Lambda, stdout; else none).
+    pub metrics: Option<crate::metrics::Metrics>,
     schema: Arc<tokio::sync::OnceCell<SchemaRef>>,
 }
 
@@ -77,6 +79,7 @@ impl Context {
             owner_gone: Arc::new(|o| Owner::parse(o).gone()),
             registry: None,
             reconcile: false,
+            metrics: crate::metrics::from_env(),
             schema: Arc::default(),
         }
     }
@@ -100,6 +103,13 @@ impl Context {
         let checkpoint = open(&pipeline.checkpoint)?;
         let registry = open(&pipeline.checkpoint.parent())?;
         Ok(Context::new(pipeline, source, sink, checkpoint).with_registry(registry))
+    }
+
+    /// Write a metric line, if this context writes them.
+    pub(crate) fn metric(&self, line: impl FnOnce() -> String) {
+        if let Some(m) = &self.metrics {
+            m(&line());
+        }
     }
 
     /// Requests made so far through all of this pipeline's stores.

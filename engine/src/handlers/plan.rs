@@ -296,7 +296,11 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         Err(outcome) => return Ok(*outcome),
     };
     let looked = match look(ctx, control).await? {
-        Look::Idle => return Ok(idle("no new data")),
+        Look::Idle => {
+            ctx.metric(|| crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None));
+            ctx.metric(|| crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None));
+            return Ok(idle("no new data"));
+        }
         Look::Maybe(l) => l,
     };
     // Resolve the schema and check the SQL before writing anything.
@@ -318,6 +322,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     if !recover && looked.inbox.is_none() {
         let i = ctx.checkpoint.index().await?;
         if !owed && discovery::new_inputs(&looked.listed, &i, p.source.discovery).is_empty() {
+            ctx.metric(|| crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None));
             return Ok(idle("no new data"));
         }
         index = Some(i);
@@ -970,5 +975,11 @@ async fn discover_and_plan(
         ctx.checkpoint.create_offsets(off).await?;
     }
     tracing::info!(pipeline = %p.name, files = fresh.len(), batches = plans.len(), "planned new input");
+    ctx.metric(|| {
+        let inputs = plans.iter().flat_map(|o| o.inputs.iter());
+        let oldest = inputs.clone().filter_map(|i| i.modified_ms).min();
+        let (files, bytes) = inputs.fold((0, 0), |(n, b), i| (n + 1, b + i.size));
+        crate::metrics::lag_line(&p.name, ctx.now(), files, bytes, oldest)
+    });
     batch_outcome(ctx, run, &plans[0]).await
 }

@@ -1,0 +1,125 @@
+//! CloudWatch Embedded Metric Format: one JSON log line per event that
+//! CloudWatch Logs turns into metrics, namespace `Sluice`, dimension
+//! `Pipeline`. The committer writes a batch's line (duration, rows, files,
+//! bytes, late and quarantined rows, its cost); the planner writes the lag
+//! when it looks for new input (files and bytes waiting, age of the oldest
+//! waiting file). On Lambda the lines go to stdout (the function's log);
+//! elsewhere nowhere unless a sink is set ([`Metrics`]).
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+
+/// Where a context's metric lines go: on Lambda, stdout.
+pub type Metrics = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// The namespace of every metric.
+pub const NAMESPACE: &str = "Sluice";
+
+/// Stdout when running as a Lambda function (`AWS_LAMBDA_FUNCTION_NAME`
+/// set), else none.
+pub fn from_env() -> Option<Metrics> {
+    std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").map(|_| {
+        Arc::new(|line: &str| {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+        }) as Metrics
+    })
+}
+
+/// A metric: name, CloudWatch unit, value.
+pub type Metric = (&'static str, &'static str, f64);
+
+/// One EMF document: `metrics` under namespace `Sluice` with the
+/// `Pipeline` dimension, and `fields` as more root members (not metrics).
+pub fn line(
+    pipeline: &str,
+    timestamp_ms: i64,
+    metrics: &[Metric],
+    fields: &[(&str, Value)],
+) -> String {
+    let mut root = Map::new();
+    root.insert(
+        "_aws".into(),
+        json!({
+            "Timestamp": timestamp_ms,
+            "CloudWatchMetrics": [{
+                "Namespace": NAMESPACE,
+                "Dimensions": [["Pipeline"]],
+                "Metrics": metrics
+                    .iter()
+                    .map(|(name, unit, _)| json!({"Name": name, "Unit": unit}))
+                    .collect::<Vec<_>>(),
+            }],
+        }),
+    );
+    root.insert("Pipeline".into(), Value::from(pipeline));
+    for (name, _, value) in metrics {
+        root.insert((*name).into(), json!(value));
+    }
+    for (k, v) in fields {
+        root.insert((*k).into(), v.clone());
+    }
+    Value::Object(root).to_string()
+}
+
+/// The line for a committed batch.
+pub fn batch_line(c: &crate::checkpoint::Commit, pipeline: &str) -> String {
+    let d = &c.durations;
+    let bill = crate::cost::bill(&c.usage, &c.requests, &crate::cost::Prices::default_table());
+    line(
+        pipeline,
+        c.committed_ms,
+        &[
+            (
+                "BatchDuration",
+                "Milliseconds",
+                (d.plan_ms + d.operate_ms + d.commit_ms) as f64,
+            ),
+            ("RowsIn", "Count", c.rows_in as f64),
+            ("RowsOut", "Count", c.rows_out as f64),
+            ("Files", "Count", c.files as f64),
+            ("BytesRead", "Bytes", c.bytes_read as f64),
+            (
+                "LateRows",
+                "Count",
+                c.stateful.as_ref().map_or(0, |s| s.late_rows) as f64,
+            ),
+            (
+                "QuarantinedRows",
+                "Count",
+                c.rejected.iter().map(|r| r.rows).sum::<u64>() as f64,
+            ),
+            ("QuarantinedFiles", "Count", c.quarantined.len() as f64),
+            ("BatchCost", "None", bill.total()),
+        ],
+        &[
+            ("batch", json!(c.batch)),
+            ("epoch", json!(c.epoch)),
+            ("trigger", json!(c.trigger)),
+        ],
+    )
+}
+
+/// The lag line: files and bytes waiting, and the age of the oldest
+/// waiting file (0 with none).
+pub fn lag_line(
+    pipeline: &str,
+    now_ms: i64,
+    files: u64,
+    bytes: u64,
+    oldest_ms: Option<i64>,
+) -> String {
+    let age_s = oldest_ms.map_or(0.0, |t| ((now_ms - t).max(0)) as f64 / 1000.0);
+    line(
+        pipeline,
+        now_ms,
+        &[
+            ("FilesWaiting", "Count", files as f64),
+            ("BytesWaiting", "Bytes", bytes as f64),
+            ("OldestWaitingAge", "Seconds", age_s),
+        ],
+        &[],
+    )
+}
