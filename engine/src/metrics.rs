@@ -1,6 +1,7 @@
 //! CloudWatch Embedded Metric Format: one JSON log line per event that
-//! CloudWatch Logs turns into metrics, namespace `Sluice`, dimension
-//! `Pipeline`. The committer writes a batch's line (duration, rows, files,
+//! CloudWatch Logs turns into metrics, namespace `Sluice`, per `Pipeline`
+//! and over all pipelines (no dimension, what the template's alarm and
+//! dashboard read). The committer writes a batch's line (duration, rows, files,
 //! bytes, late and quarantined rows, its cost); the planner writes the lag
 //! when it looks for new input (files and bytes waiting, age of the oldest
 //! waiting file). On Lambda the lines go to stdout (the function's log);
@@ -39,6 +40,24 @@ pub fn line(
     metrics: &[Metric],
     fields: &[(&str, Value)],
 ) -> String {
+    line_with(
+        pipeline,
+        timestamp_ms,
+        metrics,
+        fields,
+        &[&["Pipeline"], &[]],
+    )
+}
+
+/// [`line`] with these dimension sets (`[]`: the metric over every
+/// pipeline, which the template's alarms and dashboard read).
+fn line_with(
+    pipeline: &str,
+    timestamp_ms: i64,
+    metrics: &[Metric],
+    fields: &[(&str, Value)],
+    dimensions: &[&[&str]],
+) -> String {
     let mut root = Map::new();
     root.insert(
         "_aws".into(),
@@ -46,7 +65,7 @@ pub fn line(
             "Timestamp": timestamp_ms,
             "CloudWatchMetrics": [{
                 "Namespace": NAMESPACE,
-                "Dimensions": [["Pipeline"]],
+                "Dimensions": dimensions,
                 "Metrics": metrics
                     .iter()
                     .map(|(name, unit, _)| json!({"Name": name, "Unit": unit}))
