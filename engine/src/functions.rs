@@ -34,11 +34,45 @@ pub trait PipelineRequest {
     fn starts_execution(&self) -> bool {
         false
     }
+
+    /// The run's lease epoch, if the request carries a run.
+    fn epoch(&self) -> Option<u64> {
+        None
+    }
+
+    /// The batch, if the request is for one.
+    fn batch(&self) -> Option<u64> {
+        None
+    }
+
+    /// The task (or merged state partition), if the request is for one.
+    fn task(&self) -> Option<String> {
+        None
+    }
+}
+
+/// The span every log line of one invocation carries (JSON `span`):
+/// pipeline, execution (`<pipeline>-<epoch>`), batch and task.
+pub(crate) fn invocation_span(req: &dyn PipelineRequest) -> tracing::Span {
+    let execution = req
+        .epoch()
+        .map(|e| crate::triggers::execution_name(req.pipeline(), e));
+    tracing::info_span!(
+        "invocation",
+        pipeline = req.pipeline(),
+        execution = execution.as_deref(),
+        batch = req.batch(),
+        task = req.task().as_deref(),
+    )
 }
 
 impl PipelineRequest for PlanRequest {
     fn pipeline(&self) -> &str {
         &self.pipeline
+    }
+
+    fn epoch(&self) -> Option<u64> {
+        self.run.as_ref().map(|r| r.epoch)
     }
 
     fn starts_execution(&self) -> bool {
@@ -50,11 +84,34 @@ impl PipelineRequest for TaskRequest {
     fn pipeline(&self) -> &str {
         &self.pipeline
     }
+
+    fn epoch(&self) -> Option<u64> {
+        Some(self.run.epoch)
+    }
+
+    fn batch(&self) -> Option<u64> {
+        Some(self.batch)
+    }
+
+    fn task(&self) -> Option<String> {
+        Some(match self.merge {
+            Some(p) => format!("merge-{p}"),
+            None => self.task.to_string(),
+        })
+    }
 }
 
 impl PipelineRequest for CommitRequest {
     fn pipeline(&self) -> &str {
         &self.pipeline
+    }
+
+    fn epoch(&self) -> Option<u64> {
+        Some(self.run.epoch)
+    }
+
+    fn batch(&self) -> Option<u64> {
+        Some(self.batch)
     }
 }
 
@@ -85,7 +142,8 @@ pub(crate) fn init_tracing() {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_current_span(false)
+        .with_current_span(true)
+        .with_span_list(false)
         .without_time()
         .init();
 }
@@ -99,11 +157,14 @@ pub(crate) async fn handle<Req, Resp>(
 where
     Req: PipelineRequest + Clone + Send + Sync,
 {
+    use tracing::Instrument;
     let pipeline = req.pipeline().to_string();
+    let span = invocation_span(&req);
     contexts
         .dispatch(&pipeline, req.starts_execution(), |ctx| {
             handler(ctx, req.clone())
         })
+        .instrument(span)
         .await
         .map_err(|e| {
             tracing::warn!(%pipeline, class = %e.class(), error = %e, "handler failed");
@@ -179,6 +240,63 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A log line inside an invocation carries its pipeline, execution,
+    /// batch and task as JSON fields (the subscriber the functions use,
+    /// writing to a buffer).
+    #[test]
+    fn logs_carry_pipeline_execution_batch_and_task() {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .without_time()
+            .with_writer(move || writer.clone())
+            .finish();
+        let req = TaskRequest {
+            pipeline: "taxi".into(),
+            run: crate::handlers::RunState {
+                pipeline: "taxi".into(),
+                epoch: 7,
+                discovered: true,
+                batches: 1,
+                events: 0,
+                trigger: None,
+                spec: String::new(),
+                plan_ms: 0,
+                plan_memory_mb: 0,
+            },
+            batch: 3,
+            task: 2,
+            merge: None,
+        };
+        tracing::subscriber::with_default(subscriber, || {
+            let _in = invocation_span(&req).entered();
+            tracing::info!(rows = 5, "task done");
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let line: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        let span = &line["span"];
+        assert_eq!(span["pipeline"], "taxi", "{line}");
+        assert_eq!(span["execution"], "taxi-7", "{line}");
+        assert_eq!(span["batch"], 3, "{line}");
+        assert_eq!(span["task"], "2", "{line}");
+        assert_eq!(line["fields"]["message"], "task done", "{line}");
+    }
     use crate::handlers::{PlanOutcome, handle_plan};
     use crate::pipeline::Pipeline;
 
