@@ -870,8 +870,15 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    let lag = match status.oldest_waiting_ms {
+        Some(t) => format!(
+            "; the oldest waiting for {:.0} s",
+            ((chrono::Utc::now().timestamp_millis() - t).max(0) as f64) / 1000.0
+        ),
+        None => String::new(),
+    };
     println!(
-        "waiting      {} files, {}",
+        "waiting      {} files, {}{lag}",
         status.waiting_files,
         mib(status.waiting_bytes)
     );

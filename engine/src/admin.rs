@@ -176,6 +176,10 @@ pub struct Status {
     pub waiting_files: u64,
     /// Their bytes.
     pub waiting_bytes: u64,
+    /// When the oldest of them was last modified (ms since the Unix
+    /// epoch), where the listing says: the lag is now minus this.
+    #[serde(default)]
+    pub oldest_waiting_ms: Option<i64>,
     /// Source files that are never read because their names cannot be
     /// keys (a control character such as a tab; locally, a name that is not
     /// UTF-8): rename them to read them. `list` and `ordered` discovery.
@@ -231,6 +235,10 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         last_commit,
         waiting_files: waiting.len() as u64,
         waiting_bytes: waiting.iter().map(|f| f.size).sum(),
+        oldest_waiting_ms: waiting
+            .iter()
+            .filter_map(|f| f.last_modified.map(|t| t.timestamp_millis()))
+            .min(),
         skipped,
     })
 }

@@ -82,6 +82,9 @@ fn sample_run_idle_run_gen_and_show() {
     ]));
     let show = stdout(&sluice(&["show", file]));
     assert!(show.contains("waiting      3 files"), "{show}");
+    // Lag: the oldest waiting file's age, from its modification time.
+    assert!(show.contains("the oldest waiting for"), "{show}");
+    assert!(show.contains("last run     cost $"), "{show}");
     let again = stdout(&sluice(&["run", file]));
     let files: u64 = again
         .lines()

@@ -328,7 +328,9 @@ impl InputFile {
             key: self.key,
             size: self.size,
             etag: None,
-            last_modified: None,
+            last_modified: self
+                .modified_ms
+                .and_then(chrono::DateTime::from_timestamp_millis),
         }
     }
 }
