@@ -5,6 +5,7 @@ mod bench;
 mod bench_planning;
 mod bench_window;
 mod cost;
+mod progress;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -352,11 +353,16 @@ fn gen_taxi(
     if compression.is_some() && format == SourceFormat::Parquet {
         anyhow::bail!("--compression applies to csv and jsonl; Parquet compresses inside the file");
     }
-    let written = sluice_cli::generator::write_taxi_files(out, files, rows, format, compression)
-        .with_context(|| format!("writing taxi files into {}", out.display()))?;
-    for p in &written {
-        println!("{}", p.display());
+    let progress = progress::Progress::new(files, "files");
+    for _ in 0..files {
+        let written = sluice_cli::generator::write_taxi_files(out, 1, rows, format, compression)
+            .with_context(|| format!("writing taxi files into {}", out.display()))?;
+        for p in &written {
+            progress.line(&p.display().to_string());
+        }
+        progress.inc(1);
     }
+    progress.finish();
     Ok(ExitCode::SUCCESS)
 }
 
@@ -663,9 +669,16 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
     let mut ctx = open(path).await?;
     ctx.reconcile = reconcile;
     let name = ctx.pipeline.name.clone();
+    // On a terminal, a bar over the files waiting now (one listing).
+    let progress = if !json && progress::Progress::wanted() {
+        progress::Progress::new(admin::status(&ctx).await?.waiting_files, "files")
+    } else {
+        progress::Progress::none()
+    };
     let summary = runner::run(&ctx, |b| {
         if !json {
-            println!(
+            progress.inc(b.files);
+            progress.line(&format!(
                 "batch {:>6}  files {:>5}  {:>12}  rows in {:>10}  out {:>10}  {:>7} ms{}{}",
                 b.batch,
                 b.files,
@@ -683,10 +696,11 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
                     added: &b.added_columns,
                     version: b.schema_version,
                 }
-            );
+            ));
         }
     })
     .await?;
+    progress.finish();
     if json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
         return Ok(ExitCode::SUCCESS);

@@ -472,3 +472,65 @@ fn cost_prices_the_recorded_usage() {
     let e = String::from_utf8_lossy(&refused.stderr);
     assert!(e.contains("bad.toml"), "{e}");
 }
+
+/// `sluice gen` and `sluice run` at a terminal (a pseudo-terminal) draw a
+/// progress bar with rate and ETA; piped, they print plain lines only, no
+/// escape sequences or carriage returns.
+#[test]
+fn progress_bars_on_a_terminal_and_plain_lines_otherwise() {
+    let (dir, file) = sample_copy();
+    let data = dir.path().join("data");
+    let gen_args = [
+        "gen",
+        "taxi",
+        "--files",
+        "20",
+        "--rows",
+        "3000",
+        "--out",
+        data.to_str().unwrap(),
+    ];
+    let at_terminal = |args: &[&str]| -> String {
+        let out = Command::new(python())
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../tests/e2e/pty_run.py"
+            ))
+            .arg(env!("CARGO_BIN_EXE_sluice"))
+            .args(args)
+            .env("TERM", "xterm")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let generated = at_terminal(&gen_args);
+    assert!(
+        generated.contains("ETA") && generated.contains("20/20 files"),
+        "{generated}"
+    );
+    assert!(
+        generated.contains("\\r") || generated.contains("\\x1b["),
+        "redrawn in place: {generated}"
+    );
+    let run = at_terminal(&["run", &file]);
+    assert!(run.contains("ETA") && run.contains("files"), "{run}");
+    assert!(run.contains("batch "), "{run}");
+
+    // Piped: the same commands, plain lines.
+    let piped = stdout(&sluice(&gen_args));
+    assert_eq!(piped.lines().count(), 20, "{piped}");
+    let run = stdout(&sluice(&["run", &file]));
+    for text in [&piped, &run] {
+        assert!(
+            !text.contains('\r') && !text.contains('\x1b') && !text.contains("ETA"),
+            "{text}"
+        );
+    }
+    assert!(run.contains("batch ") && run.contains("committed"), "{run}");
+}
