@@ -196,6 +196,7 @@ async fn full_runs(
     let mut raw = Vec::new();
     let mut ours = Vec::new();
     let mut last_ctx = None;
+    let progress = crate::progress::Progress::new(args.rounds.max(1) as u64, "rounds");
     for round in 0..args.rounds.max(1) {
         raw.push(raw_datafusion(input, &out.join(format!("raw-{round}"))).await?);
         let toml = pipeline_toml(round);
@@ -215,7 +216,9 @@ async fn full_runs(
             "sluice read {rows_in} rows, expected {total_rows}"
         );
         last_ctx = Some(ctx);
+        progress.inc(1);
     }
+    progress.finish();
     let ctx = last_ctx.expect("at least one round");
     Ok((median(raw), median(ours), ctx))
 }

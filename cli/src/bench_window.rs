@@ -144,6 +144,8 @@ pub async fn run(dir: &Path, files: u64, rows: usize, rounds: usize) -> anyhow::
     sluice_cli::generator::write_taxi_files(&input, files, rows, SourceFormat::Parquet, None)?;
     let total_rows = files * rows as u64;
 
+    // Rounds, merges with 1, 2, 4 partitions, state in two modes.
+    let progress = crate::progress::Progress::new(rounds.max(1) as u64 + 5, "steps");
     // Throughput: the whole backlog in one run (one data batch and the
     // closing batch), against the same GROUP BY once in raw DataFusion.
     let (mut raw, mut ours) = (Vec::new(), Vec::new());
@@ -165,6 +167,7 @@ pub async fn run(dir: &Path, files: u64, rows: usize, rounds: usize) -> anyhow::
         );
         our_groups = summary.batches.iter().map(|b| b.rows_out).sum();
         batches = summary.batches.len();
+        progress.inc(1);
     }
     let (raw_s, ours_s) = (median(raw), median(ours));
 
@@ -185,6 +188,7 @@ pub async fn run(dir: &Path, files: u64, rows: usize, rounds: usize) -> anyhow::
         let (summary, secs) = run_to_end(&ctx).await?;
         let ms = merge_ms(&ctx, &summary).await?;
         merges.push((partitions, summary.batches.len(), ms, secs));
+        progress.inc(1);
     }
 
     // State after 100 batches, in append mode (open windows only) and in
@@ -212,7 +216,9 @@ pub async fn run(dir: &Path, files: u64, rows: usize, rounds: usize) -> anyhow::
             restore.push(started.elapsed().as_secs_f64() * 1000.0);
         }
         states.push((mode, secs, ms, size, median(restore)));
+        progress.inc(1);
     }
+    progress.finish();
 
     println!();
     println!("| measure | value |");

@@ -33,15 +33,30 @@ pub fn dollars(x: f64) -> String {
     }
 }
 
-/// The report for the last `last` batches of `ctx`'s pipeline.
+/// Which batches to price: at most `last`, newest first, and with
+/// `since` (a duration such as "7 days") only those committed since then.
+pub struct Window {
+    /// At most this many.
+    pub last: usize,
+    /// Committed within this long before now.
+    pub since: Option<String>,
+}
+
+/// The report for the batches of `ctx`'s pipeline in `window`.
 pub async fn report(
     ctx: &Context,
-    last: usize,
+    window: &Window,
     prices: &Prices,
     name: &str,
     every_s: Option<f64>,
 ) -> anyhow::Result<Report> {
-    let commits = admin::history(ctx, last).await?;
+    let mut commits = admin::history(ctx, window.last).await?;
+    if let Some(text) = &window.since {
+        let us = sluice_engine::pipeline::duration_us(text)
+            .map_err(|e| anyhow::anyhow!("--since {text:?}: {e}"))?;
+        let from = chrono::Utc::now().timestamp_millis() - us / 1000;
+        commits.retain(|c| c.committed_ms >= from);
+    }
     let totals = ctx
         .checkpoint
         .control()
@@ -54,7 +69,7 @@ pub async fn report(
 /// `sluice cost`.
 pub async fn run(
     ctx: &Context,
-    last: usize,
+    window: Window,
     prices_file: Option<PathBuf>,
     every: Option<String>,
     json: bool,
@@ -68,7 +83,7 @@ pub async fn run(
                 / 1e6,
         ),
     };
-    let r = report(ctx, last, &prices, &name, every_s).await?;
+    let r = report(ctx, &window, &prices, &name, every_s).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(ExitCode::SUCCESS);

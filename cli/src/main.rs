@@ -113,6 +113,9 @@ enum Command {
         /// How many batches, newest first.
         #[arg(long, default_value_t = 100)]
         last: usize,
+        /// Only batches committed within this long before now (e.g. "7 days").
+        #[arg(long)]
+        since: Option<String>,
         /// A price table (default: us-east-1 list prices, engine/prices/us-east-1.toml).
         #[arg(long)]
         prices: Option<PathBuf>,
@@ -246,10 +249,20 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Cost {
             pipeline,
             last,
+            since,
             prices,
             every,
             json,
-        } => cost::run(&open(&pipeline).await?, last, prices, every, json).await,
+        } => {
+            cost::run(
+                &open(&pipeline).await?,
+                cost::Window { last, since },
+                prices,
+                every,
+                json,
+            )
+            .await
+        }
         Command::Gen {
             dataset: Dataset::Taxi,
             files,
@@ -827,7 +840,11 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             }
             if let Some(lc) = &status.last_commit {
                 let (prices, _) = cost::prices(None)?;
-                let r = cost::report(&ctx, 50, &prices, "default", None).await?;
+                let window = cost::Window {
+                    last: 50,
+                    since: None,
+                };
+                let r = cost::report(&ctx, &window, &prices, "default", None).await?;
                 let run: f64 = r
                     .batches
                     .iter()
