@@ -72,7 +72,14 @@ max_bytes_per_task = "100 GiB"
     )
 }
 
-async fn raw_datafusion(input: &Path, out: &Path) -> anyhow::Result<f64> {
+/// Raw DataFusion: `sql` over the Parquet files under `input` (table
+/// `trips`), written as Parquet under `out`, in one session with as many
+/// partitions as cores. Returns the seconds it took and the rows written.
+pub(crate) async fn raw_datafusion(
+    input: &Path,
+    out: &Path,
+    sql: &str,
+) -> anyhow::Result<(f64, u64)> {
     let started = Instant::now();
     let parts = std::thread::available_parallelism().map_or(2, |n| n.get());
     let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(parts));
@@ -82,7 +89,8 @@ async fn raw_datafusion(input: &Path, out: &Path) -> anyhow::Result<f64> {
         ParquetReadOptions::default().file_extension(".parquet"),
     )
     .await?;
-    ctx.sql(SQL)
+    let written = ctx
+        .sql(sql)
         .await?
         .write_parquet(
             out.to_str().expect("utf-8 path"),
@@ -90,7 +98,17 @@ async fn raw_datafusion(input: &Path, out: &Path) -> anyhow::Result<f64> {
             None,
         )
         .await?;
-    Ok(started.elapsed().as_secs_f64())
+    let secs = started.elapsed().as_secs_f64();
+    let rows = written
+        .first()
+        .and_then(|b| {
+            b.column(0)
+                .as_any()
+                .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+                .map(|a| a.value(0))
+        })
+        .unwrap_or(0);
+    Ok((secs, rows))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -198,7 +216,11 @@ async fn full_runs(
     let mut last_ctx = None;
     let progress = crate::progress::Progress::new(args.rounds.max(1) as u64, "rounds");
     for round in 0..args.rounds.max(1) {
-        raw.push(raw_datafusion(input, &out.join(format!("raw-{round}"))).await?);
+        raw.push(
+            raw_datafusion(input, &out.join(format!("raw-{round}")), SQL)
+                .await?
+                .0,
+        );
         let toml = pipeline_toml(round);
         let pipeline = Pipeline::parse(&toml, "bench.toml", dir)?;
         let ctx = Context::open(pipeline, None)?;

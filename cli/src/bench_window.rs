@@ -8,8 +8,6 @@
 use std::path::Path;
 use std::time::Instant;
 
-use datafusion::dataframe::DataFrameWriteOptions;
-use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use sluice_engine::handlers::{self, Context};
 use sluice_engine::pipeline::{Pipeline, SourceFormat};
 use sluice_engine::runner::{self, RunEnd, RunSummary};
@@ -61,38 +59,6 @@ max_batches_per_execution = 1000
 fn open(dir: &Path, toml: &str) -> anyhow::Result<Context> {
     let pipeline = Pipeline::parse(toml, "bench.toml", dir)?;
     Ok(Context::open(pipeline, None)?)
-}
-
-async fn raw_datafusion(input: &Path, out: &Path) -> anyhow::Result<(f64, u64)> {
-    let started = Instant::now();
-    let parts = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(parts));
-    ctx.register_parquet(
-        "trips",
-        input.to_str().expect("utf-8 path"),
-        ParquetReadOptions::default().file_extension(".parquet"),
-    )
-    .await?;
-    let written = ctx
-        .sql(RAW_SQL)
-        .await?
-        .write_parquet(
-            out.to_str().expect("utf-8 path"),
-            DataFrameWriteOptions::new(),
-            None,
-        )
-        .await?;
-    let secs = started.elapsed().as_secs_f64();
-    let rows = written
-        .first()
-        .and_then(|b| {
-            b.column(0)
-                .as_any()
-                .downcast_ref::<datafusion::arrow::array::UInt64Array>()
-                .map(|a| a.value(0))
-        })
-        .unwrap_or(0);
-    Ok((secs, rows))
 }
 
 async fn run_to_end(ctx: &Context) -> anyhow::Result<(RunSummary, f64)> {
@@ -151,7 +117,9 @@ pub async fn run(dir: &Path, files: u64, rows: usize, rounds: usize) -> anyhow::
     let (mut raw, mut ours) = (Vec::new(), Vec::new());
     let (mut raw_groups, mut our_groups, mut batches) = (0, 0, 0);
     for round in 0..rounds.max(1) {
-        let (secs, groups) = raw_datafusion(&input, &out.join(format!("raw-{round}"))).await?;
+        let (secs, groups) =
+            crate::bench::raw_datafusion(&input, &out.join(format!("raw-{round}")), RAW_SQL)
+                .await?;
         raw.push(secs);
         raw_groups = groups;
         let ctx = open(

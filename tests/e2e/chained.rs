@@ -12,14 +12,7 @@ use crate::support::*;
 
 /// The committed records of `down`'s checkpoint under `root`, in order.
 async fn down_commits(root: &Path) -> Vec<sluice_engine::checkpoint::Commit> {
-    let ctx = local_context(&pipeline(root, &downstream_toml("manifests", "")));
-    let mut out = Vec::new();
-    let mut n = 0;
-    while let Some(c) = ctx.checkpoint.commit(n).await.unwrap() {
-        out.push(c);
-        n += 1;
-    }
-    out
+    commit_records(root, &downstream_toml("manifests", "")).await
 }
 
 /// Upstream batches of two tasks each (two parts per manifest); the

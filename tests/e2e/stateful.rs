@@ -86,21 +86,8 @@ async fn max_pickup_us(file: &Path) -> i64 {
 /// (largest pickup so far minus the delay) is late; the windows that end
 /// at or before the final watermark are emitted, each once.
 async fn expected_append(arrivals: &[PathBuf]) -> Vec<String> {
-    let delay = DELAY_MIN * 60_000_000;
-    let mut wm: Option<i64> = None;
-    let mut parts = Vec::new();
-    for f in arrivals {
-        let cut = wm.map_or(String::new(), |w| {
-            format!(" WHERE epoch_us(tpep_pickup_datetime) > {w}")
-        });
-        parts.push(format!(
-            "SELECT * FROM read_parquet('{}'){cut}",
-            f.display()
-        ));
-        let m = max_pickup_us(f).await;
-        wm = Some(wm.map_or(m - delay, |w| w.max(m - delay)));
-    }
-    let wm = wm.unwrap();
+    let batches: Vec<Vec<PathBuf>> = arrivals.iter().map(|f| vec![f.clone()]).collect();
+    let (parts, wm) = not_late(&batches, "*").await;
     duckdb_sql(&format!(
         "SELECT * FROM (SELECT time_bucket(INTERVAL 15 MINUTES, tpep_pickup_datetime) AS \
          window_start, time_bucket(INTERVAL 15 MINUTES, tpep_pickup_datetime) + INTERVAL 15 \
@@ -436,24 +423,7 @@ async fn session_windows_in_append_mode_equal_duckdb_gaps_and_islands() {
     run(&local_context(&pipeline(root, &toml))).await.unwrap();
 
     // The oracle: late rows and the final watermark from the batches.
-    let delay = DELAY_MIN * 60_000_000;
-    let mut wm: Option<i64> = None;
-    let mut parts = Vec::new();
-    for files in &batches {
-        let cut = wm.map_or(String::new(), |w| {
-            format!(" WHERE epoch_us(tpep_pickup_datetime) > {w}")
-        });
-        parts.push(format!(
-            "SELECT * FROM read_parquet([{}]){cut}",
-            quoted(files)
-        ));
-        let mut m = i64::MIN;
-        for f in files {
-            m = m.max(max_pickup_us(f).await);
-        }
-        wm = Some(wm.map_or(m - delay, |w| w.max(m - delay)));
-    }
-    let wm = wm.unwrap();
+    let (parts, wm) = not_late(&batches, "*").await;
     let want = duckdb_sql(&format!(
         "WITH r AS ({}), \
          f AS (SELECT *, CASE WHEN lag(tpep_pickup_datetime) OVER w IS NULL \
@@ -552,25 +522,11 @@ async fn random_arrivals_batches_tasks_and_partitions_equal_duckdb() {
             batches.push(batch);
         }
         // The oracle.
-        let delay = DELAY_MIN * 60_000_000;
-        let mut wm: Option<i64> = None;
-        let mut parts = Vec::new();
-        for batch in &batches {
-            let cut = wm.map_or(String::new(), |w| {
-                format!(" WHERE epoch_us(tpep_pickup_datetime) > {w}")
-            });
-            parts.push(format!(
-                "SELECT tpep_pickup_datetime, \"PULocationID\", passenger_count FROM \
-                 read_parquet([{}]){cut}",
-                quoted(batch)
-            ));
-            let mut m = i64::MIN;
-            for f in batch {
-                m = m.max(max_pickup_us(f).await);
-            }
-            wm = Some(wm.map_or(m - delay, |w| w.max(m - delay)));
-        }
-        let wm = wm.unwrap();
+        let (parts, wm) = not_late(
+            &batches,
+            "tpep_pickup_datetime, \"PULocationID\", passenger_count",
+        )
+        .await;
         let (size, slide) = if sliding { (30, 15) } else { (15, 15) };
         let starts: Vec<String> = (0..buckets)
             .map(|b| {
@@ -636,4 +592,29 @@ async fn many_state_partitions_hand_over_before_the_history_cap() {
         committed(root, "wide", cols).await,
         expected_append(&[files[0].clone(), files[1].clone()]).await
     );
+}
+
+/// For files committed in `batches` (each one batch, in order): per batch
+/// a DuckDB query of `cols` over its rows that were not late (above the
+/// watermark before it: the largest pickup so far minus the delay), and
+/// the final watermark, microseconds.
+async fn not_late(batches: &[Vec<PathBuf>], cols: &str) -> (Vec<String>, i64) {
+    let delay = DELAY_MIN * 60_000_000;
+    let mut wm: Option<i64> = None;
+    let mut parts = Vec::new();
+    for files in batches {
+        let cut = wm.map_or(String::new(), |w| {
+            format!(" WHERE epoch_us(tpep_pickup_datetime) > {w}")
+        });
+        parts.push(format!(
+            "SELECT {cols} FROM read_parquet([{}]){cut}",
+            quoted(files)
+        ));
+        let mut m = i64::MIN;
+        for f in files {
+            m = m.max(max_pickup_us(f).await);
+        }
+        wm = Some(wm.map_or(m - delay, |w| w.max(m - delay)));
+    }
+    (parts, wm.expect("at least one batch"))
 }

@@ -96,6 +96,18 @@ pub async fn control_of(root: &Path, toml: &str) -> sluice_engine::checkpoint::C
     read.expect("control.json exists").0
 }
 
+/// Every commit record of the pipeline `toml` under `root`, in order.
+pub async fn commit_records(root: &Path, toml: &str) -> Vec<sluice_engine::checkpoint::Commit> {
+    let ctx = local_context(&pipeline(root, toml));
+    let mut out = Vec::new();
+    let mut n = 0;
+    while let Some(c) = ctx.checkpoint.commit(n).await.unwrap() {
+        out.push(c);
+        n += 1;
+    }
+    out
+}
+
 /// Run to the end and return the summary.
 pub async fn run(ctx: &Context) -> sluice_engine::Result<RunSummary> {
     runner().run(ctx, |_| {}).await

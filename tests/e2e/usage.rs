@@ -8,21 +8,8 @@
 //! must add up to the runner's count exactly (the trigger invocation of
 //! `Continue` aside).
 
-use std::collections::BTreeMap;
-use std::path::Path;
-
 use crate::support::*;
-
-async fn records(root: &Path, toml: &str) -> Vec<sluice_engine::checkpoint::Commit> {
-    let ctx = local_context(&pipeline(root, toml));
-    let mut out = Vec::new();
-    let mut n = 0;
-    while let Some(c) = ctx.checkpoint.commit(n).await.unwrap() {
-        out.push(c);
-        n += 1;
-    }
-    out
-}
+use std::collections::BTreeMap;
 
 /// Per function: (invocations, billed ms) in `u`.
 fn by_function(u: &sluice_engine::checkpoint::Usage) -> BTreeMap<String, (u64, u64)> {
@@ -41,7 +28,7 @@ async fn check(name: &str, toml: &str, files: u64, expect_executions: u64, tasks
     gen_files(&root.join("input"), files, 60);
     let ran = run(&local_context(&pipeline(root, toml))).await.unwrap();
     assert_eq!(ran.executions, expect_executions, "{name}");
-    let commits = records(root, toml).await;
+    let commits = commit_records(root, toml).await;
     assert_eq!(commits.len(), ran.batches.len(), "{name}");
     assert!(
         commits
