@@ -139,7 +139,31 @@ impl TableProvider for EventTimeTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = self.inner.scan(state, None, &[], None).await?;
+        // Read only the columns the query needs and the event time (the
+        // window columns come after the source's); late rows kept as a
+        // side output are written whole, so then read every column.
+        let base = self.inner.schema();
+        let n = base.fields().len();
+        let (inner, exec_projection) = match projection {
+            Some(p) if self.tally.late_rows.is_none() => {
+                let event = base.index_of(&self.column)?;
+                let mut need: Vec<usize> = p.iter().copied().filter(|i| *i < n).collect();
+                need.push(event);
+                need.sort_unstable();
+                need.dedup();
+                let at = |i: usize| {
+                    if i < n {
+                        need.iter().position(|x| *x == i).expect("needed")
+                    } else {
+                        need.len() + (i - n)
+                    }
+                };
+                let out: Vec<usize> = p.iter().map(|i| at(*i)).collect();
+                (Some(need), Some(out))
+            }
+            other => (None, other.cloned()),
+        };
+        let input = self.inner.scan(state, inner.as_ref(), &[], None).await?;
         let out = match projection {
             Some(p) => Arc::new(self.schema.project(p)?),
             None => self.schema.clone(),
@@ -155,7 +179,7 @@ impl TableProvider for EventTimeTable {
             column: self.column.clone(),
             window: self.window.clone(),
             watermark_us: self.watermark_us,
-            projection: projection.cloned(),
+            projection: exec_projection,
             properties,
             tally: self.tally.clone(),
         }))
@@ -277,7 +301,11 @@ fn apply(
                 let rows = filter_record_batch(batch, &datafusion::arrow::compute::not(&on_time)?)?;
                 kept.lock().expect("not poisoned").push(rows);
             }
-            filter_record_batch(batch, &on_time)?
+            if late == 0 {
+                batch.clone()
+            } else {
+                filter_record_batch(batch, &on_time)?
+            }
         }
     };
     let kept_us = cast(

@@ -277,7 +277,12 @@ pub(crate) fn assign(batch: &RecordBatch, spec: &WindowSpec) -> Result<RecordBat
             starts.push(s);
         }
     }
-    let taken = take_record_batch(batch, &UInt32Array::from(rows))?;
+    // One window per row and no null event time: the rows as they are.
+    let taken = if rows.len() == batch.num_rows() && (spec.session || slide == size) {
+        batch.clone()
+    } else {
+        take_record_batch(batch, &UInt32Array::from(rows))?
+    };
     let ts_type = DataType::Timestamp(*unit, tz.clone());
     let start: ArrayRef = cast(&Int64Array::from(starts.clone()), &ts_type)?;
     let end: ArrayRef = cast(
