@@ -49,7 +49,14 @@ pub struct Context {
     /// Where CloudWatch EMF metric lines go (on Lambda, stdout; else none).
     pub metrics: Option<crate::metrics::Metrics>,
     schema: Arc<tokio::sync::OnceCell<SchemaRef>>,
+    /// A stateful query planned for merging, per input schema: planned
+    /// once per context (process, warm Lambda container), not per merge.
+    staged: Arc<std::sync::Mutex<StagedPlans>>,
 }
+
+/// Stateful queries planned for merging, by input schema.
+type StagedPlans =
+    HashMap<String, Option<(crate::operators::StatefulQuery, crate::operators::Staged)>>;
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -81,6 +88,7 @@ impl Context {
             reconcile: false,
             metrics: crate::metrics::from_env(),
             schema: Arc::default(),
+            staged: Arc::default(),
         }
     }
 
@@ -103,6 +111,32 @@ impl Context {
         let checkpoint = open(&pipeline.checkpoint)?;
         let registry = open(&pipeline.checkpoint.parent())?;
         Ok(Context::new(pipeline, source, sink, checkpoint).with_registry(registry))
+    }
+
+    /// The pipeline's query as a stateful query and its aggregate in
+    /// stages, over input of `schema`, planned once per context (`None`:
+    /// the query is row by row).
+    pub(crate) async fn staged(
+        &self,
+        schema: SchemaRef,
+    ) -> Result<Option<(crate::operators::StatefulQuery, crate::operators::Staged)>> {
+        let key = format!("{schema:?}");
+        if let Some(hit) = self.staged.lock().expect("not poisoned").get(&key) {
+            return Ok(hit.clone());
+        }
+        let op = crate::operators::SqlOperator::new(self.pipeline.clone(), schema);
+        let planned = match op.stateful().await? {
+            Some(q) => {
+                let staged = op.staged(&q).await?;
+                Some((q, staged))
+            }
+            None => None,
+        };
+        self.staged
+            .lock()
+            .expect("not poisoned")
+            .insert(key, planned.clone());
+        Ok(planned)
     }
 
     /// Write a metric line, if this context writes them.

@@ -18,7 +18,7 @@ use super::lease::owned_control;
 use super::payloads::RunState;
 use crate::checkpoint::OutputFile;
 use crate::error::{Error, ErrorClass, Result};
-use crate::operators::{SqlOperator, TaskResult};
+use crate::operators::TaskResult;
 use crate::paths;
 use crate::sinks::ParquetSink;
 use crate::storage::{CountingStore, PutMode, RequestCounts, Store};
@@ -79,14 +79,12 @@ pub async fn merge(
         Some(v) => super::schema::arrow_of(ctx, v, paths::checkpoint::offsets(batch))?,
         None => ctx.schema().await?,
     };
-    let op = SqlOperator::new(p.clone(), schema);
-    let q = op.stateful().await?.ok_or_else(|| {
+    let (q, staged) = ctx.staged(schema).await?.ok_or_else(|| {
         ctx.broken(
             paths::checkpoint::offsets(batch),
             "a merge step for a query that does not aggregate",
         )
     })?;
-    let staged = op.staged(&q).await?;
     // Views that count only this merge's requests.
     let store = CountingStore::new(ctx.checkpoint.store().clone());
     let sink = ParquetSink::new(
@@ -229,7 +227,8 @@ pub struct StateSize {
 
 /// Read and decode every partition's state in force, as the merges of the
 /// next batch would (`sluice bench --query window` times this as the
-/// restore). A pipeline without state gives zeros.
+/// restore; the query is planned once per context). A pipeline without
+/// state gives zeros.
 pub async fn restore_state(ctx: &Context) -> Result<StateSize> {
     let Some((control, _)) = ctx.checkpoint.control().await? else {
         return Ok(StateSize::default());
@@ -241,11 +240,9 @@ pub async fn restore_state(ctx: &Context) -> Result<StateSize> {
         Some(v) => super::schema::arrow_of(ctx, v, paths::checkpoint::CONTROL.to_string())?,
         None => ctx.schema().await?,
     };
-    let op = SqlOperator::new(ctx.pipeline.clone(), schema);
-    let Some(q) = op.stateful().await? else {
+    let Some((_, staged)) = ctx.staged(schema).await? else {
         return Ok(StateSize::default());
     };
-    let staged = op.staged(&q).await?;
     let mut size = StateSize::default();
     for key in st.state.into_iter().flatten() {
         let store = ctx.checkpoint.store().as_ref();

@@ -151,7 +151,7 @@ pub(crate) mod testing {
         out
     }
 }
-pub(crate) use stateful::TaskState;
+pub(crate) use stateful::{StatefulQuery, TaskState};
 
 /// A session for merging and finishing states.
 pub(crate) fn staging_session() -> SessionContext {
