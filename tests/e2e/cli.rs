@@ -182,16 +182,6 @@ fn pause_resume_and_history_on_the_sample() {
     let batches = ran.lines().filter(|l| l.starts_with("batch")).count();
     assert!(batches >= 2, "{ran}");
 
-    let recent: serde_json::Value = serde_json::from_str(&stdout(&sluice(&[
-        "cost", file, "--json", "--since", "1 hour",
-    ])))
-    .unwrap();
-    assert_eq!(recent["batches"].as_array().unwrap().len(), 3);
-    let none: serde_json::Value = serde_json::from_str(&stdout(&sluice(&[
-        "cost", file, "--json", "--since", "1 ms",
-    ])))
-    .unwrap();
-    assert!(none["batches"].as_array().unwrap().is_empty(), "{none}");
     let history = stdout(&sluice(&["history", file]));
     let rows: Vec<&str> = history
         .lines()
@@ -441,6 +431,16 @@ fn cost_prices_the_recorded_usage() {
         table.contains("break-even") && table.contains("free tier not included"),
         "{table}"
     );
+    let recent: serde_json::Value = serde_json::from_str(&stdout(&sluice(&[
+        "cost", file, "--json", "--since", "1 hour",
+    ])))
+    .unwrap();
+    assert_eq!(recent["batches"].as_array().unwrap().len(), 3);
+    let none: serde_json::Value = serde_json::from_str(&stdout(&sluice(&[
+        "cost", file, "--json", "--since", "1 ms",
+    ])))
+    .unwrap();
+    assert!(none["batches"].as_array().unwrap().is_empty(), "{none}");
     let history = stdout(&sluice(&["history", file]));
     assert!(
         history.lines().next().unwrap().contains("cost"),
