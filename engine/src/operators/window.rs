@@ -567,6 +567,28 @@ mod tests {
             (ctx, plan)
         }
 
+        /// One chunk of rows as a task sees it: windows assigned, the
+        /// query planned, its aggregate run `Partial`.
+        async fn partials(
+            rows: &[(i64, u8, i8)],
+            w: &Windowed,
+        ) -> (
+            datafusion::prelude::SessionContext,
+            Staged,
+            Vec<RecordBatch>,
+        ) {
+            let spec = w.window.clone().unwrap();
+            let (ctx, plan) = run(assign(&batch(rows), &spec).unwrap(), &w.sql).await;
+            let staged = Staged::of(plan)
+                .unwrap()
+                .unwrap()
+                .with_sessions(spec.session);
+            let partial = collect(staged.partial().unwrap(), ctx.task_ctx())
+                .await
+                .unwrap();
+            (ctx, staged, partial)
+        }
+
         /// Spark's spelling, staged over batches, against a one-shot
         /// DataFusion query that bins with `date_bin` (sliding: the union
         /// of the two bins each row falls in).
@@ -585,21 +607,14 @@ mod tests {
                  FROM t GROUP BY window(ts, {window}), zone"
             );
             let w = rewrite(&sql).unwrap();
-            let spec = w.window.clone().unwrap();
             let mut states = Vec::new();
             let mut last = None;
             let mut at = 0;
             for size in chunks {
                 let end = (at + size).min(rows.len());
-                let windowed = assign(&batch(&rows[at..end]), &spec).unwrap();
+                let (ctx, staged, partial) = partials(&rows[at..end], &w).await;
                 at = end;
-                let (ctx, plan) = run(windowed, &w.sql).await;
-                let staged = Staged::of(plan).unwrap().unwrap();
-                states.extend(
-                    collect(staged.partial().unwrap(), ctx.task_ctx())
-                        .await
-                        .unwrap(),
-                );
+                states.extend(partial);
                 last = Some((ctx, staged));
             }
             let (ctx, staged) = last.unwrap();
@@ -665,19 +680,13 @@ mod tests {
                        count(*) AS n, sum(amount) AS s FROM t \
                        GROUP BY session_window(ts, '5 minutes'), zone";
             let w = rewrite(sql).unwrap();
-            let spec = w.window.clone().unwrap();
             let mut state: Vec<RecordBatch> = Vec::new();
             let mut last = None;
             let mut at = 0;
             for size in chunks {
                 let end = (at + size).min(rows.len());
-                let windowed = assign(&batch(&rows[at..end]), &spec).unwrap();
+                let (ctx, staged, partial) = partials(&rows[at..end], &w).await;
                 at = end;
-                let (ctx, plan) = run(windowed, &w.sql).await;
-                let staged = Staged::of(plan).unwrap().unwrap().with_sessions(true);
-                let partial = collect(staged.partial().unwrap(), ctx.task_ctx())
-                    .await
-                    .unwrap();
                 let task = collect(
                     staged
                         .reduce(staged.merge_sessions(partial).unwrap())
