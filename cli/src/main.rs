@@ -839,19 +839,20 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                 );
             }
             if let Some(lc) = &status.last_commit {
+                // The last run's batches: back from the last commit while
+                // the epoch is the same (no read for the one already here).
+                let mut run_commits = vec![lc.clone()];
+                let mut n = lc.batch;
+                while let Some(prev) = n.checked_sub(1) {
+                    match ctx.checkpoint.commit(prev).await? {
+                        Some(c) if c.epoch == lc.epoch => run_commits.push(c),
+                        _ => break,
+                    }
+                    n = prev;
+                }
                 let (prices, _) = cost::prices(None)?;
-                let window = cost::Window {
-                    last: 50,
-                    since: None,
-                };
-                let r = cost::report(&ctx, &window, &prices, "default", None).await?;
-                let run: f64 = r
-                    .batches
-                    .iter()
-                    .filter(|b| b.epoch == lc.epoch)
-                    .map(|b| b.bill.total())
-                    .sum::<f64>()
-                    + r.run_end.total();
+                let r = sluice_engine::cost::report(&run_commits, &c.totals, &prices, "", None);
+                let run = r.per_run;
                 println!(
                     "last run     cost {} on AWS at us-east-1 list prices (`sluice cost` for more)",
                     cost::dollars(run)

@@ -102,7 +102,7 @@ pub async fn merge(
     };
     let mut state = Vec::new();
     if let Some(key) = before.state.get(partition as usize).cloned().flatten() {
-        state = restore(ctx, &store, &staged, key).await?;
+        state = restore(ctx, &store, &staged, key).await?.0;
     }
     let mut partials = Vec::new();
     for t in &off.tasks {
@@ -194,24 +194,25 @@ pub async fn merge(
 }
 
 /// Read and decode the state file `key` through `store`, checking it was
-/// written by this query and this DataFusion version.
+/// written by this query and this DataFusion version; also its size.
 async fn restore(
     ctx: &Context,
     store: &dyn Store,
     staged: &crate::operators::Staged,
     key: String,
-) -> Result<Vec<datafusion::arrow::array::RecordBatch>> {
+) -> Result<(Vec<datafusion::arrow::array::RecordBatch>, u64)> {
     let obj = store
         .get(&key)
         .await?
         .ok_or_else(|| ctx.broken(key.clone(), "the state in force is missing"))?;
-    staged
+    let batches = staged
         .read_state(&key, &obj.bytes)
         .map_err(|message| Error::Checkpoint {
             pipeline: ctx.pipeline.name.clone(),
             key,
             message,
-        })
+        })?;
+    Ok((batches, obj.bytes.len() as u64))
 }
 
 /// The state in force of a stateful pipeline, as a merge restores it.
@@ -245,19 +246,8 @@ pub async fn restore_state(ctx: &Context) -> Result<StateSize> {
     };
     let mut size = StateSize::default();
     for key in st.state.into_iter().flatten() {
-        let store = ctx.checkpoint.store().as_ref();
-        let obj = store
-            .get(&key)
-            .await?
-            .ok_or_else(|| ctx.broken(key.clone(), "the state in force is missing"))?;
-        size.bytes += obj.bytes.len() as u64;
-        let batches = staged
-            .read_state(&key, &obj.bytes)
-            .map_err(|message| Error::Checkpoint {
-                pipeline: ctx.pipeline.name.clone(),
-                key,
-                message,
-            })?;
+        let (batches, bytes) = restore(ctx, ctx.checkpoint.store().as_ref(), &staged, key).await?;
+        size.bytes += bytes;
         size.partitions += 1;
         size.groups += batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
     }
