@@ -175,6 +175,7 @@ async fn measure(mode: DiscoveryMode, history: u64, new: u64) -> anyhow::Result<
         900_000,
         &Noop,
         "bench",
+        &|_, _| {},
     )
     .await?;
     let WakeOutcome::Started { epoch, .. } = woken else {
@@ -189,6 +190,8 @@ async fn measure(mode: DiscoveryMode, history: u64, new: u64) -> anyhow::Result<
         events: 0,
         plan_ms: 0,
         plan_memory_mb: 0,
+        plan_requests: Default::default(),
+        plan_retries: 0,
         trigger: Some("bench".into()),
         spec: String::new(),
     };

@@ -138,14 +138,17 @@ pub async fn run(
     }
     let t = &r.batches_bill;
     println!(
-        "per batch     {} (all batches: Lambda {}, Step Functions {}, S3 {})",
+        "per batch     {} (all batches: Lambda {}, Step Functions {}, S3 {}; and {} of S3 \
+         requests after each record, the mean over all batches)",
         dollars(r.per_batch),
         dollars(t.lambda),
         dollars(t.step_functions),
-        dollars(t.s3)
+        dollars(t.s3),
+        dollars(r.after_commit.total())
     );
     println!(
-        "per run       {} (its batches, and its ending outside them: {})",
+        "per run       {} (its batches, and {} outside them: its ending and its trigger, the \
+         mean over all runs)",
         dollars(r.per_run),
         dollars(r.run_end.total())
     );

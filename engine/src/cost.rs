@@ -224,12 +224,17 @@ pub struct Report {
     pub runs: u64,
     /// All of the batches' bills.
     pub batches_bill: Bill,
-    /// The mean cost of a run's ending outside its batches (its last Plan
-    /// invocation and transitions), over every run ended so far.
+    /// The mean cost per committed batch of its work after its record
+    /// (publishing, manifest, index, control, pruning: S3 requests), over
+    /// every batch committed so far.
+    pub after_commit: Bill,
+    /// The mean cost of a run outside its batches, over every run ended
+    /// so far: its ending (the last Plan invocation, its transitions and
+    /// requests) and the trigger invocations that wrote control.
     pub run_end: Bill,
-    /// Mean dollars per batch.
+    /// Mean dollars per batch: its record's bill and the mean work after it.
     pub per_batch: f64,
-    /// Mean dollars per run: its batches and its ending.
+    /// Mean dollars per run: its batches and its share outside them.
     pub per_run: f64,
     /// Seconds between runs used for the month: observed (first to last
     /// commit over the runs) or given (`--every`).
@@ -248,8 +253,10 @@ pub struct Report {
     pub break_even_runs_per_hour: Option<f64>,
 }
 
-/// Price `commits` (any order) with `prices`; `totals` give the runs'
-/// endings; `every_s` overrides the observed interval between runs.
+/// Price `commits` (any order) with `prices`; `totals` give what is in no
+/// commit record (work after each record, runs' endings, triggers), as
+/// means over all batches and runs so far; `every_s` overrides the
+/// observed interval between runs.
 pub fn report(
     commits: &[crate::checkpoint::Commit],
     totals: &crate::checkpoint::Totals,
@@ -286,28 +293,37 @@ pub fn report(
     let batches_bill = batches
         .iter()
         .fold(Bill::default(), |acc, b| acc.plus(&b.bill));
-    let ends = bill(&totals.run_ends, &RequestCounts::default(), prices);
-    let per_end = |x: f64| {
-        if totals.runs > 0 {
-            x / totals.runs as f64
-        } else {
-            0.0
+    let mean = |b: Bill, n: u64| {
+        if n == 0 {
+            return Bill::default();
+        }
+        let n = n as f64;
+        Bill {
+            lambda: b.lambda / n,
+            step_functions: b.step_functions / n,
+            s3: b.s3 / n,
         }
     };
-    let run_end = Bill {
-        lambda: per_end(ends.lambda),
-        step_functions: per_end(ends.step_functions),
-        s3: per_end(ends.s3),
-    };
+    let ends = bill(&totals.run_ends, &totals.run_end_requests, prices).plus(&bill(
+        &totals.wakes,
+        &totals.wake_requests,
+        prices,
+    ));
+    let run_end = mean(ends, totals.runs);
+    let after_commit = mean(
+        bill(&Usage::default(), &totals.after_commits, prices),
+        totals.batches,
+    );
     let per_batch = if batches.is_empty() {
         0.0
     } else {
-        batches_bill.total() / batches.len() as f64
+        batches_bill.total() / batches.len() as f64 + after_commit.total()
     };
     let per_run = if runs == 0 {
         0.0
     } else {
-        batches_bill.total() / runs as f64 + run_end.total()
+        (batches_bill.total() + after_commit.total() * batches.len() as f64) / runs as f64
+            + run_end.total()
     };
     // Observed: the time from the first run's first commit to the last
     // run's first commit, over the runs between.
@@ -337,6 +353,7 @@ pub fn report(
         batches,
         runs,
         batches_bill,
+        after_commit,
         run_end,
         per_batch,
         per_run,
@@ -424,7 +441,12 @@ mod tests {
     /// transitions and nothing else: $0.000175 per batch; two run endings
     /// of 3 transitions ($0.000075 each). Per run 0.00025; every 10
     /// minutes is 4,380 runs in a 730-hour month: $1.095; break-even with
-    /// $0.605904 an hour at 2,423.616 runs an hour.
+    /// $0.605904 an hour at 2,423.616 runs an hour. Then the same with
+    /// what no record holds: 2,000 PUTs after the two commits (1,000 a
+    /// batch at $0.005: $0.005 more a batch), and two trigger invocations
+    /// of 1,000 ms at 1,024 MB with 1,000 GETs in all ($0.0000166667 and
+    /// $0.0000002 a GB-s and request; $0.0004 per 1,000 GETs): per run
+    /// (2 GB-s, 2 invocations, 1,000 GETs) / 2 = $0.0002168667 more.
     #[test]
     fn a_report_by_hand() {
         use crate::checkpoint::{Commit, Totals};
@@ -463,5 +485,32 @@ mod tests {
         let given = report(&commits, &totals, &p, "default", Some(300.0));
         assert_eq!(given.interval_from, "given");
         close(given.month.unwrap(), 2.19);
+        let mut more = totals.clone();
+        more.batches = 2;
+        more.after_commits = RequestCounts {
+            put: 2000,
+            ..Default::default()
+        };
+        more.wakes = Usage {
+            functions: vec![FunctionUsage::new("trigger", 2, 2000, 1024)],
+            transitions: 0,
+        };
+        more.wake_requests = RequestCounts {
+            get: 1000,
+            ..Default::default()
+        };
+        let p86 = Prices {
+            lambda: LambdaPrices {
+                architecture: "x86_64".into(),
+                ..p.lambda.clone()
+            },
+            ..p.clone()
+        };
+        let r = report(&commits, &more, &p86, "x86", None);
+        close(r.after_commit.total(), 0.005);
+        close(r.per_batch, 0.000_175 + 0.005);
+        let trigger = 1.0 * 0.000_016_666_7 + 0.000_000_2 + 0.000_2;
+        close(r.run_end.total(), 0.000_075 + trigger);
+        close(r.per_run, 0.000_175 + 0.005 + 0.000_075 + trigger);
     }
 }

@@ -217,9 +217,10 @@ pub(crate) async fn trigger_event(
         let bytes = serde_json::to_vec(payload).expect("a JSON value serialises");
         let event = crate::triggers::parse_event(&bytes)?;
         let registered = contexts.registered().await?;
-        crate::triggers::trigger(&event, &registered, executions).await
+        let carried = contexts.take_requests();
+        crate::triggers::trigger_carrying(&event, &registered, executions, carried).await
     };
-    run.await.map_err(|e| {
+    crate::handlers::usage::timed(0, run).await.map_err(|e| {
         tracing::warn!(class = %e.class(), error = %e, "trigger failed");
         diagnostic(&e)
     })
@@ -268,6 +269,7 @@ mod tests {
             .with_writer(move || writer.clone())
             .finish();
         let req = TaskRequest {
+            retries: 0,
             pipeline: "taxi".into(),
             run: crate::handlers::RunState {
                 pipeline: "taxi".into(),
@@ -279,6 +281,8 @@ mod tests {
                 spec: String::new(),
                 plan_ms: 0,
                 plan_memory_mb: 0,
+                plan_requests: Default::default(),
+                plan_retries: 0,
             },
             batch: 3,
             task: 2,
@@ -314,6 +318,7 @@ mod tests {
 
         // Not registered yet: a clear InvalidInput diagnostic.
         let req = || PlanRequest {
+            retries: 0,
             pipeline: "fn".into(),
             run: None,
         };

@@ -728,6 +728,7 @@ state_partitions = 2
     let end = wait_execution(sfn, stack, "windows", e).await;
     assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
     usage_matches(stack, sfn, &ctx, &execution_name("windows", e), &before).await;
+    emf_matches(stack, &ctx).await;
     let out = tempfile::tempdir().unwrap();
     download(cfg, bucket, "windows-out", out.path()).await;
     let wm = duckdb_sql(&format!(
@@ -776,6 +777,11 @@ async fn usage_matches(
         }
     };
     add(&c.totals.run_ends);
+    // The trigger recorded its one invocation (this test's) when it claimed
+    // the lease.
+    let woken: u64 = c.totals.wakes.functions.iter().map(|f| f.invocations).sum();
+    assert_eq!(woken, 1, "{:?}", c.totals.wakes);
+    assert!(c.totals.wake_requests.put_update + c.totals.wake_requests.put_create == 1);
     let mut batches = 0;
     for b in 0..=c.last_committed.unwrap() {
         let commit = ctx.checkpoint.commit(b).await.unwrap().unwrap();
@@ -823,6 +829,55 @@ async fn usage_matches(
             "{f}: invocations recorded vs served by the proxy"
         );
     }
+}
+
+/// The CloudWatch EMF lines the function binaries printed for `ctx`'s
+/// pipeline (read back from their stdout, where Lambda's log agent reads
+/// them): one batch line per committed batch from the committer, with the
+/// record's rows, files, bytes and late rows; lag lines from the planner.
+async fn emf_matches(stack: &Stack, ctx: &Context) {
+    let lines = |function: &str| -> Vec<Value> {
+        stack
+            .log(function)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v.get("_aws").is_some() && v["Pipeline"] == ctx.pipeline.name.as_str())
+            .collect()
+    };
+    let batch_lines = lines("sluice-committer");
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    let last = c.last_committed.unwrap();
+    assert_eq!(
+        batch_lines.len() as u64,
+        last + 1,
+        "one batch line per commit: {batch_lines:?}"
+    );
+    for b in 0..=last {
+        let commit = ctx.checkpoint.commit(b).await.unwrap().unwrap();
+        let line = batch_lines
+            .iter()
+            .find(|l| l["batch"] == b)
+            .unwrap_or_else(|| panic!("no EMF line for batch {b}: {batch_lines:?}"));
+        let namespace = &line["_aws"]["CloudWatchMetrics"][0]["Namespace"];
+        assert_eq!(namespace, "Sluice", "{line}");
+        for (metric, want) in [
+            ("RowsIn", commit.rows_in),
+            ("RowsOut", commit.rows_out),
+            ("Files", commit.files),
+            ("BytesRead", commit.bytes_read),
+            (
+                "LateRows",
+                commit.stateful.as_ref().map_or(0, |s| s.late_rows),
+            ),
+        ] {
+            assert_eq!(line[metric].as_f64(), Some(want as f64), "{metric}: {line}");
+        }
+    }
+    let lag = lines("sluice-planner");
+    assert!(
+        lag.iter().any(|l| l.get("OldestWaitingAge").is_some()),
+        "a lag line from the planner: {lag:?}"
+    );
 }
 
 /// Upload `files` (under `input`) to `source` (at `prefix` in the bucket)

@@ -24,6 +24,7 @@ async fn run_through(planner: &Contexts, operator: &Contexts, committer: &Contex
     let mut batches = 0;
     loop {
         let req = PlanRequest {
+            retries: 0,
             pipeline: "warm".into(),
             run: run.clone(),
         };
@@ -40,6 +41,7 @@ async fn run_through(planner: &Contexts, operator: &Contexts, committer: &Contex
         };
         for task in &batch.tasks {
             let req = TaskRequest {
+                retries: 0,
                 pipeline: "warm".into(),
                 run: r.clone(),
                 batch: batch.batch,
@@ -52,6 +54,7 @@ async fn run_through(planner: &Contexts, operator: &Contexts, committer: &Contex
                 .unwrap();
         }
         let req = CommitRequest {
+            retries: 0,
             action: CommitAction::Commit,
             pipeline: "warm".into(),
             run: r.clone(),
@@ -157,6 +160,7 @@ async fn a_step_whose_run_spec_is_no_longer_registered_stops_with_a_conflict() {
         .unwrap();
     let (planner, operator) = (contexts(root), contexts(root));
     let req = PlanRequest {
+        retries: 0,
         pipeline: "warm".into(),
         run: None,
     };
@@ -173,6 +177,7 @@ async fn a_step_whose_run_spec_is_no_longer_registered_stops_with_a_conflict() {
         .await
         .unwrap();
     let req = TaskRequest {
+        retries: 0,
         pipeline: "warm".into(),
         run,
         batch: batch.batch,

@@ -21,8 +21,10 @@ async fn metric_lines_follow_the_emf_specification_and_match_the_records() {
     }));
     let ran = run(&ctx).await.unwrap();
     assert_eq!(ran.batches.len(), 2);
+    let before_idle = lines.lock().unwrap().len();
     run(&ctx).await.unwrap(); // idle: a lag line of zeros
     let lines = lines.lock().unwrap().clone();
+    assert_eq!(lines.len(), before_idle + 1, "one line from the idle run");
     let path = root.join("emf.jsonl");
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
     let out = std::process::Command::new(python())

@@ -151,6 +151,7 @@ async fn a_file_replaced_after_planning_is_not_read_as_planned() {
     // The run ends as the state machine would end it (the refusal drops
     // the plan); the next run commits the new version, once.
     let req = handlers::CommitRequest {
+        retries: 0,
         action: handlers::CommitAction::Abandon,
         pipeline: "pinned".into(),
         run: r.clone(),

@@ -603,6 +603,8 @@ async fn an_expired_lease_of_a_running_execution_is_not_taken_over() {
         events: 0,
         plan_ms: 0,
         plan_memory_mb: 0,
+        plan_requests: Default::default(),
+        plan_retries: 0,
         trigger: None,
         spec: String::new(),
     };
@@ -811,6 +813,8 @@ async fn a_cancelled_run_is_fenced_and_the_next_run_resumes_its_batch() {
         events: 0,
         plan_ms: 0,
         plan_memory_mb: 0,
+        plan_requests: Default::default(),
+        plan_retries: 0,
         trigger: Some("manual".into()),
         spec: String::new(),
     };

@@ -6,10 +6,17 @@
 //! plus each execution's ending, recorded in `control.json` totals (its
 //! last Plan, `HasBatch`, `Finished`, and `Continue` when it hands over),
 //! must add up to the runner's count exactly (the trigger invocation of
-//! `Continue` aside).
+//! `Continue` aside). The storage requests in the records and in control's
+//! totals (work after each record, run endings) must add up to every
+//! request the run made through the context's stores, DataFusion's scans
+//! included. Failed attempts that Step Functions retries count as
+//! invocations and transitions.
 
 use crate::support::*;
+use sluice_engine::handlers::Context;
+use sluice_engine::storage::{LocalStore, Store};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Per function: (invocations, billed ms) in `u`.
 fn by_function(u: &sluice_engine::checkpoint::Usage) -> BTreeMap<String, (u64, u64)> {
@@ -26,7 +33,10 @@ async fn check(name: &str, toml: &str, files: u64, expect_executions: u64, tasks
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     gen_files(&root.join("input"), files, 60);
-    let ran = run(&local_context(&pipeline(root, toml))).await.unwrap();
+    let ctx = local_context(&pipeline(root, toml));
+    let before = ctx.counts();
+    let ran = run(&ctx).await.unwrap();
+    let spent = ctx.counts().since(&before);
     assert_eq!(ran.executions, expect_executions, "{name}");
     let commits = commit_records(root, toml).await;
     assert_eq!(commits.len(), ran.batches.len(), "{name}");
@@ -59,6 +69,21 @@ async fn check(name: &str, toml: &str, files: u64, expect_executions: u64, tasks
     // Finished, and Continue for one that hands over) is in control.json.
     let totals = control_of(root, toml).await.totals;
     assert_eq!(totals.runs, ran.executions, "{name}: runs ended");
+    let recorded_requests = commits
+        .iter()
+        .fold(totals.after_commits, |acc, c| acc.plus(&c.requests))
+        .plus(&totals.run_end_requests)
+        .plus(&totals.wake_requests);
+    assert_eq!(
+        recorded_requests, spent,
+        "{name}: requests recorded vs made through the stores"
+    );
+    assert!(
+        commits
+            .iter()
+            .all(|c| c.requests.get > 0 && c.requests.list > 0),
+        "{name}"
+    );
     let handovers = ran.executions - 1;
     assert_eq!(
         totals.run_ends.transitions,
@@ -144,4 +169,98 @@ fn plain_sql() -> String {
     let from = t.find("sql = '''").unwrap() + "sql = '''".len();
     let to = t[from..].find("'''").unwrap() + from;
     t[from..to].to_string()
+}
+
+/// Fails the first `left` puts whose key contains `pattern` with a
+/// transient error (Sluice.Retryable: the state machine retries the step).
+#[derive(Debug)]
+struct FailFirst {
+    pattern: &'static str,
+    left: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl WriteHook for FailFirst {
+    async fn before(
+        &self,
+        op: &'static str,
+        key: &str,
+    ) -> Result<(), sluice_engine::error::StoreError> {
+        use std::sync::atomic::Ordering;
+        if op == "put"
+            && key.contains(self.pattern)
+            && self
+                .left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return Err(sluice_engine::error::StoreError::Transient {
+                op,
+                location: key.to_string(),
+                message: "injected once by the usage test".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Retried steps: a task's result write fails twice and a commit record's
+/// write once (each a Sluice.Retryable the state machine retries). The
+/// records count each failed attempt as an invocation and a transition,
+/// as the runner counted them (Step Functions bills both).
+#[tokio::test(flavor = "multi_thread")]
+async fn retried_steps_count_as_invocations_and_transitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 2, 60);
+    let toml = pipeline_toml("retried", "parquet", "", "max_files_per_batch = 1");
+    let p = pipeline(root, &toml);
+    let checkpoint = root.join("out/checkpoint").join(&p.name);
+    let hooked = |pattern: &'static str, left: u64| -> Arc<dyn Store> {
+        Arc::new(Hooked {
+            inner: Arc::new(LocalStore::new(checkpoint.clone())),
+            hook: FailFirst {
+                pattern,
+                left: left.into(),
+            },
+        })
+    };
+    // Task results live under work/, commit records under commits/: one
+    // store for both would need one hook; chain two.
+    let store: Arc<dyn Store> = Arc::new(Hooked {
+        inner: hooked("work/", 2),
+        hook: FailFirst {
+            pattern: "commits/",
+            left: 1.into(),
+        },
+    });
+    let mut ctx = Context::new(
+        p,
+        Arc::new(LocalStore::new(root.join("input"))),
+        Arc::new(LocalStore::new(root.join("out/sink"))),
+        store,
+    );
+    test_mode(&mut ctx);
+    let ran = run(&ctx).await.unwrap();
+    assert_eq!(ran.batches.len(), 2);
+    let commits = commit_records(root, &toml).await;
+    let totals = control_of(root, &toml).await.totals;
+    let mut recorded: BTreeMap<String, u64> = BTreeMap::new();
+    let mut transitions = totals.run_ends.transitions;
+    for u in commits.iter().map(|c| &c.usage).chain([&totals.run_ends]) {
+        for (f, (n, _)) in by_function(u) {
+            *recorded.entry(f).or_default() += n;
+        }
+    }
+    transitions += commits.iter().map(|c| c.usage.transitions).sum::<u64>();
+    let counted: BTreeMap<String, u64> = by_function(&ran.usage)
+        .into_iter()
+        .map(|(f, (n, _))| (f, n))
+        .collect();
+    // Two batches of one task: 2 plans + 1 ending, 2 tasks + 2 failed
+    // attempts, 2 commits + 1 failed attempt.
+    assert_eq!(counted["operator"], 4, "{counted:?}");
+    assert_eq!(counted["committer"], 3, "{counted:?}");
+    assert_eq!(recorded, counted, "invocations recorded vs counted");
+    assert_eq!(transitions, ran.usage.transitions, "transitions");
 }

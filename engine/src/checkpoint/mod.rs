@@ -182,26 +182,23 @@ impl Checkpoint {
         Ok(self.store.delete(&paths::checkpoint::offsets(n)).await?)
     }
 
-    /// Delete offsets and commits of batches below `floor`, listing from the
-    /// oldest kept. Best effort is not enough for correctness here, so errors
-    /// propagate; nothing reads pruned records.
-    pub(crate) async fn prune_below(&self, floor: u64) -> Result<u64> {
-        let mut deleted = 0;
+    /// The offsets and commits of batches below `floor`, oldest first, all
+    /// offsets before any commit: what pruning to `floor` deletes, in that
+    /// order. Nothing reads pruned records.
+    pub(crate) async fn prunable(&self, floor: u64) -> Result<Vec<String>> {
+        let mut keys = Vec::new();
         for prefix in [
             paths::checkpoint::OFFSETS_PREFIX,
             paths::checkpoint::COMMITS_PREFIX,
         ] {
             for meta in self.store.list(prefix, None).await? {
                 match paths::checkpoint::batch_of(&meta.key) {
-                    Some(n) if n < floor => {
-                        self.store.delete(&meta.key).await?;
-                        deleted += 1;
-                    }
+                    Some(n) if n < floor => keys.push(meta.key),
                     _ => break,
                 }
             }
         }
-        Ok(deleted)
+        Ok(keys)
     }
 }
 

@@ -103,6 +103,23 @@ pub struct Totals {
     /// `Finished`).
     #[serde(default, skip_serializing_if = "Usage::is_empty")]
     pub run_ends: Usage,
+    /// The storage requests of those endings' Plan invocations.
+    #[serde(default, skip_serializing_if = "RequestCounts::is_empty")]
+    pub run_end_requests: RequestCounts,
+    /// Storage requests committed batches made after their records were
+    /// written (publishing parts and manifest, the index, control, pruning):
+    /// each commit adds them in the control write that records it.
+    #[serde(default, skip_serializing_if = "RequestCounts::is_empty")]
+    pub after_commits: RequestCounts,
+    /// Trigger invocations that wrote control (claimed the lease, asked a
+    /// running run to look again, or recorded a request while paused): the
+    /// invocations up to that write. A trigger that finds the request
+    /// already recorded writes nothing and is in no record.
+    #[serde(default, skip_serializing_if = "Usage::is_empty")]
+    pub wakes: Usage,
+    /// The storage requests of those trigger invocations.
+    #[serde(default, skip_serializing_if = "RequestCounts::is_empty")]
+    pub wake_requests: RequestCounts,
 }
 
 fn is_zero(n: &u64) -> bool {

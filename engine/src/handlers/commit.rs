@@ -17,6 +17,7 @@ use crate::storage::RequestCounts;
 /// `commits/N` (create-only), then the manifest, the index and control.
 /// Returns the commit record.
 pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit> {
+    let ctx = &ctx.counted();
     ctx.check_spec(run)?;
     let started = std::time::Instant::now();
     let counts_before = ctx.counts();
@@ -107,7 +108,19 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     // Planner, tasks and this committer, including the commit write itself.
     let mut own = ctx.counts().since(&counts_before);
     own.put_create += 1;
-    record.requests = off.plan_requests.plus(&task_requests).plus(&own);
+    // The Plan invocation that handed the batch out (a payload of an older
+    // build carries none: the planning invocation's, from the plan).
+    let plan_requests = if run.plan_requests.is_empty() {
+        off.plan_requests
+    } else {
+        run.plan_requests
+    };
+    record.requests = plan_requests.plus(&task_requests).plus(&own);
+    // A Distributed Map's ItemReader read the task list: one GET, made by
+    // Step Functions and billed to the bucket's owner.
+    if off.tasks.len() as u64 > ctx.pipeline.limits.max_inline_tasks {
+        record.requests.get += 1;
+    }
     if !ctx.checkpoint.create_commit(&record).await? {
         // A retried commit: the record that won is the truth.
         record = ctx.checkpoint.commit(batch).await?.ok_or_else(|| {
@@ -117,7 +130,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
             )
         })?;
     }
-    finish_commit(ctx, run, &record).await?;
+    finish_commit(ctx, run, &record, Charge::AfterCommit).await?;
     ctx.metric(|| crate::metrics::batch_line(&record, &ctx.pipeline.name));
     Ok(record)
 }
@@ -132,8 +145,13 @@ fn batch_usage(
     merged: Option<&Merged>,
     record: &Commit,
 ) -> Usage {
-    use super::usage::{COMMITTER, OPERATOR, PLANNER, batch_transitions, memory_mb};
+    use super::usage::{COMMITTER, OPERATOR, PLANNER, batch_transitions, memory_mb, retries};
     let merges = merged.map_or(0, |m| m.invocations);
+    // Failed attempts of the batch's steps: each an invocation and a
+    // transition (their duration unknown: they left no result).
+    let operator_retries =
+        results.iter().map(|r| r.retries).sum::<u64>() + merged.map_or(0, |m| m.retries);
+    let commit_retries = retries();
     let operator_ms: u64 =
         results.iter().map(|r| r.millis).sum::<u64>() + merged.map_or(0, |m| m.billed_ms);
     let operator_mb = results
@@ -146,26 +164,30 @@ fn batch_usage(
     if run.plan_ms > 0 {
         functions.push(FunctionUsage::new(
             PLANNER,
-            1,
+            1 + run.plan_retries,
             run.plan_ms,
             run.plan_memory_mb,
         ));
     }
     functions.push(FunctionUsage::new(
         OPERATOR,
-        off.tasks.len() as u64 + merges,
+        off.tasks.len() as u64 + merges + operator_retries,
         operator_ms,
         operator_mb,
     ));
     functions.push(FunctionUsage::new(
         COMMITTER,
-        1,
+        1 + commit_retries,
         record.durations.commit_ms,
         memory_mb(COMMITTER),
     ));
     Usage {
         functions,
-        transitions: batch_transitions(off.tasks.len() as u64, merges),
+        transitions: batch_transitions(
+            off.tasks.len() as u64,
+            merges,
+            run.plan_retries + operator_retries + commit_retries,
+        ),
     }
 }
 
@@ -185,6 +207,8 @@ struct Merged {
     billed_ms: u64,
     /// The operator function's memory they ran with, MB.
     memory_mb: u64,
+    /// Their failed attempts.
+    retries: u64,
 }
 
 /// A stateful query's batch: the state and watermark after it, and the
@@ -206,7 +230,7 @@ async fn merge_results(
     let mut outputs = Vec::new();
     let mut next_close_us: Option<i64> = None;
     let (mut millis, mut requests) = (0, RequestCounts::default());
-    let (mut invocations, mut billed_ms, mut memory_mb) = (0, 0, 0);
+    let (mut invocations, mut billed_ms, mut memory_mb, mut retries) = (0, 0, 0, 0);
     for p in partitions {
         let key = paths::checkpoint::merge(off.batch, p, run.epoch);
         let Some(obj) = ctx.checkpoint.store().get(&key).await? else {
@@ -228,6 +252,7 @@ async fn merge_results(
         millis = millis.max(m.millis);
         requests = requests.plus(&m.requests);
         invocations += 1;
+        retries += m.retries;
         billed_ms += m.millis;
         memory_mb = memory_mb.max(m.memory_mb);
         next_close_us = match (next_close_us, m.next_close_us) {
@@ -260,6 +285,7 @@ async fn merge_results(
         invocations,
         billed_ms,
         memory_mb,
+        retries,
     }))
 }
 
@@ -291,10 +317,26 @@ async fn task_results(
     Ok(results)
 }
 
+/// Whose requests [`finish_commit`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Charge {
+    /// The commit step's, after its record: they go into control's
+    /// `totals.after_commits` in the write that records the batch.
+    AfterCommit,
+    /// A Plan's that recovers a recorded batch: counted as the Plan's own.
+    Plan,
+}
+
 /// After `commits/N` exists: publish the batch's parts and its manifest,
 /// remove what was staged for it, advance the index and control, prune old
 /// records. Idempotent, so recovery can redo it.
-pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit) -> Result<()> {
+pub(super) async fn finish_commit(
+    ctx: &Context,
+    run: &RunState,
+    record: &Commit,
+    charge: Charge,
+) -> Result<()> {
+    let started = ctx.counts();
     let p = &ctx.pipeline;
     ctx.sink.publish(record.batch, &record.outputs).await?;
     // Tasks write bad-row files only under an `on_bad_row` policy.
@@ -350,11 +392,32 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
         ctx.checkpoint.put_index(&index).await?;
         Some(index.listing())
     };
+    // What goes once control names this batch: records below the
+    // retention floor, and state files the batch's state no longer names.
+    // Listed now so the control write can count their deletes.
+    let floor = checkpoint::retention_floor(record.batch, p.retain_batches);
+    let pruned = if floor > 0 {
+        ctx.checkpoint.prunable(floor).await?
+    } else {
+        Vec::new()
+    };
+    let stale = match &record.stateful {
+        Some(s) => stale_state(ctx, record.batch, s).await?,
+        None => Vec::new(),
+    };
     let now = ctx.now();
     let spec_hash = p.spec_hash();
     let c = update_control(ctx, run.epoch, &|c| {
         if c.last_committed.is_some_and(|l| l >= record.batch) {
             return;
+        }
+        if charge == Charge::AfterCommit {
+            // Everything since the record, this write and the deletes to
+            // come.
+            let mut spent = ctx.counts().since(&started);
+            spent.put_update += 1;
+            spent.delete += (pruned.len() + stale.len()) as u64;
+            c.totals.after_commits = c.totals.after_commits.plus(&spent);
         }
         c.last_committed = Some(record.batch);
         c.last_commit_ms = Some(record.committed_ms);
@@ -391,36 +454,36 @@ pub(super) async fn finish_commit(ctx: &Context, run: &RunState, record: &Commit
         }
     })
     .await?;
-    let floor = checkpoint::retention_floor(record.batch, p.retain_batches);
-    if floor > 0 && c.last_committed == Some(record.batch) {
-        ctx.checkpoint.prune_below(floor).await?;
-    }
-    if let Some(s) = &record.stateful
-        && c.last_committed == Some(record.batch)
-    {
-        drop_old_state(ctx, record.batch, s).await?;
+    if c.last_committed == Some(record.batch) {
+        // Oldest first, so a crash leaves a suffix of records.
+        for key in pruned {
+            ctx.checkpoint.store().delete(&key).await?;
+        }
+        crate::storage::fanout::delete_all(ctx.checkpoint.store(), stale).await?;
     }
     Ok(())
 }
 
-/// State files of batches up to `batch` that the committed state no longer
-/// names: replaced versions, and what merges of runs that lost their lease
-/// wrote. No later batch can need them (each merge starts from the state
-/// the last commit names).
-async fn drop_old_state(
+/// State files of batches up to `batch` that the committed state `s` no
+/// longer names: replaced versions, and what merges of runs that lost their
+/// lease wrote. No later batch can need them once control names `s` (each
+/// merge starts from the state the last commit names).
+async fn stale_state(
     ctx: &Context,
     batch: u64,
     s: &crate::checkpoint::StatefulState,
-) -> Result<()> {
-    let store = ctx.checkpoint.store();
-    let listed = store.list(paths::checkpoint::STATE_PREFIX, None).await?;
-    let stale: Vec<String> = listed
+) -> Result<Vec<String>> {
+    let listed = ctx
+        .checkpoint
+        .store()
+        .list(paths::checkpoint::STATE_PREFIX, None)
+        .await?;
+    Ok(listed
         .into_iter()
         .map(|m| m.key)
         .filter(|k| !s.state.iter().flatten().any(|keep| keep == k))
         .filter(|k| paths::checkpoint::state_batch(k).is_some_and(|n| n <= batch))
-        .collect();
-    crate::storage::fanout::delete_all(store, stale).await
+        .collect())
 }
 
 /// After a batch's input was refused: delete the plans of `batch` and every

@@ -52,6 +52,10 @@ pub struct Context {
     /// A stateful query planned for merging, per input schema: planned
     /// once per context (process, warm Lambda container), not per merge.
     staged: Arc<std::sync::Mutex<StagedPlans>>,
+    /// Requests made for this invocation before its context was in hand
+    /// (loading contexts, the trigger's registry listing): part of
+    /// [`Context::counts`].
+    carried: RequestCounts,
 }
 
 /// Stateful queries planned for merging, by input schema.
@@ -89,6 +93,7 @@ impl Context {
             metrics: crate::metrics::from_env(),
             schema: Arc::default(),
             staged: Arc::default(),
+            carried: RequestCounts::default(),
         }
     }
 
@@ -146,12 +151,42 @@ impl Context {
         }
     }
 
-    /// Requests made so far through all of this pipeline's stores.
+    /// This context with each store seen through a view that counts its
+    /// own requests (DataFusion's scans included): a handler invocation
+    /// run on it finds its own requests in [`Context::counts`], whatever
+    /// else runs in the process (the local runner runs a batch's tasks side
+    /// by side on one context). Caches stay shared.
+    pub(crate) fn counted(&self) -> Context {
+        let view = |s: &Arc<dyn Store>| -> Arc<dyn Store> {
+            Arc::new(crate::storage::CountingStore::new(s.clone()))
+        };
+        let name = &self.pipeline.name;
+        Context {
+            source: view(&self.source),
+            sink: ParquetSink::new(view(self.sink.store()), name),
+            checkpoint: Checkpoint::new(view(self.checkpoint.store()), name),
+            registry: self.registry.as_ref().map(view),
+            ..self.clone()
+        }
+    }
+
+    /// [`Context::counted`], with `carried` requests made for the same
+    /// invocation before.
+    pub(crate) fn counted_with(&self, carried: RequestCounts) -> Context {
+        Context {
+            carried: self.carried.plus(&carried),
+            ..self.counted()
+        }
+    }
+
+    /// Requests made so far through all of this pipeline's stores (and
+    /// those carried in).
     pub fn counts(&self) -> RequestCounts {
         self.source
             .counts()
             .plus(&self.sink.store().counts())
             .plus(&self.checkpoint.store().counts())
+            .plus(&self.carried)
     }
 
     pub(crate) fn now(&self) -> i64 {
@@ -275,6 +310,11 @@ pub struct Contexts {
     /// its cached context was built: a listing that shows another means
     /// the pipeline was registered again.
     stamps: tokio::sync::Mutex<HashMap<String, String>>,
+    /// Requests made by these contexts themselves (registry listings,
+    /// loading `pipeline.json`), and how many of them an invocation has
+    /// taken on so far ([`Contexts::take_requests`]).
+    requests: Arc<crate::storage::RequestCounter>,
+    taken: std::sync::Mutex<RequestCounts>,
 }
 
 impl Contexts {
@@ -285,7 +325,27 @@ impl Contexts {
             s3,
             cache: tokio::sync::Mutex::new(HashMap::new()),
             stamps: tokio::sync::Mutex::new(HashMap::new()),
+            requests: Arc::default(),
+            taken: std::sync::Mutex::default(),
         }
+    }
+
+    /// `store`, its requests counted as these contexts' own.
+    fn counting(&self, store: Arc<dyn Store>) -> Arc<dyn Store> {
+        Arc::new(crate::storage::CountingStore::sharing(
+            store,
+            self.requests.clone(),
+        ))
+    }
+
+    /// The requests these contexts made since last asked: the invocation
+    /// that asks takes them on.
+    pub(crate) fn take_requests(&self) -> RequestCounts {
+        let now = self.requests.snapshot();
+        let mut taken = self.taken.lock().expect("not poisoned");
+        let new = now.since(&taken);
+        *taken = now;
+        new
     }
 
     /// Where the pipelines are registered.
@@ -295,12 +355,14 @@ impl Contexts {
 
     /// The store at the root (the registry lives there).
     pub(crate) fn root_store(&self) -> Result<Arc<dyn Store>> {
-        self.root
+        let store = self
+            .root
             .open(self.s3.as_ref())
             .map_err(|message| Error::Spec {
                 file: self.root.display(),
                 message,
-            })
+            })?;
+        Ok(self.counting(store))
     }
 
     /// The context of `pipeline`, from its registered `pipeline.json`.
@@ -363,7 +425,10 @@ impl Contexts {
     {
         let mut ctx = self.get(pipeline).await?;
         if check_registered {
-            let registered = ctx.checkpoint.pipeline_record().await?;
+            let registered =
+                Checkpoint::new(self.counting(ctx.checkpoint.store().clone()), pipeline)
+                    .pipeline_record()
+                    .await?;
             if registered.is_some_and(|r| r.spec_hash != ctx.pipeline.spec_hash()) {
                 tracing::info!(
                     pipeline,
@@ -372,11 +437,14 @@ impl Contexts {
                 ctx = self.reload(pipeline).await?;
             }
         }
+        // The step's requests are counted from here, with what was read
+        // to get its context.
+        let ctx = ctx.counted_with(self.take_requests());
         match step(&ctx).await {
             Err(Error::StaleSpec { run, here, .. }) => {
                 tracing::info!(pipeline, run = %run, cached = %here, "the run's spec differs from this context's; reloading");
                 let fresh = self.reload(pipeline).await?;
-                step(&fresh).await
+                step(&fresh.counted_with(self.take_requests())).await
             }
             other => other,
         }
@@ -391,6 +459,7 @@ impl Contexts {
                 file: pipeline.to_string(),
                 message,
             })?;
+        let store = self.counting(store);
         let record = Checkpoint::new(store, pipeline)
             .pipeline_record()
             .await?

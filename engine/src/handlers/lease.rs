@@ -73,6 +73,7 @@ pub(crate) async fn release_idle(ctx: &Context, run: &RunState) -> Result<bool> 
         if !again {
             c.totals.runs += 1;
             c.totals.run_ends = c.totals.run_ends.plus(&super::usage::run_end(false));
+            c.totals.run_end_requests = c.totals.run_end_requests.plus(&ending_requests(ctx));
         }
         Ok((c, again))
     })
@@ -99,10 +100,19 @@ pub(crate) async fn continue_run(ctx: &Context, run: RunState) -> Result<PlanOut
         c.heartbeat_ms = Some(now);
         c.totals.runs += 1;
         c.totals.run_ends = c.totals.run_ends.plus(&end);
+        c.totals.run_end_requests = c.totals.run_end_requests.plus(&ending_requests(ctx));
     })
     .await?;
     tracing::info!(pipeline = %ctx.pipeline.name, epoch = run.epoch, batches = run.batches, events = run.events, "batch or history budget of this execution used; handing over");
     Ok(PlanOutcome::Continue { run })
+}
+
+/// The requests of the Plan invocation that ends a run (its context counts
+/// its own), this control write included.
+fn ending_requests(ctx: &Context) -> crate::storage::RequestCounts {
+    let mut r = ctx.counts();
+    r.put_update += 1;
+    r
 }
 
 /// Refresh this run's heartbeat, proving it still holds `run.epoch`.

@@ -9,8 +9,6 @@
 //! rewrites the same files and the commit record names exactly one state
 //! file per partition.
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 
 use super::context::Context;
@@ -20,8 +18,7 @@ use crate::checkpoint::OutputFile;
 use crate::error::{Error, ErrorClass, Result};
 use crate::operators::TaskResult;
 use crate::paths;
-use crate::sinks::ParquetSink;
-use crate::storage::{CountingStore, PutMode, RequestCounts, Store};
+use crate::storage::{PutMode, RequestCounts, Store};
 
 /// What the merge of one state partition of a batch did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,6 +41,9 @@ pub struct MergeResult {
     /// The operator function's configured memory, MB.
     #[serde(default)]
     pub memory_mb: u64,
+    /// Failed attempts of this merge's step before the one that wrote this.
+    #[serde(default)]
+    pub retries: u64,
     /// Storage requests it made, this result's write included.
     #[serde(default)]
     pub requests: RequestCounts,
@@ -56,6 +56,7 @@ pub async fn merge(
     batch: u64,
     partition: u32,
 ) -> Result<MergeResult> {
+    let ctx = &ctx.counted();
     ctx.check_spec(run)?;
     let started = std::time::Instant::now();
     let p = &ctx.pipeline;
@@ -85,12 +86,8 @@ pub async fn merge(
             "a merge step for a query that does not aggregate",
         )
     })?;
-    // Views that count only this merge's requests.
-    let store = CountingStore::new(ctx.checkpoint.store().clone());
-    let sink = ParquetSink::new(
-        Arc::new(CountingStore::new(ctx.sink.store().clone())),
-        &p.name,
-    );
+    let store = ctx.checkpoint.store();
+    let sink = &ctx.sink;
     let read_state = |key: String, bytes: bytes::Bytes| {
         staged
             .read_state(&key, &bytes)
@@ -102,7 +99,7 @@ pub async fn merge(
     };
     let mut state = Vec::new();
     if let Some(key) = before.state.get(partition as usize).cloned().flatten() {
-        state = restore(ctx, &store, &staged, key).await?.0;
+        state = restore(ctx, store.as_ref(), &staged, key).await?.0;
     }
     let mut partials = Vec::new();
     for t in &off.tasks {
@@ -165,9 +162,9 @@ pub async fn merge(
     } else {
         None
     };
-    let mut requests = store.counts().plus(&sink.store().counts());
-    requests.get += 2; // the plan and control read above
-    requests.put += 1; // this result, written below
+    // Every request of this invocation, and this result, written below.
+    let mut requests = ctx.counts();
+    requests.put += 1;
     let result = MergeResult {
         partition,
         outputs,
@@ -177,6 +174,7 @@ pub async fn merge(
         next_close_us: merged.next_close_us,
         millis: super::usage::billed_ms(started),
         memory_mb: super::usage::memory_mb(super::usage::OPERATOR),
+        retries: super::usage::retries(),
         requests,
     };
     ctx.checkpoint

@@ -50,14 +50,17 @@ pub(crate) type HandlerFuture<'a, T> = futures::future::BoxFuture<'a, Result<T>>
 /// The planner function's entry point.
 pub fn handle_plan(ctx: &Context, req: PlanRequest) -> HandlerFuture<'_, PlanOutcome> {
     Box::pin(async move {
-        usage::timed(async move {
+        usage::timed(req.retries, async move {
             ctx.check_pipeline(&req.pipeline)?;
+            let ctx = &ctx.counted();
             let mut outcome = plan(ctx, req.run).await?;
             // The invocation that hands out a batch is billed to it (the
             // commit reads this from the run it is given).
             if let PlanOutcome::Batch { run, .. } = &mut outcome {
                 run.plan_ms = usage::invocation_ms();
                 run.plan_memory_mb = usage::memory_mb(usage::PLANNER);
+                run.plan_requests = ctx.counts();
+                run.plan_retries = req.retries;
             }
             Ok(outcome)
         })
@@ -67,7 +70,7 @@ pub fn handle_plan(ctx: &Context, req: PlanRequest) -> HandlerFuture<'_, PlanOut
 
 /// The operator function's entry point.
 pub fn handle_task(ctx: &Context, req: TaskRequest) -> HandlerFuture<'_, TaskAck> {
-    Box::pin(async move {
+    Box::pin(usage::timed(req.retries, async move {
         ctx.check_pipeline(&req.pipeline)?;
         if let Some(partition) = req.merge {
             let m = merge(ctx, &req.run, req.batch, partition).await?;
@@ -91,12 +94,12 @@ pub fn handle_task(ctx: &Context, req: TaskRequest) -> HandlerFuture<'_, TaskAck
             rows_out: r.rows_out,
             files: r.outputs.len() as u64,
         })
-    })
+    }))
 }
 
 /// The committer function's entry point.
 pub fn handle_commit(ctx: &Context, req: CommitRequest) -> HandlerFuture<'_, CommitSummary> {
-    Box::pin(async move {
+    Box::pin(usage::timed(req.retries, async move {
         ctx.check_pipeline(&req.pipeline)?;
         match req.action {
             CommitAction::Commit => Ok(CommitSummary::from(
@@ -111,5 +114,5 @@ pub fn handle_commit(ctx: &Context, req: CommitRequest) -> HandlerFuture<'_, Com
             }
             CommitAction::Settle => Err(settle(ctx, &req.run, req.batch).await),
         }
-    })
+    }))
 }

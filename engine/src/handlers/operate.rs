@@ -18,6 +18,7 @@ use crate::storage::{CountingStore, PutMode};
 /// checkpoint for the committer (`work/N/task-T-eE.json`).
 pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Result<TaskResult> {
     let started = std::time::Instant::now();
+    let ctx = &ctx.counted();
     ctx.check_spec(run)?;
     let off = ctx
         .planned(
@@ -84,10 +85,12 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
             .await?
         }
     };
-    result.requests.get += 2; // the plan and control read above
-    result.requests.put += 1; // the result written below
+    // Every request of this invocation, and the result written below.
+    result.requests = ctx.counts();
+    result.requests.put += 1;
     result.millis = super::usage::billed_ms(started);
     result.memory_mb = super::usage::memory_mb(super::usage::OPERATOR);
+    result.retries = super::usage::retries();
     let bytes = serde_json::to_vec(&result).expect("a task result serializes");
     ctx.checkpoint
         .store()

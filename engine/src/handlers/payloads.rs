@@ -36,6 +36,13 @@ pub struct RunState {
     /// That invocation's configured memory, MB.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub plan_memory_mb: u64,
+    /// That invocation's storage requests.
+    #[serde(default, skip_serializing_if = "RequestCounts::is_empty")]
+    pub plan_requests: RequestCounts,
+    /// The attempts of that Plan step that failed before it (Step
+    /// Functions' `Retry`): invocations and transitions billed too.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub plan_retries: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -163,6 +170,11 @@ pub struct PlanRequest {
     /// The run so far; `null` for the first plan of an execution.
     #[serde(default)]
     pub run: Option<RunState>,
+    /// The attempts of this step that failed before this one (the state
+    /// machine passes `$$.State.RetryCount`): each was an invocation and a
+    /// transition too.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retries: u64,
 }
 
 /// Input of the operator function: one task of a planned batch.
@@ -181,6 +193,11 @@ pub struct TaskRequest {
     /// query's Merge map).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge: Option<u32>,
+    /// The attempts of this step that failed before this one (the state
+    /// machine passes `$$.State.RetryCount`): each was an invocation and a
+    /// transition too.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retries: u64,
 }
 
 /// Output of the operator function: an acknowledgement (the result itself
@@ -221,6 +238,11 @@ pub struct CommitRequest {
     pub run: RunState,
     /// Batch number.
     pub batch: u64,
+    /// The attempts of this step that failed before this one (the state
+    /// machine passes `$$.State.RetryCount`): each was an invocation and a
+    /// transition too.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retries: u64,
 }
 
 /// Output of the committer function: what was committed.

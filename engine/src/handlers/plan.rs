@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use datafusion::arrow::datatypes::SchemaRef;
 
-use super::commit::finish_commit;
+use super::commit::{Charge, finish_commit};
 use super::context::Context;
 use super::lease::{continue_run, owned_control, release, release_idle, update_control};
 use super::ownership::{self, SinkCheck};
@@ -31,6 +31,7 @@ use crate::storage::{ObjectMeta, PutMode, RequestCounts};
 /// left, and plan the new input into batches. With a run: resume the next
 /// planned batch, or release.
 pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
+    let ctx = &ctx.counted();
     let clock = PlanClock {
         started: std::time::Instant::now(),
         counts: ctx.counts(),
@@ -298,7 +299,6 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     let looked = match look(ctx, control).await? {
         Look::Idle => {
             ctx.metric(|| crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None));
-            ctx.metric(|| crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None));
             return Ok(idle("no new data"));
         }
         Look::Maybe(l) => l,
@@ -349,6 +349,8 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         events: 0,
         plan_ms: 0,
         plan_memory_mb: 0,
+        plan_requests: Default::default(),
+        plan_retries: 0,
         trigger: Some(match Owner::parse(&ctx.owner) {
             Owner::Local { .. } => "sluice run".into(),
             _ => "execution input".into(),
@@ -605,7 +607,7 @@ async fn checked_schema(
 async fn resume_planned(ctx: &Context, run: &RunState, next: u64) -> Result<Option<Offsets>> {
     let mut n = next;
     while let Some(commit) = ctx.checkpoint.commit(n).await? {
-        finish_commit(ctx, run, &commit).await?;
+        finish_commit(ctx, run, &commit, Charge::Plan).await?;
         n += 1;
     }
     let off = ctx.checkpoint.offsets(n).await?;

@@ -19,34 +19,44 @@ pub(crate) const TRIGGER: &str = "trigger";
 const TEMPLATE: &str = include_str!("../../../template.yaml");
 
 tokio::task_local! {
-    /// When the handler invocation running in this task started.
-    static STARTED: Instant;
+    /// When the handler invocation running in this task started, and how
+    /// many attempts of its step failed before it.
+    static STARTED: (Instant, u64);
 }
 
-/// Run `f` as one handler invocation, timed from now.
-pub(crate) async fn timed<F: std::future::Future>(f: F) -> F::Output {
-    STARTED.scope(Instant::now(), f).await
+/// Run `f` as one handler invocation, timed from now, after `retries`
+/// failed attempts of the same step (`$$.State.RetryCount`).
+pub(crate) async fn timed<F: std::future::Future>(retries: u64, f: F) -> F::Output {
+    STARTED.scope((Instant::now(), retries), f).await
+}
+
+/// Failed attempts of the step before the invocation in progress (0
+/// outside [`timed`]).
+pub(crate) fn retries() -> u64 {
+    STARTED.try_with(|s| s.1).unwrap_or(0)
 }
 
 /// Billed duration of the handler invocation in progress so far (0
 /// outside [`timed`]).
 pub(crate) fn invocation_ms() -> u64 {
-    STARTED.try_with(|s| billed_ms(*s)).unwrap_or(0)
+    STARTED.try_with(|s| billed_ms(s.0)).unwrap_or(0)
 }
 
-/// What one execution's ending used: the Plan invocation in progress,
-/// and the transitions `Plan`, `HasBatch` and `Finished` (and `Continue`
-/// when it hands over; the trigger invocation that step makes is not in
-/// it).
+/// What one execution's ending used: the Plan invocation in progress
+/// (and its failed attempts: invocations and transitions, their duration
+/// unknown), and the transitions `Plan`, `HasBatch` and `Finished` (and
+/// `Continue` when it hands over; the trigger invocation that step makes
+/// records itself when it claims the lease).
 pub(crate) fn run_end(handover: bool) -> crate::checkpoint::Usage {
+    let retries = retries();
     crate::checkpoint::Usage {
         functions: vec![crate::checkpoint::FunctionUsage::new(
             PLANNER,
-            1,
+            1 + retries,
             invocation_ms(),
             memory_mb(PLANNER),
         )],
-        transitions: if handover { 4 } else { 3 },
+        transitions: if handover { 4 } else { 3 } + retries,
     }
 }
 
@@ -97,11 +107,11 @@ fn template_memory_mb(template: &str, function: &str) -> u64 {
 /// `HasBatch`, the `Operate` (or `OperateMany`) map and one `RunTask` per
 /// task (a Distributed Map's child execution runs one state per task too),
 /// `MergeOrCommit`, for a stateful query the `Merge` map and one `RunMerge`
-/// per state partition, `Commit` and `NextBatch`. Retries add one per
-/// attempt and are not in this count.
-pub(crate) fn batch_transitions(tasks: u64, merges: u64) -> u64 {
+/// per state partition, `Commit` and `NextBatch`; and one per failed
+/// attempt of any of its steps (a `Retry` enters the state again).
+pub(crate) fn batch_transitions(tasks: u64, merges: u64, retries: u64) -> u64 {
     let merge = if merges > 0 { 1 + merges } else { 0 };
-    6 + tasks + merge
+    6 + tasks + merge + retries
 }
 
 #[cfg(test)]

@@ -67,6 +67,9 @@ pub struct TaskResult {
     /// The operator function's configured memory, MB.
     #[serde(default)]
     pub memory_mb: u64,
+    /// Failed attempts of this task's step before the one that wrote this.
+    #[serde(default)]
+    pub retries: u64,
     /// Storage requests of this task.
     #[serde(default)]
     pub requests: RequestCounts,
@@ -509,7 +512,6 @@ impl SqlOperator {
             files,
             deferred,
             mut gone,
-            heads,
         } = self.readable(source, batch, inputs, task).await?;
         let read = op
             .read_and_write(&access, sink, epoch, batch, task, files)
@@ -525,13 +527,9 @@ impl SqlOperator {
             outputs: read.outputs,
             millis: started.elapsed().as_millis() as u64,
             memory_mb: 0,
-            requests: source
-                .counts()
-                .plus(&sink.store().counts())
-                .plus(&RequestCounts {
-                    get: heads,
-                    ..Default::default()
-                }),
+            retries: 0,
+            // The scans' requests included (the access counts them).
+            requests: source.counts().plus(&sink.store().counts()),
             quarantined: read.quarantined,
             rejected: read.rejected,
             nulled_fields: read.nulled,
@@ -557,8 +555,7 @@ impl SqlOperator {
     ) -> Result<Readable> {
         let access = source.scan_access()?;
         let planned = self.planned_inputs(batch, inputs, task)?;
-        let (files, deferred, gone, heads) =
-            self.readable_now(&access, batch, task, &planned).await?;
+        let (files, deferred, gone) = self.readable_now(&access, batch, task, &planned).await?;
         let access = if access.url.as_str() == "file:///" {
             access
         } else {
@@ -569,19 +566,18 @@ impl SqlOperator {
             files,
             deferred,
             gone,
-            heads,
         })
     }
 
     /// The planned files to read now, the ones left for the next run
-    /// (changed since listed or notified), and the HEAD requests made.
+    /// (changed since listed or notified), and the ones gone.
     async fn readable_now(
         &self,
         access: &ScanAccess,
         batch: u64,
         task: &TaskPlan,
         planned: &[&InputFile],
-    ) -> Result<(Vec<InputFile>, Vec<InputFile>, Vec<String>, u64)> {
+    ) -> Result<(Vec<InputFile>, Vec<InputFile>, Vec<String>)> {
         let local = access.url.as_str() == "file:///";
         let keep = |files: Vec<InputFile>, deferred: &[InputFile]| -> Vec<InputFile> {
             files
@@ -598,15 +594,10 @@ impl SqlOperator {
                 } else {
                     Vec::new()
                 };
-                Ok((
-                    keep(current, &deferred),
-                    deferred,
-                    Vec::new(),
-                    planned.len() as u64,
-                ))
+                Ok((keep(current, &deferred), deferred, Vec::new()))
             }
             // A source sink's published parts never change: no check.
-            DiscoveryMode::Manifests => Ok((owned(), Vec::new(), Vec::new(), 0)),
+            DiscoveryMode::Manifests => Ok((owned(), Vec::new(), Vec::new())),
             _ if local => {
                 let (deferred, gone) = self
                     .changed_since_listed(access, batch, task, planned)
@@ -615,9 +606,9 @@ impl SqlOperator {
                     .into_iter()
                     .filter(|f| !gone.contains(&f.key))
                     .collect();
-                Ok((files, deferred, gone, 0))
+                Ok((files, deferred, gone))
             }
-            _ => Ok((owned(), Vec::new(), Vec::new(), 0)),
+            _ => Ok((owned(), Vec::new(), Vec::new())),
         }
     }
 
@@ -1106,7 +1097,6 @@ struct Readable {
     files: Vec<InputFile>,
     deferred: Vec<InputFile>,
     gone: Vec<String>,
-    heads: u64,
 }
 
 /// Files of a task not read by its scan: read row by row (`salvage`), or

@@ -390,7 +390,6 @@ impl SqlOperator {
             files,
             deferred,
             mut gone,
-            heads,
         } = self.readable(source, batch, inputs, task).await?;
         let refs: Vec<&crate::checkpoint::InputFile> = files.iter().collect();
         let scan = self.scan_session(&access);
@@ -534,8 +533,8 @@ impl SqlOperator {
             outputs: Vec::new(),
             millis: started.elapsed().as_millis() as u64,
             memory_mb: 0,
+            retries: 0,
             requests: source.counts().plus(&crate::storage::RequestCounts {
-                get: heads,
                 put: partials.len() as u64,
                 ..Default::default()
             }),

@@ -9,7 +9,8 @@
 //! `Wait`; `InputPath`, `Parameters` / `ItemSelector`, `ResultSelector`,
 //! `ResultPath`, `OutputPath`; `Retry` (interval, backoff rate, max attempts,
 //! max delay) and `Catch`; `TimeoutSeconds` on tasks; `MaxConcurrency` on
-//! maps; the context object's `$$.Map.Item.Value` / `Index` and
+//! maps; the context object's `$$.Map.Item.Value` / `Index`,
+//! `$$.State.Name` / `RetryCount` (in Task and Map states) and
 //! `$$.Execution.Input`. A definition using anything else is refused at
 //! parse time with the state named. JSONPath queries use `serde_json_path`
 //! (RFC 9535).
@@ -401,6 +402,13 @@ impl StateMachine {
     ) -> Result<Value, Failure> {
         let mut attempts: BTreeMap<usize, u64> = BTreeMap::new();
         loop {
+            // `$$.State`: this state's name and the retries made so far.
+            let mut context = context.clone();
+            context["State"] = json!({
+                "Name": name,
+                "RetryCount": attempts.values().sum::<u64>(),
+            });
+            let context = &context;
             let result = if s["Type"] == "Map" {
                 self.map(name, s, input, context, tasks, sleep).await
             } else {

@@ -25,7 +25,7 @@ use crate::error::StoreError;
 #[derive(Debug)]
 pub struct LocalStore {
     root: PathBuf,
-    counter: RequestCounter,
+    counter: Arc<RequestCounter>,
 }
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -35,7 +35,7 @@ impl LocalStore {
     pub fn new(root: PathBuf) -> LocalStore {
         LocalStore {
             root,
-            counter: RequestCounter::default(),
+            counter: Arc::default(),
         }
     }
 
@@ -319,7 +319,7 @@ impl Store for LocalStore {
         self.counter.add(mode.kind());
         let this = LocalStore {
             root: self.root.clone(),
-            counter: RequestCounter::default(),
+            counter: Arc::default(),
         };
         let key = key.to_string();
         tokio::task::spawn_blocking(move || this.put_sync(&key, &bytes, &mode))
@@ -338,7 +338,7 @@ impl Store for LocalStore {
     ) -> Result<Vec<ObjectMeta>, StoreError> {
         let this = LocalStore {
             root: self.root.clone(),
-            counter: RequestCounter::default(),
+            counter: Arc::default(),
         };
         let prefix = prefix.to_string();
         let start_after = start_after.map(str::to_string);
@@ -441,7 +441,8 @@ impl Store for LocalStore {
                 .to_string_lossy()
                 .trim_start_matches('/')
                 .to_string(),
-        })
+        }
+        .counted(self.counter.clone()))
     }
 }
 

@@ -178,6 +178,7 @@ impl Store for MemoryStore {
             url: ObjectStoreUrl::parse(format!("memory://{}", self.id)).expect("valid url"),
             store: self.inner.clone(),
             root: String::new(),
-        })
+        }
+        .counted(self.counter.clone()))
     }
 }

@@ -147,7 +147,9 @@ impl RequestCounter {
 }
 
 /// Request counts by kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, Hash, PartialEq, Eq, serde::Serialize, serde::Deserialize,
+)]
 pub struct RequestCounts {
     /// Object reads.
     pub get: u64,
@@ -165,6 +167,11 @@ pub struct RequestCounts {
 }
 
 impl RequestCounts {
+    /// No request at all.
+    pub fn is_empty(&self) -> bool {
+        self.total() == 0
+    }
+
     /// All requests.
     pub fn total(&self) -> u64 {
         self.get + self.writes() + self.list + self.delete
@@ -228,6 +235,14 @@ pub struct ScanAccess {
 }
 
 impl ScanAccess {
+    /// The same access, its requests counted into `counter`.
+    pub(crate) fn counted(self, counter: Arc<RequestCounter>) -> ScanAccess {
+        ScanAccess {
+            store: Arc::new(counting::CountedObjects::new(self.store, counter)),
+            ..self
+        }
+    }
+
     /// The object-store path of `key`, taken as written: keys with spaces or
     /// non-ASCII characters name the same object as in the store
     /// (`Path::from` would percent-encode them into another key).

@@ -113,7 +113,7 @@ pub struct S3Store {
     config: S3Config,
     bucket: String,
     prefix: String,
-    counter: RequestCounter,
+    counter: Arc<RequestCounter>,
 }
 
 impl S3Store {
@@ -123,7 +123,7 @@ impl S3Store {
             config: config.clone(),
             bucket: bucket.to_string(),
             prefix: prefix.trim_matches('/').to_string(),
-            counter: RequestCounter::default(),
+            counter: Arc::default(),
         }
     }
 
@@ -369,6 +369,7 @@ impl Store for S3Store {
             url,
             store: Arc::new(store),
             root: self.prefix.clone(),
-        })
+        }
+        .counted(self.counter.clone()))
     }
 }

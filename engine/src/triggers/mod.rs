@@ -23,7 +23,7 @@ pub(crate) use route::input_key;
 pub use route::{Routing, route};
 pub use sfn::{ExecutionEnd, StepFunctions};
 pub use wake::{
-    ExecutionState, Executions, Started, Wake, WakeOutcome, decide_wake, execution_input,
+    Charge, ExecutionState, Executions, Started, Wake, WakeOutcome, decide_wake, execution_input,
     execution_name, wake,
 };
 
@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::handlers::Context;
 use crate::pipeline::{DiscoveryMode, Pipeline};
+use crate::storage::RequestCounts;
 
 /// Notify mode: record the objects of `event` that are input files of the
 /// pipeline in its inbox (the size is 0 when the notification gave none).
@@ -75,6 +76,19 @@ pub async fn trigger(
     registered: &[Context],
     executions: &dyn Executions,
 ) -> Result<TriggerReport> {
+    trigger_carrying(event, registered, executions, RequestCounts::default()).await
+}
+
+/// [`trigger`], after `carried` requests of the same invocation (listing
+/// the registry): the first pipeline it wakes records them with the
+/// invocation itself; each pipeline records its own requests and the time
+/// spent on it, in the control write that wakes it.
+pub(crate) async fn trigger_carrying(
+    event: &Event,
+    registered: &[Context],
+    executions: &dyn Executions,
+    carried: RequestCounts,
+) -> Result<TriggerReport> {
     let pipelines: Vec<Pipeline> = registered.iter().map(|c| (*c.pipeline).clone()).collect();
     let routing = route(event, &pipelines)?;
     let (objects, skipped) = match event {
@@ -91,11 +105,43 @@ pub async fn trigger(
         woken: BTreeMap::new(),
     };
     let mut first_error = None;
-    for name in routing.pipelines.keys() {
+    for (i, name) in routing.pipelines.keys().enumerate() {
+        let started = std::time::Instant::now();
         let ctx = registered
             .iter()
             .find(|c| c.pipeline.name == *name)
             .expect("routed to a registered pipeline");
+        let ctx = &if i == 0 {
+            ctx.counted_with(carried)
+        } else {
+            ctx.counted()
+        };
+        let charge = |c: &mut crate::checkpoint::Control, created: bool| {
+            use crate::handlers::usage::{TRIGGER, billed_ms, invocation_ms, memory_mb};
+            let first = u64::from(i == 0);
+            let ms = if i == 0 {
+                invocation_ms().max(billed_ms(started))
+            } else {
+                billed_ms(started)
+            };
+            let mut requests = ctx.counts();
+            if created {
+                requests.put_create += 1;
+            } else {
+                requests.put_update += 1;
+            }
+            let usage = crate::checkpoint::Usage {
+                functions: vec![crate::checkpoint::FunctionUsage::new(
+                    TRIGGER,
+                    first,
+                    ms,
+                    memory_mb(TRIGGER),
+                )],
+                transitions: 0,
+            };
+            c.totals.wakes = c.totals.wakes.plus(&usage);
+            c.totals.wake_requests = c.totals.wake_requests.plus(&requests);
+        };
         // Notify mode: the inbox entries first, so the discovery that the
         // wake-up below causes sees them.
         if let Err(e) = record_inbox(ctx, event).await {
@@ -111,6 +157,7 @@ pub async fn trigger(
             ctx.ttl_ms(),
             executions,
             &event.label(),
+            &charge,
         )
         .await
         {

@@ -87,19 +87,21 @@ pub fn execution_name(pipeline: &str, epoch: u64) -> String {
 /// so a retried start of the same event with the same name is idempotent.
 pub fn execution_input(pipeline: &str, epoch: u64, trigger: &str) -> Value {
     serde_json::json!({
-        "pipeline": pipeline,
-        "run": RunState {
-            pipeline: pipeline.to_string(),
-            epoch,
-            discovered: false,
-            batches: 0,
-            events: 0,
-            plan_ms: 0,
-            plan_memory_mb: 0,
-            trigger: Some(trigger.to_string()),
-            spec: String::new(),
-        },
-    })
+           "pipeline": pipeline,
+           "run": RunState {
+               pipeline: pipeline.to_string(),
+               epoch,
+               discovered: false,
+               batches: 0,
+               events: 0,
+               plan_ms: 0,
+               plan_memory_mb: 0,
+    plan_requests: Default::default(),
+    plan_retries: 0,
+               trigger: Some(trigger.to_string()),
+               spec: String::new(),
+           },
+       })
 }
 
 /// Whether `start` made a new execution.
@@ -160,9 +162,15 @@ pub enum WakeOutcome {
     Held,
 }
 
+/// What a trigger adds to the control record it writes: its own usage
+/// (`true` when the write creates the record).
+pub type Charge<'a> = &'a (dyn Fn(&mut Control, bool) + Send + Sync);
+
 /// Apply the lease protocol to one pipeline: claim and start, or request.
 /// `spec_hash` is the registered spec's hash (a first claim writes it);
-/// `trigger` is what the run records as its cause.
+/// `trigger` is what the run records as its cause; `charge` adds the
+/// trigger's usage to any control record it writes.
+#[allow(clippy::too_many_arguments)]
 pub async fn wake(
     checkpoint: &Checkpoint,
     pipeline: &str,
@@ -171,6 +179,7 @@ pub async fn wake(
     ttl_ms: i64,
     executions: &dyn Executions,
     trigger: &str,
+    charge: Charge<'_>,
 ) -> Result<WakeOutcome> {
     for _ in 0..16 {
         let read = checkpoint.control().await?;
@@ -190,18 +199,21 @@ pub async fn wake(
                     before: control,
                     etag,
                 };
-                start(claim, spec_hash, now_ms, recover, executions, trigger).await?
+                start(
+                    claim, spec_hash, now_ms, recover, executions, trigger, charge,
+                )
+                .await?
             }
             Wake::Hold { already } => {
                 let c = control.expect("a paused pipeline has a record");
-                ask(checkpoint, c, etag, already).await?.then(|| {
+                ask(checkpoint, c, etag, already, charge).await?.then(|| {
                     tracing::info!(pipeline, "paused; request recorded");
                     WakeOutcome::Held
                 })
             }
             Wake::Request { epoch, already } => {
                 let c = control.expect("a running lease has a record");
-                if !ask(checkpoint, c, etag, already).await? {
+                if !ask(checkpoint, c, etag, already, charge).await? {
                     None
                 } else {
                     // The run's execution never started (its trigger died
@@ -247,12 +259,14 @@ async fn ask(
     control: &Control,
     etag: Option<&str>,
     already: bool,
+    charge: Charge<'_>,
 ) -> Result<bool> {
-    Ok(already
-        || checkpoint
-            .swap_control(&checkpoint::requested(control), etag)
-            .await?
-            .is_some())
+    if already {
+        return Ok(true);
+    }
+    let mut next = checkpoint::requested(control);
+    charge(&mut next, false);
+    Ok(checkpoint.swap_control(&next, etag).await?.is_some())
 }
 
 /// A lease claim a trigger is about to make.
@@ -275,6 +289,7 @@ async fn start(
     recover: bool,
     executions: &dyn Executions,
     trigger: &str,
+    charge: Charge<'_>,
 ) -> Result<Option<WakeOutcome>> {
     let Claim {
         checkpoint,
@@ -285,7 +300,8 @@ async fn start(
     } = claim;
     let name = execution_name(pipeline, epoch);
     let owner = Owner::Execution(name.clone()).to_string();
-    let next = checkpoint::claimed(before, epoch, &owner, now_ms, spec_hash);
+    let mut next = checkpoint::claimed(before, epoch, &owner, now_ms, spec_hash);
+    charge(&mut next, before.is_none());
     let Some(claimed) = checkpoint.swap_control(&next, etag).await? else {
         return Ok(None);
     };
