@@ -23,10 +23,15 @@ fn spawn_run(root: &std::path::Path) -> std::process::Child {
         .unwrap()
 }
 
-fn faulty_context(root: &std::path::Path, writes: Arc<AtomicU64>, fail_at: u64) -> Context {
+fn limited_context(
+    root: &std::path::Path,
+    limits: &str,
+    writes: Arc<AtomicU64>,
+    fail_at: u64,
+) -> Context {
     fault_context(
         root,
-        &pipeline_toml("crash", "parquet", "", LIMITS),
+        &pipeline_toml("crash", "parquet", "", limits),
         writes,
         fail_at,
     )
@@ -34,6 +39,22 @@ fn faulty_context(root: &std::path::Path, writes: Arc<AtomicU64>, fail_at: u64) 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn failing_any_write_then_rerunning_gives_the_clean_output() {
+    each_write_fails_in_turn(LIMITS, 1).await;
+}
+
+/// The same where each execution hands over after one batch (the budget
+/// path a long run takes before Step Functions' history cap): the
+/// hand-over's control write, and the next execution's claim and resume,
+/// fail in turn too.
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_any_write_of_a_handed_over_run_then_rerunning_gives_the_clean_output() {
+    each_write_fails_in_turn("max_files_per_batch = 2\nmax_batches_per_execution = 1", 2).await;
+}
+
+async fn each_write_fails_in_turn(limits: &str, executions: u64) {
+    let faulty_context = |root: &std::path::Path, writes: Arc<AtomicU64>, fail_at: u64| {
+        limited_context(root, limits, writes, fail_at)
+    };
     // A clean run, counting its writes.
     let clean = tempfile::tempdir().unwrap();
     gen_files(&clean.path().join("input"), 4, 60);
@@ -42,6 +63,7 @@ async fn failing_any_write_then_rerunning_gives_the_clean_output() {
         .await
         .unwrap();
     assert_eq!(summary.batches.len(), 2, "the scenario needs two batches");
+    assert_eq!(summary.executions, executions);
     let total_writes = writes.load(Ordering::SeqCst);
     let expected = committed_rows(&clean.path().join("out/sink"), "crash").await;
     assert_eq!(expected, one_shot_rows(&clean.path().join("input")).await);
@@ -78,6 +100,7 @@ async fn failing_any_write_then_rerunning_gives_the_clean_output() {
         let (control, _) = ctx.checkpoint.control().await.unwrap().unwrap();
         assert_eq!(control.last_committed, Some(1), "after failing write {k}");
         assert_eq!(control.totals.files, 4, "after failing write {k}");
+        assert_eq!(control.totals.batches, 2, "after failing write {k}");
     }
 }
 
