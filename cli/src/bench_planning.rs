@@ -185,15 +185,9 @@ async fn measure(mode: DiscoveryMode, history: u64, new: u64) -> anyhow::Result<
     let run = RunState {
         pipeline: name.clone(),
         epoch,
-        discovered: false,
-        batches: 0,
-        events: 0,
-        plan_ms: 0,
-        plan_memory_mb: 0,
-        plan_requests: Default::default(),
-        plan_retries: 0,
         trigger: Some("bench".into()),
         spec: String::new(),
+        ..Default::default()
     };
     let started = Instant::now();
     let outcome = handlers::plan(&ctx, Some(run)).await?;

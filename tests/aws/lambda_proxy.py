@@ -12,7 +12,10 @@ set to this proxy's port. The proxy
     or hold them ({"function": NAME, "delay_s": 3, "count": 1}) for that
     long before passing them on (a slow task, to cancel a run under),
   - counts invocations per function (GET /_proxy/stats),
-  - forwards every other request to moto unchanged.
+  - forwards every other request to moto unchanged, counting the S3
+    requests among them by what S3 bills them as (stats "s3": get, head,
+    list, put, delete, post): point a client's S3 endpoint here to count
+    its requests from the server's side.
 
 Usage: lambda_proxy.py PORT MOTO_PORT LAMBDA_PORT  (listens on 127.0.0.1).
 """
@@ -27,6 +30,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT, MOTO, LAMBDA = (int(a) for a in sys.argv[1:4])
+S3_LOG = __import__("os").environ.get("SLUICE_PROXY_S3_LOG")
 INVOKE = "/2015-03-31/functions/"
 lock = threading.Lock()
 faults = {}  # name -> {"error" or "delay_s", "count"}
@@ -42,6 +46,16 @@ def function_name(quoted):
     return name
 
 
+def s3_kind(method, path):
+    """An S3 request's billing class from its method and path (path-style
+    `/bucket[/key][?query]`): a GET of a bucket is a LIST."""
+    base, _, query = path.partition("?")
+    if method == "GET":
+        bucket_only = base.strip("/").count("/") == 0
+        return "list" if bucket_only or "list-type=" in query else "get"
+    return {"HEAD": "head", "PUT": "put", "DELETE": "delete"}.get(method, "post")
+
+
 class Proxy(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -52,13 +66,15 @@ class Proxy(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(n) if n else b""
 
-    def reply(self, status, body, headers=()):
+    def reply(self, status, body, headers=(), length=None):
         self.send_response(status)
         for k, v in headers:
             self.send_header(k, v)
-        self.send_header("Content-Length", str(len(body)))
+        # A HEAD's length is the object's, not its (empty) body's.
+        self.send_header("Content-Length", str(len(body) if length is None else length))
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def forward(self, port, path, body):
         req = urllib.request.Request(
@@ -118,9 +134,20 @@ class Proxy(BaseHTTPRequestHandler):
                     [("Content-Type", "application/json"), ("X-Amz-Function-Error", "Unhandled")],
                 )
             return self.reply(status, out, [("Content-Type", "application/json")])
+        if "X-Amz-Target" not in self.headers:
+            with lock:
+                s3 = stats.setdefault("s3", {})
+                kind = s3_kind(self.command, path)
+                s3[kind] = s3.get(kind, 0) + 1
+                if S3_LOG:
+                    with open(S3_LOG, "a") as f:
+                        f.write(f"{time.time():.3f} {self.command} {path}\n")
         status, out, headers = self.forward(MOTO, path, body)
         keep = [(k, v) for k, v in headers if k.lower() not in ("content-length", "connection", "transfer-encoding")]
-        return self.reply(status, out, keep)
+        length = None
+        if self.command == "HEAD":
+            length = next((v for k, v in headers if k.lower() == "content-length"), "0")
+        return self.reply(status, out, keep, length)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = handle_any
 

@@ -248,6 +248,8 @@ fn start_stack(bucket: &str) -> Stack {
         .env("SLUICE_STATE_MACHINE_ARN", state_machine_arn())
         .env("RUST_LOG", "info");
         emulated_aws(&mut cmd, &endpoint);
+        // Their S3 requests pass the proxy, which counts them.
+        cmd.env("AWS_ENDPOINT_URL_S3", format!("http://127.0.0.1:{proxy}"));
         stack.spawn(f, &mut cmd);
     }
     stack
@@ -820,6 +822,38 @@ async fn usage_matches(
         "transitions recorded vs states entered in moto's history: {kinds:?}"
     );
     let after = stats(stack);
+    // Every S3 request the functions made, as the server side saw them
+    // (the proxy in front of moto), against what the records and totals
+    // hold.
+    let mut requests = c
+        .totals
+        .after_commits
+        .plus(&c.totals.run_end_requests)
+        .plus(&c.totals.wake_requests);
+    for b in 0..=c.last_committed.unwrap() {
+        requests = requests.plus(&ctx.checkpoint.commit(b).await.unwrap().unwrap().requests);
+    }
+    let s3 = |kind: &str| {
+        after["s3"][kind].as_u64().unwrap_or(0) - before["s3"][kind].as_u64().unwrap_or(0)
+    };
+    let served = (
+        s3("get") + s3("head"),
+        s3("put"),
+        s3("list"),
+        s3("delete"),
+        s3("post"),
+    );
+    assert_eq!(
+        served,
+        (
+            requests.get,
+            requests.writes(),
+            requests.list,
+            requests.delete,
+            0
+        ),
+        "S3 requests served (get+head, put, list, delete, post) vs recorded {requests:?}"
+    );
     for f in ["sluice-planner", "sluice-operator", "sluice-committer"] {
         let served = after[f]["invocations"].as_u64().unwrap_or(0)
             - before[f]["invocations"].as_u64().unwrap_or(0);

@@ -598,15 +598,9 @@ async fn an_expired_lease_of_a_running_execution_is_not_taken_over() {
     let run = sluice_engine::handlers::RunState {
         pipeline: "long".into(),
         epoch: 1,
-        discovered: false,
-        batches: 0,
-        events: 0,
-        plan_ms: 0,
-        plan_memory_mb: 0,
-        plan_requests: Default::default(),
-        plan_retries: 0,
         trigger: None,
         spec: String::new(),
+        ..Default::default()
     };
     let handlers::PlanOutcome::Batch { run, batch } =
         handlers::plan(&later, Some(run)).await.unwrap()
@@ -808,15 +802,9 @@ async fn a_cancelled_run_is_fenced_and_the_next_run_resumes_its_batch() {
     let run_state = handlers::RunState {
         pipeline: "cancel".into(),
         epoch,
-        discovered: false,
-        batches: 0,
-        events: 0,
-        plan_ms: 0,
-        plan_memory_mb: 0,
-        plan_requests: Default::default(),
-        plan_retries: 0,
         trigger: Some("manual".into()),
         spec: String::new(),
+        ..Default::default()
     };
     let handlers::PlanOutcome::Batch {
         run: planned,

@@ -20,7 +20,6 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     let ctx = &ctx.counted();
     ctx.check_spec(run)?;
     let started = std::time::Instant::now();
-    let counts_before = ctx.counts();
     let started_ms = ctx.now();
     let (control, _) = owned_control(ctx, run.epoch).await?;
     let off = ctx.planned(batch, "at commit").await?;
@@ -105,8 +104,10 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     };
     record.durations.commit_ms = super::usage::billed_ms(started);
     record.usage = batch_usage(run, &off, &results, merged.as_ref(), &record);
-    // Planner, tasks and this committer, including the commit write itself.
-    let mut own = ctx.counts().since(&counts_before);
+    // Planner, tasks and this committer (its context counts this
+    // invocation's requests, loading the context included), including the
+    // commit write itself.
+    let mut own = ctx.counts();
     own.put_create += 1;
     // The Plan invocation that handed the batch out (a payload of an older
     // build carries none: the planning invocation's, from the plan).

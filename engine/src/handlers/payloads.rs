@@ -7,7 +7,7 @@ use crate::checkpoint::Commit;
 use crate::storage::{Location, RequestCounts};
 
 /// What a run carries between steps.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunState {
     /// Pipeline name.
     pub pipeline: String,

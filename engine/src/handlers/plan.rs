@@ -344,18 +344,12 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     let run = RunState {
         pipeline: p.name.clone(),
         epoch,
-        discovered: false,
-        batches: 0,
-        events: 0,
-        plan_ms: 0,
-        plan_memory_mb: 0,
-        plan_requests: Default::default(),
-        plan_retries: 0,
         trigger: Some(match Owner::parse(&ctx.owner) {
             Owner::Local { .. } => "sluice run".into(),
             _ => "execution input".into(),
         }),
         spec: p.spec_hash(),
+        ..Default::default()
     };
     tracing::info!(pipeline = %p.name, epoch, recover, "lease taken");
     let owned = match sink {

@@ -86,22 +86,13 @@ pub fn execution_name(pipeline: &str, epoch: u64) -> String {
 /// machine's first Plan resumes it (`run.discovered = false`). Deterministic,
 /// so a retried start of the same event with the same name is idempotent.
 pub fn execution_input(pipeline: &str, epoch: u64, trigger: &str) -> Value {
-    serde_json::json!({
-           "pipeline": pipeline,
-           "run": RunState {
-               pipeline: pipeline.to_string(),
-               epoch,
-               discovered: false,
-               batches: 0,
-               events: 0,
-               plan_ms: 0,
-               plan_memory_mb: 0,
-    plan_requests: Default::default(),
-    plan_retries: 0,
-               trigger: Some(trigger.to_string()),
-               spec: String::new(),
-           },
-       })
+    let run = RunState {
+        pipeline: pipeline.to_string(),
+        epoch,
+        trigger: Some(trigger.to_string()),
+        ..Default::default()
+    };
+    serde_json::json!({ "pipeline": pipeline, "run": run })
 }
 
 /// Whether `start` made a new execution.
