@@ -534,8 +534,10 @@ max_files_per_batch = 2
     );
     let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
     assert_eq!((c.last_committed, c.totals.files), (Some(1), 4));
+    let idle_before = c.totals.clone();
 
-    // 2. A scheduled event with no new data: a run that commits nothing.
+    // 2. A scheduled event with no new data: a run that commits nothing,
+    //    recorded in the totals (its trigger and its ending cost money).
     let sched =
         std::fs::read_to_string(workspace().join("events/eventbridge-schedule.json")).unwrap();
     let report = invoke_trigger(&stack, &sched);
@@ -548,6 +550,21 @@ max_files_per_batch = 2
         (Some(1), 4),
         "nothing new"
     );
+    let invocations = |u: &sluice_engine::checkpoint::Usage| -> u64 {
+        u.functions.iter().map(|f| f.invocations).sum()
+    };
+    assert_eq!(c.totals.runs, idle_before.runs + 1, "the idle run ended");
+    assert_eq!(
+        invocations(&c.totals.wakes),
+        invocations(&idle_before.wakes) + 1,
+        "its trigger invocation"
+    );
+    assert_eq!(
+        c.totals.run_ends.transitions,
+        idle_before.run_ends.transitions + 3,
+        "Plan, HasBatch, Finished"
+    );
+    assert!(c.totals.run_end_requests.total() > idle_before.run_end_requests.total());
     // The same through `sluice refresh --wait`.
     let out = refresh(&stack, &dir.path().join("taxi.toml"));
     assert!(
@@ -559,11 +576,36 @@ max_files_per_batch = 2
     // 3. A retryable failure of one operator task is retried by the state
     //    machine's Retry and the run succeeds.
     let keys = upload(files[4..6].to_vec()).await;
+    let before_retry = stats(&stack);
     inject(&stack, "sluice-operator", "Sluice.Retryable");
     let e3 = started_epoch(&invoke_trigger(&stack, &s3_event(bucket, &keys)), "taxi");
     let end = wait_execution(&sfn, &stack, "taxi", e3).await;
     assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
     assert_eq!(stats(&stack)["sluice-operator"]["injected"], 1);
+    // The failed attempt is in the batch's record ($$.State.RetryCount
+    // from moto's interpreter): operator invocations recorded == what the
+    // proxy took, the injected failure included.
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    let mut operator = 0;
+    for b in 0..=c.last_committed.unwrap() {
+        let commit = ctx.checkpoint.commit(b).await.unwrap().unwrap();
+        if commit.epoch == e3 {
+            operator += commit
+                .usage
+                .functions
+                .iter()
+                .filter(|f| f.function == "operator")
+                .map(|f| f.invocations)
+                .sum::<u64>();
+        }
+    }
+    let took = stats(&stack)["sluice-operator"]["invocations"]
+        .as_u64()
+        .unwrap()
+        - before_retry["sluice-operator"]["invocations"]
+            .as_u64()
+            .unwrap_or(0);
+    assert_eq!(operator, took, "operator invocations of the retried run");
     let (rows, local) = committed(&cfg, bucket, &files[..6]).await;
     assert_eq!(rows, local, "after a retried task");
 
