@@ -2,8 +2,6 @@
 //! checkpoint for the committer; a refused input left where `settle` finds
 //! it.
 
-use std::sync::Arc;
-
 use super::context::Context;
 use super::lease::owned_control;
 use super::payloads::{Refusal, RunState, TaskRequest};
@@ -11,8 +9,7 @@ use crate::checkpoint::Control;
 use crate::error::{Error, Result};
 use crate::operators::{SqlOperator, TaskResult};
 use crate::paths;
-use crate::sinks::ParquetSink;
-use crate::storage::{CountingStore, PutMode};
+use crate::storage::PutMode;
 
 /// Operate step: run one task of a batch, and leave its result in the
 /// checkpoint for the committer (`work/N/task-T-eE.json`).
@@ -44,15 +41,12 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
         None => ctx.schema().await?,
     };
     let op = SqlOperator::new(ctx.pipeline.clone(), schema);
-    // Views that count only this task's requests.
-    let source = CountingStore::new(ctx.source.clone());
-    let sink = ParquetSink::new(
-        Arc::new(CountingStore::new(ctx.sink.store().clone())),
-        &ctx.pipeline.name,
-    );
+    // This invocation's context counts its requests (`ctx.counted()`).
+    let source = ctx.source.as_ref();
+    let sink = &ctx.sink;
     let mut result = match op.stateful().await? {
         None => {
-            op.run(&source, &sink, run.epoch, batch, &off.inputs, plan)
+            op.run(source, sink, run.epoch, batch, &off.inputs, plan)
                 .await?
         }
         Some(q) => {
@@ -72,8 +66,8 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
                 partitions: ctx.pipeline.limits.state_partitions,
             };
             op.run_partial(
-                &source,
-                &sink,
+                source,
+                sink,
                 ctx.checkpoint.store().as_ref(),
                 run.epoch,
                 batch,
