@@ -121,7 +121,7 @@ async fn build(mode: DiscoveryMode, history: u64, new: u64, warm: bool) -> anyho
         DiscoveryMode::List | DiscoveryMode::Ordered => {
             let index = Index::default().apply(control.epoch, &processed, mode, p.source.lookback);
             control.listing = index.listing();
-            ctx.checkpoint.put_index(&index).await?;
+            ctx.checkpoint.swap_index(0, &index, None).await?;
         }
         DiscoveryMode::Manifests => {
             anyhow::bail!("the planning benchmark covers list, ordered and notify discovery")
@@ -136,7 +136,7 @@ async fn build(mode: DiscoveryMode, history: u64, new: u64, warm: bool) -> anyho
                 };
                 checkpoint
                     .put(
-                        &ck::claim(k),
+                        &ck::claim(0, k),
                         serde_json::to_vec(&claim)?.into(),
                         PutMode::Overwrite,
                     )
@@ -153,6 +153,7 @@ async fn build(mode: DiscoveryMode, history: u64, new: u64, warm: bool) -> anyho
             spec_hash: p.spec_hash(),
             pipeline: p.clone(),
             schema: p.source.schema.clone().unwrap_or_default(),
+            first_batch: 0,
         })
         .await?;
     ctx.checkpoint.swap_control(&control, None).await?;

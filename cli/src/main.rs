@@ -504,7 +504,7 @@ async fn committed_by(
     let mut committed = Vec::new();
     if let Some((control, _)) = ctx.checkpoint.control().await? {
         let mut n = control.last_committed;
-        while let Some(b) = n {
+        while let Some(b) = n.filter(|b| *b >= control.first_batch) {
             match ctx.checkpoint.commit(b).await? {
                 Some(c) if c.epoch == epoch => committed.push(c),
                 _ => break,

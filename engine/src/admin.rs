@@ -19,7 +19,14 @@ use crate::storage::{ObjectMeta, PutMode};
 /// `pipeline.json`, which the Lambda functions build their context from.
 pub async fn register(ctx: &Context) -> Result<PipelineRecord> {
     let p = &ctx.pipeline;
-    let record = ctx.checkpoint.pipeline_record().await?;
+    let control = ctx.checkpoint.control().await?.map(|(c, _)| c);
+    let first_batch = control.as_ref().map_or(0, |c| c.first_batch);
+    // A record of a history a reset retired pins nothing.
+    let record = ctx
+        .checkpoint
+        .pipeline_record()
+        .await?
+        .filter(|r| r.first_batch == first_batch);
     let listed = discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?;
     let schema = resolve_schema(ctx, record.as_ref(), &listed)
         .await?
@@ -31,7 +38,6 @@ pub async fn register(ctx: &Context) -> Result<PipelineRecord> {
                 p.source.location.display()
             ),
         })?;
-    let control = ctx.checkpoint.control().await?.map(|(c, _)| c);
     let reading = crate::handlers::in_force(p, control.as_ref(), &schema);
     let reading =
         crate::handlers::arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?;
@@ -41,6 +47,7 @@ pub async fn register(ctx: &Context) -> Result<PipelineRecord> {
         spec_hash: p.spec_hash(),
         pipeline: (**p).clone(),
         schema: columns_of(&schema),
+        first_batch,
     };
     ctx.checkpoint.put_pipeline_record(&record).await?;
     if let Some(registry) = &ctx.registry {
@@ -70,7 +77,8 @@ pub async fn history(ctx: &Context, limit: usize) -> Result<Vec<Commit>> {
     };
     let mut out = Vec::new();
     let mut n = control.last_committed;
-    while let Some(b) = n {
+    // Batches before this history's first are a retired history's.
+    while let Some(b) = n.filter(|b| *b >= control.first_batch) {
         if out.len() >= limit {
             break;
         }
@@ -197,7 +205,7 @@ pub async fn status(ctx: &Context) -> Result<Status> {
     let mut skipped = Vec::new();
     let waiting: Vec<ObjectMeta> = if ctx.pipeline.source.discovery == DiscoveryMode::Manifests {
         // The files of the source sink's manifests after the cursor.
-        let index = ctx.checkpoint.index().await?;
+        let (index, _) = ctx.checkpoint.index_of(control.as_ref()).await?;
         discovery::read_upstream(
             ctx.source.as_ref(),
             &ctx.pipeline.name,
@@ -209,7 +217,7 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         // Notified files; duplicates of committed keys are counted too.
         discovery::inbox_files(&discovery::read_inbox(ctx.checkpoint.store().as_ref()).await?)
     } else {
-        let index = ctx.checkpoint.index().await?;
+        let (index, _) = ctx.checkpoint.index_of(control.as_ref()).await?;
         let (listed, unreadable) = discovery::list_readable(
             ctx.source.as_ref(),
             &ctx.pipeline.source,
@@ -256,16 +264,30 @@ pub struct ResetReport {
 /// Start the pipeline over: retire its output and forget what it
 /// processed, so the next run reads every source file again into a sink
 /// that holds nothing of the old history. Refused while a run holds the
-/// lease. First marks control `resetting` (no run starts meanwhile; the
-/// epoch moves on, fencing any run of the old one), then deletes the sink's
-/// manifests, parts, staged parts and owner record, then the checkpoint's
-/// records, `pipeline.json` included (the next run or `sluice register`
-/// records the spec again), and `control.json` last. Interrupted, it is run
-/// again to the end; until then runs refuse to start.
+/// lease.
+///
+/// The next history starts past every batch number and epoch the retired
+/// one used (`control.json` is kept, with `first_batch` past them), and its
+/// index and claims live under its own names: so whatever a run of the
+/// retired history, stopped past its lease, writes late lands where the new
+/// history never reads, and publishes nothing (reset removes the staged
+/// files every publish copies from, before anything else). Steps: mark
+/// control `resetting` (no run starts meanwhile; the epoch moves on,
+/// fencing any run of the old one); delete the sink's staged files, then
+/// its manifests, then its parts and side outputs, of batches below the new
+/// first batch; record in `_sluice/sink.json` that they are retired; delete
+/// the checkpoint's records of those batches and the index, claims and
+/// pinned spec of earlier histories (the notify inbox stays: what it names
+/// is read again); clear control for the new history. Interrupted, it is
+/// run again to the end; until then runs refuse to start. A reset resumed
+/// late deletes only what is below its first batch, so it cannot touch the
+/// history that followed it.
 pub async fn reset(ctx: &Context) -> Result<ResetReport> {
     let now = ctx.now();
     let ttl = ctx.ttl_ms();
-    swap_control(ctx, |read| {
+    let sink = ctx.sink.store();
+    let store = ctx.checkpoint.store();
+    let marked = swap_control(ctx, |read| {
         if let Some(c) = read
             && !c.resetting
         {
@@ -285,52 +307,173 @@ pub async fn reset(ctx: &Context) -> Result<ResetReport> {
         let mut next = read
             .cloned()
             .unwrap_or_else(|| Control::new(ctx.pipeline.spec_hash()));
-        next.epoch += u64::from(!next.resetting);
+        if !next.resetting {
+            next.epoch = next_epoch(ctx, next.epoch)?;
+            next.first_batch = next.next_batch();
+        }
         next.status = RunStatus::Idle;
         next.owner = Some(ctx.owner.clone());
         next.resetting = true;
         next.paused = true;
-        Ok((next, ()))
+        Ok((next.clone(), next))
     })
     .await?;
-    let mut report = ResetReport::default();
-    let sink = ctx.sink.store();
-    // Manifests first (readers that follow them see nothing rather than
-    // names of deleted parts), then parts and staged parts, the owner last.
-    let listed = sink.list("", None).await?;
-    let sluice_owned = |k: &str| {
-        k.starts_with("batch=")
-            || k.starts_with("_sluice/")
-            || k.starts_with(crate::paths::sink::QUARANTINE_PREFIX)
+    // Listed once the mark is in: no run of the new history can have
+    // written yet.
+    let sink_keys = sink.list("", None).await?;
+    let records = store.list("", None).await?;
+    // Past every batch number the sink and the checkpoint hold (a
+    // checkpoint deleted by hand, plans written beyond the last commit).
+    let used = sink_keys
+        .iter()
+        .filter_map(|m| sink_batch(&m.key))
+        .chain(records.iter().filter_map(|m| checkpoint_batch(&m.key)))
+        .max()
+        .map_or(0, |n| n + 1);
+    let marked = if used > marked.first_batch {
+        swap_control(ctx, |read| match read {
+            Some(c) if c.resetting && c.epoch == marked.epoch => {
+                let mut next = c.clone();
+                next.first_batch = next.first_batch.max(used);
+                Ok((next.clone(), next))
+            }
+            _ => Err(taken_over(ctx)),
+        })
+        .await?
+    } else {
+        marked
     };
-    let mut order: Vec<Vec<String>> = vec![Vec::new(), Vec::new()];
-    for m in listed.into_iter().filter(|m| sluice_owned(&m.key)) {
-        if m.key == crate::paths::sink::OWNER {
+    let first = marked.first_batch;
+    let mut report = ResetReport::default();
+    // Staged files first (every publish copies from them), then manifests
+    // (readers that follow them see nothing rather than names of deleted
+    // parts), then parts and side outputs.
+    let mut order: Vec<Vec<String>> = vec![Vec::new(), Vec::new(), Vec::new()];
+    for m in &sink_keys {
+        if sink_batch(&m.key).is_none_or(|b| b >= first) {
             continue;
         }
-        let manifest = m.key.starts_with(crate::paths::sink::MANIFEST_PREFIX);
-        order[usize::from(!manifest)].push(m.key);
+        let rank = if m.key.starts_with(crate::paths::sink::STAGING_PREFIX) {
+            0
+        } else if m.key.starts_with(crate::paths::sink::MANIFEST_PREFIX) {
+            1
+        } else {
+            2
+        };
+        order[rank].push(m.key.clone());
     }
     for keys in order {
         report.sink_objects += keys.len() as u64;
         delete_all(sink, keys).await?;
     }
-    if sink.get(crate::paths::sink::OWNER).await?.is_some() {
-        sink.delete(crate::paths::sink::OWNER).await?;
-        report.sink_objects += 1;
-    }
-    sink.sweep_temp("_sluice/").await?;
-    let store = ctx.checkpoint.store();
-    let records: Vec<String> = store
-        .list("", None)
+    // Anything staged since the listing above.
+    let late: Vec<String> = sink
+        .list(crate::paths::sink::STAGING_PREFIX, None)
         .await?
         .into_iter()
         .map(|m| m.key)
-        .filter(|k| k != crate::paths::checkpoint::CONTROL)
+        .filter(|k| sink_batch(k).is_some_and(|b| b < first))
         .collect();
-    report.checkpoint_objects = records.len() as u64 + 1;
-    delete_all(store, records).await?;
-    store.delete(crate::paths::checkpoint::CONTROL).await?;
-    tracing::info!(pipeline = %ctx.pipeline.name, ?report, "reset");
+    report.sink_objects += late.len() as u64;
+    delete_all(sink, late).await?;
+    if ctx
+        .sink
+        .retire(first, &ctx.checkpoint.store().describe())
+        .await?
+    {
+        report.sink_objects += 1;
+    }
+    sink.sweep_temp("_sluice/").await?;
+    let retired: Vec<String> = records
+        .into_iter()
+        .map(|m| m.key)
+        .filter(|k| checkpoint_batch(k).is_some_and(|b| b < first) || index_retired(k, first))
+        .collect();
+    report.checkpoint_objects = retired.len() as u64;
+    delete_all(store, retired).await?;
+    // The spec and schema the retired history pinned (a record of the new
+    // history, written since by a run or `sluice register`, stays).
+    if let Some((r, etag)) = ctx.checkpoint.pipeline_record_tagged().await?
+        && r.first_batch < first
+        && store
+            .delete_if(crate::paths::checkpoint::PIPELINE, &etag)
+            .await?
+    {
+        report.checkpoint_objects += 1;
+    }
+    let spec = ctx.pipeline.spec_hash();
+    let done = swap_control(ctx, |read| match read {
+        Some(c) if c.resetting && c.epoch == marked.epoch => {
+            let mut next = Control::new(spec.clone());
+            next.epoch = c.epoch;
+            next.first_batch = first;
+            Ok((next, true))
+        }
+        // Finished by another `sluice reset` meanwhile.
+        Some(c) if !c.resetting && c.first_batch >= first => Ok((c.clone(), false)),
+        _ => Err(taken_over(ctx)),
+    })
+    .await?;
+    if !done {
+        tracing::info!(pipeline = %ctx.pipeline.name, "another reset finished this one");
+    }
+    tracing::info!(pipeline = %ctx.pipeline.name, ?report, first_batch = first, "reset");
     Ok(report)
+}
+
+/// A reset found control changed under it by another reset.
+fn taken_over(ctx: &Context) -> Error {
+    Error::Run {
+        pipeline: ctx.pipeline.name.clone(),
+        message: "control.json changed under this reset (another reset took it over); run \
+                  `sluice reset` again"
+            .into(),
+        class: crate::error::ErrorClass::Conflict,
+    }
+}
+
+/// The epoch after `epoch`; one that cannot grow is a broken record.
+fn next_epoch(ctx: &Context, epoch: u64) -> Result<u64> {
+    epoch.checked_add(1).ok_or_else(|| Error::Checkpoint {
+        pipeline: ctx.pipeline.name.clone(),
+        key: crate::paths::checkpoint::CONTROL.into(),
+        message: format!(
+            "epoch {epoch} cannot grow; the record was edited by hand: restore it from a backup"
+        ),
+    })
+}
+
+/// The batch a Sluice-owned sink key belongs to (parts, manifests, side
+/// outputs, staged files); `None` for the owner record and anything else.
+fn sink_batch(key: &str) -> Option<u64> {
+    use crate::paths::sink;
+    if let Some(n) = sink::manifest_batch(key) {
+        return Some(n);
+    }
+    let owned = key.starts_with("batch=")
+        || key.starts_with(sink::STAGING_PREFIX)
+        || key.starts_with(sink::QUARANTINE_PREFIX)
+        || key.starts_with(sink::LATE_PREFIX);
+    owned.then(|| sink::published_batch(key)).flatten()
+}
+
+/// The batch a numbered checkpoint record belongs to (plans, commits, work
+/// files, state files).
+fn checkpoint_batch(key: &str) -> Option<u64> {
+    use crate::paths::checkpoint as ck;
+    if key.starts_with(ck::OFFSETS_PREFIX) || key.starts_with(ck::COMMITS_PREFIX) {
+        return ck::batch_of(key);
+    }
+    if let Some(rest) = key.strip_prefix("work/") {
+        return rest.split('/').next()?.parse().ok();
+    }
+    if key.starts_with(ck::STATE_PREFIX) {
+        return ck::state_batch(key);
+    }
+    None
+}
+
+/// An index or claim of a history before the one starting at `first`.
+fn index_retired(key: &str, first: u64) -> bool {
+    crate::paths::checkpoint::index_history(key).is_some_and(|h| h < first)
 }

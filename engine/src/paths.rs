@@ -11,6 +11,17 @@ pub fn is_plain_key(key: &str) -> bool {
             .all(|s| !s.is_empty() && s != "." && s != "..")
 }
 
+/// The lease epoch a key written under one carries: every work file,
+/// state file, part, late-row and set-aside-row file, and staged object
+/// ends `-e<epoch>.<ext>` (then `.staged` when staged). A run removes only
+/// its own and older epochs' files of these, never a newer run's.
+pub(crate) fn epoch_of(key: &str) -> Option<u64> {
+    let name = key.rsplit('/').next()?;
+    let name = name.strip_suffix(".staged").unwrap_or(name);
+    let stem = name.rsplit_once('.')?.0;
+    stem.rsplit_once("-e")?.1.parse().ok()
+}
+
 /// Keys inside one pipeline's checkpoint folder (`<checkpoint>/<pipeline>/`).
 pub mod checkpoint {
     /// Spec, pinned schema and format version.
@@ -21,12 +32,46 @@ pub mod checkpoint {
     pub(crate) const OFFSETS_PREFIX: &str = "offsets/";
     /// Prefix of all commit records.
     pub(crate) const COMMITS_PREFIX: &str = "commits/";
-    /// The processed-input index.
-    pub(crate) const INDEX: &str = "index/processed.json";
-    /// Notify mode: where triggers record notified objects.
+    /// Notify mode: where triggers record notified objects (shared by
+    /// every history: a reset leaves it, and the next run reads what it
+    /// names again).
     pub(crate) const INBOX_PREFIX: &str = "inbox/";
-    /// Notify mode: one claim per input key taken by a run.
-    pub(crate) const CLAIMS_PREFIX: &str = "index/keys/";
+    /// Where the index and claims of every history live.
+    pub(crate) const INDEX_PREFIX: &str = "index/";
+
+    /// The folder of the index and claims of the history whose first batch
+    /// is `first`: `index/` for a pipeline never reset (as before
+    /// histories had first batches), `index/h<first>/` after a reset. A
+    /// history reads and writes only its own, so what a retired run writes
+    /// there late is never read, and a late `reset` of an earlier history
+    /// deletes only older ones.
+    fn history_prefix(first: u64) -> String {
+        if first == 0 {
+            INDEX_PREFIX.to_string()
+        } else {
+            format!("{INDEX_PREFIX}h{first:010}/")
+        }
+    }
+
+    /// The processed-input index of the history starting at batch `first`.
+    pub(crate) fn index(first: u64) -> String {
+        format!("{}processed.json", history_prefix(first))
+    }
+
+    /// Notify mode: the prefix of the claims of the history starting at
+    /// batch `first` (one claim per input key a run took).
+    pub(crate) fn claims_prefix(first: u64) -> String {
+        format!("{}keys/", history_prefix(first))
+    }
+
+    /// The first batch of the history an `index/` key belongs to.
+    pub(crate) fn index_history(key: &str) -> Option<u64> {
+        let rest = key.strip_prefix(INDEX_PREFIX)?;
+        match rest.strip_prefix('h') {
+            Some(h) => h.split('/').next()?.parse().ok(),
+            None => Some(0),
+        }
+    }
 
     /// Longest encoded key kept in an entry or claim name: with the
     /// `.size` ending it stays inside a local file name's 255 bytes, and
@@ -74,9 +119,10 @@ pub mod checkpoint {
         }
     }
 
-    /// Notify mode: the claim of source key `key`.
-    pub fn claim(key: &str) -> String {
-        format!("{CLAIMS_PREFIX}{}", key_name(key))
+    /// Notify mode: the claim of source key `key` in the history starting
+    /// at batch `first`.
+    pub fn claim(first: u64, key: &str) -> String {
+        format!("{}{}", claims_prefix(first), key_name(key))
     }
 
     fn encode_key(key: &str) -> String {
@@ -134,10 +180,10 @@ pub mod checkpoint {
         name.strip_prefix("v=")?.split('-').next()?.parse().ok()
     }
 
-    /// The task list of batch `n`, read by the state machine's Distributed
-    /// Map (a JSON array of task numbers).
-    pub fn task_list(n: u64) -> String {
-        format!("{}tasks.json", work_prefix(n))
+    /// The task list of batch `n` written under lease `epoch`, read by
+    /// the state machine's Distributed Map (a JSON array of task numbers).
+    pub fn task_list(n: u64, epoch: u64) -> String {
+        format!("{}tasks-e{epoch}.json", work_prefix(n))
     }
 
     /// The refusal a task of batch `n` under lease `epoch` left when its
@@ -204,10 +250,37 @@ pub mod sink {
         staged.strip_prefix(STAGING_PREFIX)?.strip_suffix(".staged")
     }
 
-    /// The batch a staged part belongs to.
+    /// The batch a staged object belongs to (its first `batch=N` folder).
     pub(crate) fn staged_batch(staged: &str) -> Option<u64> {
-        let rest = published(staged)?.strip_prefix("batch=")?;
-        rest.split('/').next()?.parse().ok()
+        staged
+            .strip_prefix(STAGING_PREFIX)?
+            .split('/')
+            .find_map(|s| s.strip_prefix("batch="))?
+            .parse()
+            .ok()
+    }
+
+    /// The batch whose folder (`batch=N/`, `_late/batch=N/`,
+    /// `_quarantine/batch=N/`) holds published key `key`.
+    pub(crate) fn published_batch(key: &str) -> Option<u64> {
+        key.split('/')
+            .find_map(|s| s.strip_prefix("batch="))?
+            .parse()
+            .ok()
+    }
+
+    /// Where the commit of batch `n` under lease `epoch` stages its
+    /// manifest before writing its record; publishing copies it to
+    /// [`manifest`], so a run that lost its lease, or whose history was
+    /// reset, cannot publish one (its staged copy is gone).
+    pub(crate) fn staged_manifest(n: u64, epoch: u64) -> String {
+        format!("{STAGING_PREFIX}batch={n:010}/manifest-e{epoch}.json")
+    }
+
+    /// Where the commit of batch `n` under lease `epoch` stages the record
+    /// of the input files it set aside ([`quarantined_files`]).
+    pub(crate) fn staged_quarantined(n: u64, epoch: u64) -> String {
+        format!("{STAGING_PREFIX}batch={n:010}/quarantined-e{epoch}.json")
     }
 
     /// The sink's owner record: which pipeline, and which history of it
@@ -234,14 +307,12 @@ pub mod sink {
         format!("{}late-{task:05}-e{epoch}.parquet", late_prefix(n))
     }
 
+    /// Prefix of every batch's late rows.
+    pub(crate) const LATE_PREFIX: &str = "_late/";
+
     /// Prefix of batch `n`'s late rows.
     pub(crate) fn late_prefix(n: u64) -> String {
-        format!("_late/batch={n:010}/")
-    }
-
-    /// Prefix of what batch `n` set aside.
-    pub(crate) fn quarantine_prefix(n: u64) -> String {
-        format!("{QUARANTINE_PREFIX}batch={n:010}/")
+        format!("{LATE_PREFIX}batch={n:010}/")
     }
 
     /// Prefix of the manifests.
@@ -282,6 +353,35 @@ mod tests {
             Some(sink::part(3, 1, 2, 7).as_str())
         );
         assert_eq!(sink::staged_batch(&staged), Some(3));
+        let late = sink::staged(&sink::late_rows(4, 2, 7));
+        assert_eq!(sink::staged_batch(&late), Some(4));
+        assert_eq!(
+            sink::published(&late),
+            Some(sink::late_rows(4, 2, 7).as_str())
+        );
+        assert_eq!(sink::staged_batch(&sink::staged_manifest(5, 7)), Some(5));
+        assert_eq!(sink::published_batch(&sink::late_rows(4, 2, 7)), Some(4));
+        assert_eq!(sink::published_batch(&sink::part(3, 1, 2, 7)), Some(3));
+        assert_eq!(epoch_of(&checkpoint::work(3, 1, 12)), Some(12));
+        assert_eq!(epoch_of(&checkpoint::partial(3, 1, 2, 9)), Some(9));
+        assert_eq!(epoch_of(&checkpoint::task_list(3, 4)), Some(4));
+        assert_eq!(epoch_of(&checkpoint::merge(3, 1, 5)), Some(5));
+        assert_eq!(epoch_of(&sink::staged(&sink::part(3, 1, 2, 8))), Some(8));
+        assert_eq!(epoch_of(&sink::staged_manifest(3, 6)), Some(6));
+        assert_eq!(epoch_of(&checkpoint::state(1, 3, 11)), Some(11));
+        assert_eq!(epoch_of("batch=0000000003/part-00001-00002.parquet"), None);
+        assert_eq!(checkpoint::index(0), "index/processed.json");
+        assert_eq!(checkpoint::index_history(&checkpoint::index(0)), Some(0));
+        assert_eq!(
+            checkpoint::index_history(&checkpoint::claim(0, "a")),
+            Some(0)
+        );
+        assert_eq!(checkpoint::index_history(&checkpoint::index(57)), Some(57));
+        assert_eq!(
+            checkpoint::index_history(&checkpoint::claim(57, "a")),
+            Some(57)
+        );
+        assert!(!checkpoint::claim(57, "a").starts_with(&checkpoint::claims_prefix(0)));
         assert_eq!(sink::manifest_batch(&sink::manifest(12)), Some(12));
     }
 
@@ -308,12 +408,12 @@ mod tests {
             } else {
                 assert_eq!(named, None, "a long key is in the entry's body");
             }
-            let c = checkpoint::claim(key);
-            assert!(c.len() - checkpoint::CLAIMS_PREFIX.len() <= 200);
+            let c = checkpoint::claim(0, key);
+            assert!(c.len() - checkpoint::claims_prefix(0).len() <= 200);
         }
         assert_ne!(
-            checkpoint::claim(&long),
-            checkpoint::claim(&long.replace("x.csv", "y.csv"))
+            checkpoint::claim(0, &long),
+            checkpoint::claim(0, &long.replace("x.csv", "y.csv"))
         );
         assert_eq!(checkpoint::inbox_key_of("inbox/not base64!.1"), None);
         assert_eq!(checkpoint::inbox_key_of("inbox/YQ.x"), None);

@@ -263,3 +263,89 @@ async fn a_long_batch_keeps_its_lease_alive_with_heartbeats() {
         summary.millis
     );
 }
+
+/// The review's cases: checkpoint records edited by hand were not caught.
+/// A deleted index had every processed file read again (duplicates); an
+/// epoch of u64::MAX wrapped to 0; a format version no build writes was
+/// read; a `last_committed` past the last commit made the next batch
+/// number jump. Each is now refused, naming the record, with nothing
+/// written.
+#[tokio::test(flavor = "multi_thread")]
+async fn records_edited_by_hand_are_refused_naming_them() {
+    for (case, discovery) in [
+        ("index deleted", ""),
+        ("epoch at its maximum", ""),
+        ("format version from the future", ""),
+        ("last_committed past the commits", ""),
+        ("last_committed past the commits", "discovery = \"notify\""),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let toml = pipeline_toml("edit", "parquet", discovery, "max_files_per_batch = 1");
+        let input = root.join("input");
+        let files = gen_files(&input, 2, 20);
+        let ctx = || local_context(&pipeline(root, &toml));
+        if !discovery.is_empty() {
+            sluice_engine::discovery::record_notified(
+                ctx().checkpoint.store(),
+                notified(&files, &input),
+            )
+            .await
+            .unwrap();
+        }
+        run(&ctx()).await.unwrap();
+        let expected = committed_rows(&root.join("out/sink"), "edit").await;
+        let ck = root.join("out/checkpoint/edit");
+        let edit = |key: &str, change: &dyn Fn(&mut serde_json::Value)| {
+            let path = ck.join(key);
+            let mut v: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            change(&mut v);
+            std::fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+        };
+        let named = match case {
+            "index deleted" => {
+                std::fs::remove_file(ck.join("index/processed.json")).unwrap();
+                "index/processed.json"
+            }
+            "epoch at its maximum" => {
+                edit("control.json", &|v| v["epoch"] = u64::MAX.into());
+                "control.json"
+            }
+            "format version from the future" => {
+                edit("control.json", &|v| v["format_version"] = 999.into());
+                "control.json"
+            }
+            _ => {
+                edit("control.json", &|v| v["last_committed"] = 99.into());
+                "control.json"
+            }
+        };
+        // New input, so the run has work to plan.
+        let more = gen_files(&input, 1, 20);
+        if !discovery.is_empty() {
+            sluice_engine::discovery::record_notified(
+                ctx().checkpoint.store(),
+                notified(&more, &input),
+            )
+            .await
+            .unwrap();
+        }
+        let before = std::fs::read_dir(ck.join("offsets")).unwrap().count();
+        let err = run(&ctx()).await.unwrap_err().to_string();
+        assert!(
+            err.contains(named) && (err.contains("sluice reset") || err.contains("backup")),
+            "{case} ({discovery}): {err}"
+        );
+        assert_eq!(
+            std::fs::read_dir(ck.join("offsets")).unwrap().count(),
+            before,
+            "{case}: a batch was planned"
+        );
+        assert_eq!(
+            committed_rows(&root.join("out/sink"), "edit").await,
+            expected,
+            "{case}: the committed output changed"
+        );
+    }
+}

@@ -13,6 +13,7 @@ mod cli;
 mod contexts;
 mod crash;
 mod equivalence;
+mod fencing;
 mod golden;
 mod idle;
 mod lease_model;

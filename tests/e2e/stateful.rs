@@ -224,28 +224,75 @@ async fn complete_and_update_modes_end_at_the_one_shot_group_by() {
 /// failed at each of its checkpoint and sink writes in turn (partial
 /// states, merges' state files and parts, commits), then run again: the
 /// committed windows equal DuckDB's, none twice, nothing uncommitted left.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_windowed_run_crashed_at_each_write_recovers() {
-    let toml = toml("winc", WINDOWED, "append", true, 1).replace(
+/// The windowed pipeline of the crash and fencing tests: append mode,
+/// late rows as side output, one file per batch.
+pub(crate) fn windowed_toml(name: &str) -> String {
+    toml(name, WINDOWED, "append", true, 1).replace(
         "delay = \"10 minutes\"",
         "delay = \"10 minutes\"\nlate = \"side-output\"",
-    );
-    // Three hours, then a late file (hour 1 again, written last, so read
-    // last: every row of it is late).
-    let setup = |root: &Path| -> Vec<PathBuf> {
-        let input = root.join("input");
-        let mut files: Vec<PathBuf> = (0..3u64)
-            .map(|h| {
-                let path = input.join(format!("trips-{h:03}.parquet"));
-                crate::schema::write_parquet(&path, &sluice_cli::generator::taxi_batch(h, 80));
-                path
-            })
-            .collect();
-        let late = input.join("trips-009.parquet");
-        crate::schema::write_parquet(&late, &sluice_cli::generator::taxi_batch(1, 20));
-        files.push(late);
-        files
+    )
+}
+
+/// Its input: three hours, then a late file (hour 1 again, written last,
+/// so read last: every row of it is late).
+pub(crate) fn windowed_input(root: &Path) -> Vec<PathBuf> {
+    let input = root.join("input");
+    let mut files: Vec<PathBuf> = (0..3u64)
+        .map(|h| {
+            let path = input.join(format!("trips-{h:03}.parquet"));
+            crate::schema::write_parquet(&path, &sluice_cli::generator::taxi_batch(h, 80));
+            path
+        })
+        .collect();
+    let late = input.join("trips-009.parquet");
+    crate::schema::write_parquet(&late, &sluice_cli::generator::taxi_batch(1, 20));
+    files.push(late);
+    files
+}
+
+const WINDOWED_COLS: &str =
+    "window_start, window_end, \"PULocationID\", trips, passengers, longest";
+
+/// The committed windows, and (with `oracle`) DuckDB's (arrivals in key
+/// order).
+pub(crate) async fn windowed_output(
+    root: &Path,
+    name: &str,
+    oracle: bool,
+) -> (Vec<String>, Vec<String>) {
+    let mut files = walk(&root.join("input"));
+    files.sort();
+    let want = if oracle {
+        expected_append(&files).await
+    } else {
+        Vec::new()
     };
+    (committed(root, name, WINDOWED_COLS).await, want)
+}
+
+/// The late rows under `_late/`, and (with `oracle`) DuckDB's read of the
+/// late file.
+pub(crate) async fn windowed_late(root: &Path, oracle: bool) -> (Vec<String>, Vec<String>) {
+    let want = if oracle {
+        duckdb_sql(&format!(
+            "SELECT * FROM read_parquet('{}')",
+            root.join("input/trips-009.parquet").display()
+        ))
+        .await
+    } else {
+        Vec::new()
+    };
+    (late_rows(root).await, want)
+}
+
+/// A windowed run of three batches (and its trailing no-data batch),
+/// failed at each of its checkpoint and sink writes in turn (partial
+/// states, merges' state files and parts, commits), then run again: the
+/// committed windows equal DuckDB's, none twice, nothing uncommitted left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_windowed_run_crashed_at_each_write_recovers() {
+    let toml = windowed_toml("winc");
+    let setup = windowed_input;
     let clean = tempfile::tempdir().unwrap();
     let files = setup(clean.path());
     let writes = Arc::new(AtomicU64::new(0));
@@ -253,7 +300,7 @@ async fn a_windowed_run_crashed_at_each_write_recovers() {
         .await
         .unwrap();
     let total = writes.load(Ordering::SeqCst);
-    let cols = "window_start, window_end, \"PULocationID\", trips, passengers, longest";
+    let cols = WINDOWED_COLS;
     let want = expected_append(&files).await;
     assert_eq!(committed(clean.path(), "winc", cols).await, want);
     let want_late = duckdb_sql(&format!(

@@ -218,13 +218,52 @@ async fn contract(store: Arc<dyn Store>) {
         "{what}: a copy counts as a PUT"
     );
 
+    // Compare-and-delete: only while the etag read is the current one.
+    let PutOutcome::Written(first) = store
+        .put("del/k.json", Bytes::from("one"), PutMode::Overwrite)
+        .await
+        .unwrap()
+    else {
+        panic!("{what}: overwrite");
+    };
+    let read = store.get("del/k.json").await.unwrap().unwrap().etag;
+    store
+        .put("del/k.json", Bytes::from("two"), PutMode::Overwrite)
+        .await
+        .unwrap();
+    assert!(
+        !store.delete_if("del/k.json", &read).await.unwrap(),
+        "{what}: a delete with a stale etag must not delete (written {first})"
+    );
+    assert_eq!(
+        store.get("del/k.json").await.unwrap().unwrap().bytes,
+        Bytes::from("two"),
+        "{what}"
+    );
+    assert!(
+        !store.delete_if("del/none.json", &read).await.unwrap(),
+        "{what}: a missing key"
+    );
+    let now = store.get("del/k.json").await.unwrap().unwrap().etag;
+    let deletes = (0..16).map(|_| {
+        let (s, etag) = (store.clone(), now.clone());
+        tokio::spawn(async move { s.delete_if("del/k.json", &etag).await })
+    });
+    let deleted = futures::future::join_all(deletes)
+        .await
+        .into_iter()
+        .filter(|r| *r.as_ref().unwrap().as_ref().unwrap())
+        .count();
+    assert_eq!(deleted, 1, "{what}: racing compare-and-deletes");
+    assert!(store.get("del/k.json").await.unwrap().is_none(), "{what}");
+
     let used = store.counts().since(&before);
     assert!(
         used.get >= 6
             && used.put_create >= 18
             && used.put_update >= 19
             && used.list >= 3
-            && used.delete == 2,
+            && used.delete == 2 + 18,
         "{what}: {used}"
     );
 }

@@ -406,6 +406,10 @@ impl<H: WriteHook> Store for Hooked<H> {
         self.hook.before("delete", key).await?;
         self.inner.delete(key).await
     }
+    async fn delete_if(&self, key: &str, etag: &str) -> Result<bool, StoreError> {
+        self.hook.before("delete", key).await?;
+        self.inner.delete_if(key, etag).await
+    }
     async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
         self.hook.before("copy", to).await?;
         self.inner.copy(from, to).await

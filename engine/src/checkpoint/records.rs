@@ -20,6 +20,11 @@ pub struct PipelineRecord {
     pub pipeline: Pipeline,
     /// The source schema every batch is read with.
     pub schema: Vec<ColumnSpec>,
+    /// The first batch of the history that pinned `schema`
+    /// ([`Control::first_batch`]): after a reset the schema is resolved
+    /// again, as for a new pipeline.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub first_batch: u64,
 }
 
 /// Whether a run holds the lease.
@@ -196,6 +201,12 @@ pub struct Control {
     /// batch (that batch's record's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stateful: Option<StatefulState>,
+    /// The first batch number of this history. `sluice reset` starts the
+    /// next history past every batch number, and (with the epoch, which a
+    /// reset also carries on) every name, the retired history used: what a
+    /// run of it writes late lands where this history never reads.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub first_batch: u64,
 }
 
 /// A stateful query's state after a batch: what the next batch's tasks
@@ -268,12 +279,13 @@ impl Control {
             retry: Vec::new(),
             schema: None,
             stateful: None,
+            first_batch: 0,
         }
     }
 
-    /// The batch after the last committed one.
+    /// The batch after the last committed one (this history's first).
     pub fn next_batch(&self) -> u64 {
-        self.last_committed.map_or(0, |n| n + 1)
+        self.last_committed.map_or(self.first_batch, |n| n + 1)
     }
 }
 
@@ -286,6 +298,10 @@ pub struct Offsets {
     pub batch: u64,
     /// Epoch of the run that planned it.
     pub epoch: u64,
+    /// The history ([`Control::history`]) of the run that planned it: a
+    /// plan a retired run wrote late after a reset is not this history's.
+    #[serde(default)]
+    pub history: String,
     /// When it was planned (ms since the Unix epoch).
     pub planned_ms: i64,
     /// Exactly the inputs of this batch, in processing order.
@@ -467,6 +483,9 @@ pub struct Commit {
     pub batch: u64,
     /// Epoch of the committing run.
     pub epoch: u64,
+    /// The history of the committing run.
+    #[serde(default)]
+    pub history: String,
     /// When it was committed (ms since the Unix epoch).
     pub committed_ms: i64,
     /// Input files.
@@ -570,10 +589,15 @@ pub struct SinkOwner {
     /// Pipeline name.
     pub pipeline: String,
     /// The checkpoint history (`Control::history`) whose commits the sink
-    /// holds.
+    /// holds; empty once `sluice reset` retired its output (the next run
+    /// records its own).
     pub history: String,
     /// Where that checkpoint is, for messages.
     pub checkpoint: String,
+    /// The history's first batch ([`Control::first_batch`]): batches below
+    /// it belong to retired histories.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub first_batch: u64,
 }
 
 /// `<sink>/_sluice/manifest/N.json`: what a reader needs to see exactly the

@@ -69,8 +69,8 @@ pub(crate) async fn read_upstream(
         key: format!("{}/{key}", store.describe()),
         message,
     };
-    let history = match store.get(sk::OWNER).await? {
-        None => None,
+    let (history, first) = match store.get(sk::OWNER).await? {
+        None => (None, 0),
         Some(obj) => {
             let owner: SinkOwner = serde_json::from_slice(&obj.bytes).map_err(|e| {
                 broken(
@@ -78,13 +78,15 @@ pub(crate) async fn read_upstream(
                     format!("not the owner record of a Sluice sink ({e}); is source.uri a sink?"),
                 )
             })?;
-            Some(owner.history)
+            (Some(owner.history), owner.first_batch)
         }
     };
     let after = start_after.map(|k| k.to_string());
+    // From the cursor on; without one, from the source history's first
+    // batch (a reset source numbers on past its retired batches).
     let mut next = match &after {
-        None => 0,
-        Some(k) => sk::manifest_batch(k).map_or(0, |n| n + 1),
+        None => first,
+        Some(k) => sk::manifest_batch(k).map_or(first, |n| n + 1),
     };
     let mut numbered: Vec<(u64, String)> = store
         .list(sk::MANIFEST_PREFIX, after.as_deref())

@@ -123,18 +123,21 @@ pub(crate) fn reconcile_due(control: Option<&Control>, epoch: u64, every: u64) -
 
 /// The source files that have neither a claim nor an inbox entry: their
 /// notification was lost (or never sent). `source` is a full listing of
-/// input files, `claims` a listing of `index/keys/`.
+/// input files, `claims` a listing of the claims of the history starting
+/// at batch `first`.
 pub(crate) fn unnotified(
     source: &[ObjectMeta],
     claims: &[ObjectMeta],
     inbox: &[InboxEntry],
+    first: u64,
 ) -> Vec<ObjectMeta> {
     let claimed: std::collections::HashSet<&str> = claims.iter().map(|m| m.key.as_str()).collect();
     let notified: std::collections::HashSet<&str> = inbox.iter().map(|e| e.key.as_str()).collect();
     source
         .iter()
         .filter(|m| {
-            !notified.contains(m.key.as_str()) && !claimed.contains(ck::claim(&m.key).as_str())
+            !notified.contains(m.key.as_str())
+                && !claimed.contains(ck::claim(first, &m.key).as_str())
         })
         .cloned()
         .collect()
@@ -176,16 +179,18 @@ pub fn decide_key_claim(written: bool, read: Option<Option<(&KeyClaim, &str)>>) 
 }
 
 /// Claim source key `key` for the run with `epoch` in `pipeline`'s
-/// checkpoint `store`: `true` if this run takes it, `false` if a committed
-/// batch holds it already (a duplicate notification).
+/// checkpoint `store`, among the claims of the history starting at batch
+/// `first`: `true` if this run takes it, `false` if a committed batch
+/// holds it already (a duplicate notification).
 pub(crate) async fn claim_key(
     store: &Arc<dyn Store>,
     pipeline: &str,
+    first: u64,
     key: &str,
     epoch: u64,
 ) -> Result<bool> {
     use crate::storage::PutOutcome;
-    let path = ck::claim(key);
+    let path = ck::claim(first, key);
     let mine = record(&KeyClaim {
         epoch,
         committed: false,
@@ -232,11 +237,16 @@ fn record(claim: &KeyClaim) -> bytes::Bytes {
         .into()
 }
 
-/// After `commits/N` exists: mark the claims of its keys committed, record
-/// its deferred inputs in the inbox again, then delete the inbox entries it
-/// consumed (in that order, so a duplicate notification arriving at any
-/// point is recognised, and a deferred input is never without an entry).
-pub(crate) async fn settle_claims(store: &Arc<dyn Store>, record_: &Commit) -> Result<()> {
+/// After `commits/N` exists: mark the claims of its keys committed (among
+/// those of the history starting at batch `first`), record its deferred
+/// inputs in the inbox again, then delete the inbox entries it consumed
+/// (in that order, so a duplicate notification arriving at any point is
+/// recognised, and a deferred input is never without an entry).
+pub(crate) async fn settle_claims(
+    store: &Arc<dyn Store>,
+    first: u64,
+    record_: &Commit,
+) -> Result<()> {
     let done = record(&KeyClaim {
         epoch: record_.epoch,
         committed: true,
@@ -245,7 +255,9 @@ pub(crate) async fn settle_claims(store: &Arc<dyn Store>, record_: &Commit) -> R
     concurrently(record_.input_keys.clone(), |k| {
         let (store, done) = (store.clone(), done.clone());
         async move {
-            store.put(&ck::claim(&k), done, PutMode::Overwrite).await?;
+            store
+                .put(&ck::claim(first, &k), done, PutMode::Overwrite)
+                .await?;
             Ok(())
         }
     })
@@ -293,14 +305,14 @@ mod tests {
     #[test]
     fn unnotified_is_source_minus_claims_and_inbox() {
         let source = vec![meta("a", 1), meta("b", 1), meta("c", 1), meta("d", 1)];
-        let claims = vec![meta(&ck::claim("a"), 1)];
+        let claims = vec![meta(&ck::claim(0, "a"), 1)];
         let inbox = vec![InboxEntry {
             entry: ck::inbox_entry("c", 1),
             key: "c".into(),
             size: 1,
             arrived: None,
         }];
-        let lost: Vec<_> = unnotified(&source, &claims, &inbox)
+        let lost: Vec<_> = unnotified(&source, &claims, &inbox, 0)
             .into_iter()
             .map(|m| m.key)
             .collect();

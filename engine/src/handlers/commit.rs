@@ -13,9 +13,18 @@ use crate::paths;
 use crate::pipeline::DiscoveryMode;
 use crate::storage::RequestCounts;
 
-/// Commit step: collect the task results, check the outputs, write
-/// `commits/N` (create-only), then the manifest, the index and control.
-/// Returns the commit record.
+/// Commit step: collect the task results, check the outputs, stage the
+/// manifest, check the lease once more, write `commits/N` (create-only),
+/// then publish and advance the index and control. Returns the commit
+/// record.
+///
+/// Fencing: every write before the record is staged or carries this run's
+/// epoch (inert until a record names it); the lease is checked after the
+/// last of them, and everything after the record publishes by copying
+/// what was staged before that check, or is a compare-and-swap. A run
+/// stopped past its lease therefore changes nothing a reader or a later
+/// run sees: a newer run made the same record (or its own) the truth, and
+/// a reset removed what was staged.
 pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit> {
     let ctx = &ctx.counted();
     ctx.check_spec(run)?;
@@ -23,8 +32,126 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     let started_ms = ctx.now();
     let (control, _) = owned_control(ctx, run.epoch).await?;
     let off = ctx.planned(batch, "at commit").await?;
-    let results = task_results(ctx, run, batch, &off).await?;
-    let merged = merge_results(ctx, run, &off, &control, &results).await?;
+    check_plan(ctx, &off, &control)?;
+    let gathered = async {
+        let results = task_results(ctx, run, batch, &off).await?;
+        let merged = merge_results(ctx, run, &off, &control, &results).await?;
+        Ok::<_, Error>((results, merged))
+    };
+    let (results, merged) = match gathered.await {
+        Ok(r) => r,
+        // A run that lost its lease may have committed this very batch
+        // and removed this run's results with the rest of the batch's
+        // work files: its record is the truth.
+        Err(e) => match ctx.checkpoint.commit(batch).await? {
+            Some(record) => {
+                finish_commit(ctx, run, &control, &record, Charge::AfterCommit).await?;
+                return Ok(record);
+            }
+            None => return Err(e),
+        },
+    };
+    let mut record = build_record(
+        ctx,
+        run,
+        &control,
+        &off,
+        &results,
+        merged.as_ref(),
+        started_ms,
+    );
+    let mut files: Vec<&crate::checkpoint::OutputFile> = record.outputs.iter().collect();
+    files.extend(record.rejected.iter());
+    if let Some(s) = &record.stateful {
+        files.extend(s.late_files.iter());
+    }
+    ctx.sink.verify(batch, &files).await?;
+    ctx.sink
+        .stage_commit(&record, &manifest_of(ctx, &record))
+        .await?;
+    // The last check: from here on this run writes its record and copies
+    // what it staged above; a reset removes those, a newer run finds the
+    // record (or makes its own).
+    owned_control(ctx, run.epoch).await?;
+    record.durations.commit_ms = super::usage::billed_ms(started);
+    record.usage = batch_usage(run, &off, &results, merged.as_ref(), &record);
+    // Planner, tasks and this committer (its context counts this
+    // invocation's requests, loading the context included), including the
+    // commit write itself.
+    let mut own = ctx.counts();
+    own.put_create += 1;
+    // The Plan invocation that handed the batch out (a payload of an older
+    // build carries none: the planning invocation's, from the plan).
+    let plan_requests = if run.plan_requests.is_empty() {
+        off.plan_requests
+    } else {
+        run.plan_requests
+    };
+    let task_requests = results
+        .iter()
+        .fold(RequestCounts::default(), |acc, r| acc.plus(&r.requests))
+        .plus(&merged.as_ref().map(|m| m.requests).unwrap_or_default());
+    record.requests = plan_requests.plus(&task_requests).plus(&own);
+    // A Distributed Map's ItemReader read the task list: one GET, made by
+    // Step Functions and billed to the bucket's owner.
+    if off.tasks.len() as u64 > ctx.pipeline.limits.max_inline_tasks {
+        record.requests.get += 1;
+    }
+    if !ctx.checkpoint.create_commit(&record).await? {
+        // A retried commit, or another run's: the record that won is the
+        // truth.
+        record = ctx.checkpoint.commit(batch).await?.ok_or_else(|| {
+            ctx.broken(
+                paths::checkpoint::commit(batch),
+                "create-only write lost, yet no record is there",
+            )
+        })?;
+    }
+    finish_commit(ctx, run, &control, &record, Charge::AfterCommit).await?;
+    ctx.metric(|| crate::metrics::batch_line(&record, &ctx.pipeline.name));
+    Ok(record)
+}
+
+/// A batch's plan must be of the history this run works in.
+pub(super) fn check_plan(
+    ctx: &Context,
+    off: &crate::checkpoint::Offsets,
+    control: &crate::checkpoint::Control,
+) -> Result<()> {
+    if checkpoint::foreign(&off.history, &control.history) {
+        return Err(ctx.conflict(format!(
+            "the plan of batch {} is of history {}, not this run's ({}): a reset retired it; \
+             this run stops",
+            off.batch, off.history, control.history
+        )));
+    }
+    Ok(())
+}
+
+/// The manifest publishing `record` makes readers see.
+fn manifest_of(ctx: &Context, record: &Commit) -> Manifest {
+    Manifest {
+        format_version: checkpoint::FORMAT_VERSION,
+        pipeline: ctx.pipeline.name.clone(),
+        batch: record.batch,
+        files: record.outputs.clone(),
+        rows: record.rows_out,
+        complete: record.stateful.is_some()
+            && ctx.pipeline.output_mode == crate::pipeline::OutputMode::Complete,
+    }
+}
+
+/// The commit record of a batch from its tasks' (and merges') results,
+/// before its usage and requests are known.
+fn build_record(
+    ctx: &Context,
+    run: &RunState,
+    control: &crate::checkpoint::Control,
+    off: &crate::checkpoint::Offsets,
+    results: &[TaskResult],
+    merged: Option<&Merged>,
+    started_ms: i64,
+) -> Commit {
     // Inputs a task left for the next run (changed since listed) are not
     // part of the batch: not counted, not marked processed.
     let mut deferred: Vec<crate::checkpoint::InputFile> = results
@@ -51,25 +178,20 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         .iter()
         .filter(|i| !quarantined.iter().any(|q| q.key == i.key))
         .collect();
-    let mut outputs: Vec<_> = match &merged {
+    let mut outputs: Vec<_> = match merged {
         Some(m) => m.outputs.clone(),
         None => results.iter().flat_map(|r| r.outputs.clone()).collect(),
     };
     outputs.sort_by(|a, b| a.key.cmp(&b.key));
-    let rows_out = match &merged {
+    let rows_out = match merged {
         Some(_) => outputs.iter().map(|o| o.rows).sum(),
         None => results.iter().map(|r| r.rows_out).sum(),
     };
-    ctx.sink.verify(batch, &outputs).await?;
-    // Tasks' and merges' own requests (each counted where it ran).
-    let task_requests = results
-        .iter()
-        .fold(RequestCounts::default(), |acc, r| acc.plus(&r.requests))
-        .plus(&merged.as_ref().map(|m| m.requests).unwrap_or_default());
-    let mut record = Commit {
+    Commit {
         format_version: checkpoint::FORMAT_VERSION,
-        batch,
+        batch: off.batch,
         epoch: run.epoch,
+        history: control.history.clone(),
         committed_ms: ctx.now(),
         files: read.len() as u64,
         bytes_read: read.iter().map(|i| i.size).sum(),
@@ -80,7 +202,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
             plan_ms: off.plan_ms,
             operate_ms: (started_ms - off.planned_ms).max(0) as u64,
             task_max_ms: results.iter().map(|r| r.millis).max().unwrap_or(0),
-            merge_max_ms: merged.as_ref().map_or(0, |m| m.millis),
+            merge_max_ms: merged.map_or(0, |m| m.millis),
             commit_ms: 0,
         },
         usage: Usage::default(),
@@ -100,40 +222,8 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
             .then(|| off.schema.clone())
             .flatten(),
         rescued_fields: results.iter().map(|r| r.rescued_fields).sum(),
-        stateful: merged.as_ref().map(|m| m.state.clone()),
-    };
-    record.durations.commit_ms = super::usage::billed_ms(started);
-    record.usage = batch_usage(run, &off, &results, merged.as_ref(), &record);
-    // Planner, tasks and this committer (its context counts this
-    // invocation's requests, loading the context included), including the
-    // commit write itself.
-    let mut own = ctx.counts();
-    own.put_create += 1;
-    // The Plan invocation that handed the batch out (a payload of an older
-    // build carries none: the planning invocation's, from the plan).
-    let plan_requests = if run.plan_requests.is_empty() {
-        off.plan_requests
-    } else {
-        run.plan_requests
-    };
-    record.requests = plan_requests.plus(&task_requests).plus(&own);
-    // A Distributed Map's ItemReader read the task list: one GET, made by
-    // Step Functions and billed to the bucket's owner.
-    if off.tasks.len() as u64 > ctx.pipeline.limits.max_inline_tasks {
-        record.requests.get += 1;
+        stateful: merged.map(|m| m.state.clone()),
     }
-    if !ctx.checkpoint.create_commit(&record).await? {
-        // A retried commit: the record that won is the truth.
-        record = ctx.checkpoint.commit(batch).await?.ok_or_else(|| {
-            ctx.broken(
-                paths::checkpoint::commit(batch),
-                "create-only write lost, yet no record is there",
-            )
-        })?;
-    }
-    finish_commit(ctx, run, &record, Charge::AfterCommit).await?;
-    ctx.metric(|| crate::metrics::batch_line(&record, &ctx.pipeline.name));
-    Ok(record)
 }
 
 /// What the batch used: the Plan invocation that handed it out, its tasks'
@@ -328,70 +418,59 @@ pub(super) enum Charge {
     Plan,
 }
 
-/// After `commits/N` exists: publish the batch's parts and its manifest,
-/// remove what was staged for it, advance the index and control, prune old
-/// records. Idempotent, so recovery can redo it.
+/// After `commits/N` exists: publish the batch (its parts, side outputs
+/// and manifest, copied from staging), remove what was staged for it and
+/// its work files, advance the index (compare-and-swap) and control, prune
+/// old records. Idempotent, so recovery can redo it. `control` is the one
+/// this run read: its history names the index and claims it advances.
 pub(super) async fn finish_commit(
     ctx: &Context,
     run: &RunState,
+    control: &crate::checkpoint::Control,
     record: &Commit,
     charge: Charge,
 ) -> Result<()> {
     let started = ctx.counts();
     let p = &ctx.pipeline;
-    ctx.sink.publish(record.batch, &record.outputs).await?;
-    // Tasks write bad-row files only under an `on_bad_row` policy.
-    let rows_written =
-        !record.rejected.is_empty() || p.source.on_bad_row != crate::pipeline::BadRowPolicy::Fail;
-    ctx.sink
-        .record_quarantined(
-            record.batch,
-            &record.quarantined,
-            &record.rejected,
-            rows_written,
-        )
-        .await?;
-    // Late-row files of attempts the commit did not keep.
-    if p.watermark.as_ref().is_some_and(|w| w.late_side_output) {
-        let keep = record
-            .stateful
-            .as_ref()
-            .map(|s| s.late_files.clone())
-            .unwrap_or_default();
-        ctx.sink.remove_unnamed_late(record.batch, &keep).await?;
-    }
-    ctx.sink
-        .commit(&Manifest {
-            format_version: checkpoint::FORMAT_VERSION,
-            pipeline: p.name.clone(),
-            batch: record.batch,
-            files: record.outputs.clone(),
-            rows: record.rows_out,
-            complete: record.stateful.is_some()
-                && p.output_mode == crate::pipeline::OutputMode::Complete,
-        })
-        .await?;
+    ctx.sink.publish(record).await?;
     ctx.sink.remove_staged_through(record.batch).await?;
+    // This batch's work files of this run and older ones (a newer run's
+    // are its own to remove).
     let work = ctx.checkpoint.store();
-    for m in work
+    let done: Vec<String> = work
         .list(&paths::checkpoint::work_prefix(record.batch), None)
         .await?
-    {
-        work.delete(&m.key).await?;
-    }
+        .into_iter()
+        .map(|m| m.key)
+        .filter(|k| paths::epoch_of(k).is_none_or(|e| e <= run.epoch))
+        .collect();
+    crate::storage::fanout::delete_all(work, done).await?;
+    let first = control.first_batch;
     let listing = if p.source.discovery == DiscoveryMode::Notify {
-        discovery::settle_claims(ctx.checkpoint.store(), record).await?;
+        discovery::settle_claims(ctx.checkpoint.store(), first, record).await?;
         None
     } else {
-        let index = ctx.checkpoint.index().await?;
+        let (index, etag) = ctx.checkpoint.index_of(Some(control)).await?;
         // `manifests` mode's offset is the last source manifest read.
         let keys = match &record.source {
             Some(cursor) => std::slice::from_ref(&cursor.manifest),
             None => record.input_keys.as_slice(),
         };
-        let index = index.apply(record.batch, keys, p.source.discovery, p.source.lookback);
-        ctx.checkpoint.put_index(&index).await?;
-        Some(index.listing())
+        let next = index.apply(record.batch, keys, p.source.discovery, p.source.lookback);
+        if next != index
+            && !ctx
+                .checkpoint
+                .swap_index(first, &next, etag.as_deref())
+                .await?
+        {
+            return Err(ctx.conflict(format!(
+                "{} changed while this run advanced it past batch {}: another run holds the \
+                 lease; this run stops without writing",
+                paths::checkpoint::index(first),
+                record.batch
+            )));
+        }
+        Some(next.listing())
     };
     // What goes once control names this batch: records below the
     // retention floor, and state files the batch's state no longer names.
@@ -489,10 +568,13 @@ async fn stale_state(
 
 /// After a batch's input was refused: delete the plans of `batch` and every
 /// later planned batch (highest first, so a crash here leaves a prefix of
-/// plans that the next run resumes), remove their uncommitted output, and
-/// release the lease. The next run plans afresh from what is there then.
+/// plans that the next run resumes), remove what this run staged for them,
+/// and release the lease. The next run plans afresh from what is there
+/// then. Each plan is deleted only while it is the one read here, after a
+/// last lease check: a run stopped past its lease cannot delete a plan a
+/// newer run wrote since.
 pub(crate) async fn abandon(ctx: &Context, run: &RunState, batch: u64) -> Result<()> {
-    owned_control(ctx, run.epoch).await?;
+    let (control, _) = owned_control(ctx, run.epoch).await?;
     let planned = ctx
         .checkpoint
         .store()
@@ -504,9 +586,18 @@ pub(crate) async fn abandon(ctx: &Context, run: &RunState, batch: u64) -> Result
         .filter(|n| *n >= batch)
         .collect();
     batches.sort_unstable_by(|a, b| b.cmp(a));
+    let mut plans = Vec::new();
     for n in batches {
-        ctx.sink.remove_batch(n).await?;
-        ctx.checkpoint.delete_offsets(n).await?;
+        if let Some((off, etag)) = ctx.checkpoint.offsets_tagged(n).await?
+            && !checkpoint::foreign(&off.history, &control.history)
+        {
+            plans.push((n, etag));
+        }
+    }
+    ctx.sink.remove_staged_from(batch, run.epoch).await?;
+    owned_control(ctx, run.epoch).await?;
+    for (n, etag) in plans {
+        ctx.checkpoint.delete_offsets_if(n, &etag).await?;
     }
     release(ctx, run, RunStatus::Idle).await
 }

@@ -66,6 +66,7 @@ pub async fn merge(
     // Fenced; and the state in force is the last commit's, which for this
     // batch is the one before it (batches commit in order).
     let (control, _) = owned_control(ctx, run.epoch).await?;
+    super::commit::check_plan(ctx, &off, &control)?;
     if control.next_batch() != batch {
         return Err(ctx.broken(
             paths::checkpoint::offsets(batch),

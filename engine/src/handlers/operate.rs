@@ -33,6 +33,7 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     // of such a run still writes after this check stays staged, and is
     // never published: the commit publishes only what its record names.)
     let (control, etag) = owned_control(ctx, run.epoch).await?;
+    super::commit::check_plan(ctx, &off, &control)?;
     beat_if_due(ctx, &control, &etag).await?;
     // The plan names the schema its batch reads with (plans of older
     // builds do not: `pipeline.json`'s).

@@ -41,10 +41,13 @@ pub(super) async fn check_sink(ctx: &Context, control: Option<&Control>) -> Resu
                 o.pipeline, o.checkpoint
             ),
         )),
+        // `sluice reset` retired what it held: batches from its first on
+        // are the next history's.
+        Some(o) if o.history.is_empty() => unclaimed(ctx, control, o.first_batch).await,
         Some(o) if Some(o.history.as_str()) == history => Ok(SinkCheck::Ours),
         Some(o) if history.is_none() => Ok(SinkCheck::Earlier(o)),
         Some(o) => Err(earlier_history(ctx, &o, history.unwrap_or_default())),
-        None => unclaimed(ctx, control).await,
+        None => unclaimed(ctx, control, 0).await,
     }
 }
 
@@ -63,10 +66,13 @@ pub(super) fn earlier_history(ctx: &Context, o: &SinkOwner, history: &str) -> Er
     )
 }
 
-/// A sink without an owner record: fine if it holds no manifests, or only
-/// manifests of this pipeline's batches this checkpoint committed.
-async fn unclaimed(ctx: &Context, control: Option<&Control>) -> Result<SinkCheck> {
-    let batches = ctx.sink.manifest_batches().await?;
+/// A sink without an owner record (or with the one `sluice reset` leaves,
+/// retiring batches below `retired`): fine if it holds no manifests from
+/// `retired` on, or only manifests of this pipeline's batches this
+/// checkpoint committed.
+async fn unclaimed(ctx: &Context, control: Option<&Control>, retired: u64) -> Result<SinkCheck> {
+    let mut batches = ctx.sink.manifest_batches().await?;
+    batches.retain(|b| *b >= retired);
     let (Some(first), Some(last)) = (batches.first(), batches.last()) else {
         return Ok(SinkCheck::Unclaimed);
     };
@@ -95,13 +101,15 @@ async fn unclaimed(ctx: &Context, control: Option<&Control>) -> Result<SinkCheck
     ))
 }
 
-/// Once this run holds the lease of `history`: record it as the sink's
-/// owner (create-only; a record written first by another must be ours).
-pub(super) async fn claim_sink(ctx: &Context, history: &str) -> Result<()> {
+/// Once this run holds the lease of the history `control` names: record
+/// it as the sink's owner (create-only, or in place of a reset's record; a
+/// record written first by another must be ours).
+pub(super) async fn claim_sink(ctx: &Context, control: &Control) -> Result<()> {
     let mine = SinkOwner {
         pipeline: ctx.pipeline.name.clone(),
-        history: history.to_string(),
+        history: control.history.clone(),
         checkpoint: ctx.checkpoint.store().describe(),
+        first_batch: control.first_batch,
     };
     let there = ctx.sink.claim(&mine).await?;
     if there.pipeline != mine.pipeline || there.history != mine.history {

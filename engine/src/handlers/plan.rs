@@ -53,7 +53,12 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
             }
             if run.discovered {
                 // The next batch this run planned, else the end of the run.
-                if let Some(off) = ctx.checkpoint.offsets(control.next_batch()).await? {
+                let next = control.next_batch();
+                let found = ctx
+                    .checkpoint
+                    .offsets_of(next, &control.history, run.epoch)
+                    .await?;
+                if let Some(off) = found {
                     return batch_outcome(ctx, run, &off).await;
                 }
                 if let Some(off) = trailing_batch(ctx, &run, &control).await? {
@@ -65,7 +70,7 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
             } else if control.resume {
                 // A run whose lease a trigger claimed (`triggers::wake`)
                 // after a dead run, a hand-over or a cancel.
-                if let Some(off) = resume_planned(ctx, &run, control.next_batch()).await? {
+                if let Some(off) = resume_planned(ctx, &run, &control).await? {
                     return batch_outcome(ctx, run, &off).await;
                 }
                 control = owned_control(ctx, run.epoch).await?.0;
@@ -97,7 +102,7 @@ async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Resul
     run.events += events;
     let mut task_list = None;
     if distributed {
-        let key = crate::paths::checkpoint::task_list(off.batch);
+        let key = crate::paths::checkpoint::task_list(off.batch, run.epoch);
         ctx.checkpoint
             .store()
             .put(
@@ -260,6 +265,7 @@ async fn trailing_batch(
         format_version: checkpoint::FORMAT_VERSION,
         batch: control.next_batch(),
         epoch: run.epoch,
+        history: control.history.clone(),
         planned_ms: ctx.now(),
         inputs: Vec::new(),
         tasks: Vec::new(),
@@ -304,7 +310,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         Look::Maybe(l) => l,
     };
     // Resolve the schema and check the SQL before writing anything.
-    let Some((schema, record_current)) = checked_schema(ctx, control, &looked.listed).await? else {
+    let Some((schema, recorded)) = checked_schema(ctx, control, &looked.listed).await? else {
         return Ok(idle("no input files yet (and no schema declared)"));
     };
     if let Some(c) = control {
@@ -320,7 +326,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     // closes windows (a stateful query's watermark moved).
     let owed = control.is_some_and(|c| !c.retry.is_empty() || closing_owed(p, c, ctx.now()));
     if !recover && looked.inbox.is_none() {
-        let i = ctx.checkpoint.index().await?;
+        let (i, _) = ctx.checkpoint.index_of(control).await?;
         if !owed && discovery::new_inputs(&looked.listed, &i, p.source.discovery).is_empty() {
             ctx.metric(|| crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None));
             return Ok(idle("no new data"));
@@ -354,21 +360,21 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     tracing::info!(pipeline = %p.name, epoch, recover, "lease taken");
     let owned = match sink {
         SinkCheck::Ours => Ok(()),
-        SinkCheck::Unclaimed => ownership::claim_sink(ctx, &next.history).await,
+        SinkCheck::Unclaimed => ownership::claim_sink(ctx, &next).await,
         SinkCheck::Earlier(o) => Err(ownership::earlier_history(ctx, &o, &next.history)),
     };
     if let Err(e) = owned {
         release(ctx, &run, RunStatus::Idle).await?;
         return Err(e);
     }
-    if !record_current {
-        record_spec(ctx, &schema).await?;
+    if let Recorded::Not { etag } = &recorded {
+        record_spec(ctx, &next, &schema, etag.as_deref()).await?;
     }
     let control = if recover {
         // Temporary files of the dead run's killed writes.
         ctx.sink.sweep().await?;
         ctx.checkpoint.store().sweep_temp("").await?;
-        if let Some(off) = resume_planned(ctx, &run, next.next_batch()).await? {
+        if let Some(off) = resume_planned(ctx, &run, &next).await? {
             return batch_outcome(ctx, run, &off).await;
         }
         owned_control(ctx, epoch).await?.0
@@ -387,17 +393,31 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
 }
 
 /// Records the spec this run plans under and the schema it pinned
-/// (`pipeline.json`), once the run holds the lease.
-async fn record_spec(ctx: &Context, schema: &SchemaRef) -> Result<()> {
+/// (`pipeline.json`), once the run holds the lease: compare-and-swap on
+/// the record read before the claim (`etag`; `None`: none was there), so a
+/// run stopped past its lease cannot put back an older spec.
+async fn record_spec(
+    ctx: &Context,
+    control: &Control,
+    schema: &SchemaRef,
+    etag: Option<&str>,
+) -> Result<()> {
     let p = &ctx.pipeline;
-    ctx.checkpoint
-        .put_pipeline_record(&PipelineRecord {
-            format_version: checkpoint::FORMAT_VERSION,
-            spec_hash: p.spec_hash(),
-            pipeline: (**p).clone(),
-            schema: columns_of(schema),
-        })
-        .await
+    let record = PipelineRecord {
+        format_version: checkpoint::FORMAT_VERSION,
+        spec_hash: p.spec_hash(),
+        pipeline: (**p).clone(),
+        schema: columns_of(schema),
+        first_batch: control.first_batch,
+    };
+    if ctx.checkpoint.swap_pipeline_record(&record, etag).await? {
+        return Ok(());
+    }
+    Err(ctx.conflict(
+        "pipeline.json changed while this run recorded its spec (a `sluice register`, or \
+         another run); run again"
+            .into(),
+    ))
 }
 
 /// The first Plan of an execution a trigger started (the trigger claimed
@@ -406,7 +426,7 @@ async fn record_spec(ctx: &Context, schema: &SchemaRef) -> Result<()> {
 async fn own_sink(ctx: &Context, run: &RunState, control: &Control) -> Result<()> {
     let owned = match ownership::check_sink(ctx, Some(control)).await {
         Ok(SinkCheck::Ours) => Ok(()),
-        Ok(SinkCheck::Unclaimed) => ownership::claim_sink(ctx, &control.history).await,
+        Ok(SinkCheck::Unclaimed) => ownership::claim_sink(ctx, control).await,
         Ok(SinkCheck::Earlier(o)) => Err(ownership::earlier_history(ctx, &o, &control.history)),
         Err(e) => Err(e),
     };
@@ -558,17 +578,30 @@ async fn read_upstream(ctx: &Context, start_after: Option<&str>) -> Result<disco
     discovery::read_upstream(ctx.source.as_ref(), &ctx.pipeline.name, start_after).await
 }
 
+/// Whether `pipeline.json` holds the spec a run plans under.
+enum Recorded {
+    /// It does.
+    Current,
+    /// It does not; the record read has this etag (`None`: there is none,
+    /// or it is of a history a reset retired).
+    Not {
+        /// What a compare-and-swap of the record expects.
+        etag: Option<String>,
+    },
+}
+
 /// The source schema, with the SQL checked against it, and whether
 /// `pipeline.json` already holds this spec; `None` with nothing to infer
 /// the schema from. A batch committed under this very spec means
 /// `pipeline.json` holds it (a run writes it before planning); with the
 /// schema known here (declared, or pinned earlier in this process) there is
-/// nothing to read or check against it.
+/// nothing to read or check against it. A record of a history a reset
+/// retired pins nothing: the schema is resolved again.
 async fn checked_schema(
     ctx: &Context,
     control: Option<&Control>,
     listed: &[ObjectMeta],
-) -> Result<Option<(SchemaRef, bool)>> {
+) -> Result<Option<(SchemaRef, Recorded)>> {
     let p = &ctx.pipeline;
     let declared = p.source.declared_schema().map_err(|e| Error::Spec {
         file: p.name.clone(),
@@ -578,13 +611,23 @@ async fn checked_schema(
     let recorded =
         control.is_some_and(|c| c.spec_hash == p.spec_hash() && c.last_committed.is_some());
     let (schema, current) = match known {
-        Some(schema) if recorded => (schema, true),
+        Some(schema) if recorded => (schema, Recorded::Current),
         _ => {
-            let record = ctx.checkpoint.pipeline_record().await?;
+            let first = control.map_or(0, |c| c.first_batch);
+            let read = ctx.checkpoint.pipeline_record_tagged().await?;
+            let (record, etag) = match read {
+                Some((r, etag)) if r.first_batch == first => (Some(r), Some(etag)),
+                Some((_, etag)) => (None, Some(etag)),
+                None => (None, None),
+            };
             let Some(schema) = resolve_schema(ctx, record.as_ref(), listed).await? else {
                 return Ok(None);
             };
-            (schema, record.is_some_and(|r| r.spec_hash == p.spec_hash()))
+            let current = match record {
+                Some(r) if r.spec_hash == p.spec_hash() => Recorded::Current,
+                _ => Recorded::Not { etag },
+            };
+            (schema, current)
         }
     };
     let reading = in_force(p, control, &schema);
@@ -595,16 +638,28 @@ async fn checked_schema(
 }
 
 /// After a dead run, a hand-over or a cancel (`control.resume`): finish the
-/// batches from `next` on that were committed but not recorded in control,
-/// and return the first batch planned and not committed, if any (two reads
-/// when there is nothing).
-async fn resume_planned(ctx: &Context, run: &RunState, next: u64) -> Result<Option<Offsets>> {
-    let mut n = next;
-    while let Some(commit) = ctx.checkpoint.commit(n).await? {
-        finish_commit(ctx, run, &commit, Charge::Plan).await?;
+/// batches from the next one on that were committed but not recorded in
+/// control, and return the first batch planned and not committed, if any
+/// (two reads when there is nothing). Records of another history (a run a
+/// reset retired wrote them late) are not this history's: removed.
+async fn resume_planned(
+    ctx: &Context,
+    run: &RunState,
+    control: &Control,
+) -> Result<Option<Offsets>> {
+    let mut n = control.next_batch();
+    while let Some(commit) = ctx
+        .checkpoint
+        .commit_of(n, &control.history, run.epoch)
+        .await?
+    {
+        finish_commit(ctx, run, control, &commit, Charge::Plan).await?;
         n += 1;
     }
-    let off = ctx.checkpoint.offsets(n).await?;
+    let off = ctx
+        .checkpoint
+        .offsets_of(n, &control.history, run.epoch)
+        .await?;
     if off.is_some() {
         tracing::info!(pipeline = %ctx.pipeline.name, batch = n, "resuming a batch planned by an earlier run");
     }
@@ -703,7 +758,7 @@ async fn find_new_input(
         let upstream = match seen {
             Seen::Manifests(u) => u,
             _ => {
-                let index = ctx.checkpoint.index().await?;
+                let (index, _) = ctx.checkpoint.index_of(Some(control)).await?;
                 let upstream = read_upstream(ctx, index.start_after.as_deref()).await?;
                 discovery::check_history(&p.name, control.source_history.as_deref(), &upstream)?;
                 upstream
@@ -717,7 +772,7 @@ async fn find_new_input(
         });
     }
     if p.source.discovery != DiscoveryMode::Notify {
-        return listed_new(ctx, seen).await;
+        return listed_new(ctx, control, seen).await;
     }
     let store = ctx.checkpoint.store().as_ref();
     let (mut entries, source) = match seen {
@@ -728,7 +783,7 @@ async fn find_new_input(
     if reconcile
         && (asked || discovery::reconcile_due(Some(control), run.epoch, p.source.reconcile_every))
     {
-        entries.extend(reconcile_inbox(ctx, run, &entries, source).await?);
+        entries.extend(reconcile_inbox(ctx, run, control.first_batch, &entries, source).await?);
     }
     // One discovery claims at most what one execution commits: a backlog
     // (an outage, a long pause) is taken in slices, not claimed all at once
@@ -744,7 +799,8 @@ async fn find_new_input(
     for e in entries {
         by_key.entry(e.key).or_default().push(e.entry);
     }
-    let (inputs, duplicates) = claim_files(ctx, run.epoch, files, &mut by_key).await?;
+    let (inputs, duplicates) =
+        claim_files(ctx, control.first_batch, run.epoch, files, &mut by_key).await?;
     if !duplicates.is_empty() {
         tracing::info!(pipeline = %p.name, entries = duplicates.len(), "notifications of keys already committed; consumed without processing");
         delete_all(ctx.checkpoint.store(), duplicates).await?;
@@ -759,12 +815,12 @@ async fn find_new_input(
 
 /// List and index modes: the listed files the index has not seen (`seen`
 /// may already hold the run's listing).
-async fn listed_new(ctx: &Context, seen: Seen) -> Result<Fresh> {
+async fn listed_new(ctx: &Context, control: &Control, seen: Seen) -> Result<Fresh> {
     let p = &ctx.pipeline;
     let (index, listed) = match seen {
         Seen::Listing(i, l) => (i, l),
         _ => {
-            let index = ctx.checkpoint.index().await?;
+            let (index, _) = ctx.checkpoint.index_of(Some(control)).await?;
             let listed = discovery::list_inputs(
                 ctx.source.as_ref(),
                 &p.source,
@@ -788,6 +844,7 @@ async fn listed_new(ctx: &Context, seen: Seen) -> Result<Fresh> {
 /// those keys leave `by_key`.
 async fn claim_files(
     ctx: &Context,
+    first: u64,
     epoch: u64,
     files: Vec<ObjectMeta>,
     by_key: &mut HashMap<String, Vec<String>>,
@@ -796,7 +853,7 @@ async fn claim_files(
     let claimed = concurrently(files.iter().map(|f| f.key.clone()).collect(), |k| {
         let store = ctx.checkpoint.store().clone();
         let pipeline = p.name.clone();
-        async move { discovery::claim_key(&store, &pipeline, &k, epoch).await }
+        async move { discovery::claim_key(&store, &pipeline, first, &k, epoch).await }
     })
     .await?;
     let mut inputs = Vec::new();
@@ -824,6 +881,7 @@ async fn claim_files(
 async fn reconcile_inbox(
     ctx: &Context,
     run: &RunState,
+    first: u64,
     inbox: &[InboxEntry],
     source: Option<Vec<ObjectMeta>>,
 ) -> Result<Vec<InboxEntry>> {
@@ -834,9 +892,9 @@ async fn reconcile_inbox(
         None => discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?,
     };
     let claims = store
-        .list(crate::paths::checkpoint::CLAIMS_PREFIX, None)
+        .list(&crate::paths::checkpoint::claims_prefix(first), None)
         .await?;
-    let lost = discovery::unnotified(&source, &claims, inbox);
+    let lost = discovery::unnotified(&source, &claims, inbox, first);
     let objects: Vec<(String, u64)> = lost.iter().map(|m| (m.key.clone(), m.size)).collect();
     discovery::record_notified(ctx.checkpoint.store(), objects).await?;
     let epoch = run.epoch;
@@ -892,6 +950,23 @@ async fn discover_and_plan(
     clock: &PlanClock,
 ) -> Result<PlanOutcome> {
     let p = &ctx.pipeline;
+    // Notify mode keeps no index to check control against (list, ordered
+    // and manifests discovery check it when they read theirs): the last
+    // commit control names must exist.
+    if p.source.discovery == DiscoveryMode::Notify
+        && let Some(last) = control.last_committed
+        && ctx.checkpoint.commit(last).await?.is_none()
+    {
+        return Err(ctx.broken(
+            crate::paths::checkpoint::CONTROL.into(),
+            format!(
+                "says batches up to {last} are committed, but {} does not exist: the record was \
+                 edited by hand. Restore it from a backup, or start over with `sluice reset` on \
+                 the pipeline file",
+                crate::paths::checkpoint::commit(last)
+            ),
+        ));
+    }
     let mut seen = Some(seen);
     let mut first_look = true;
     let Fresh {
@@ -948,6 +1023,7 @@ async fn discover_and_plan(
             format_version: checkpoint::FORMAT_VERSION,
             batch: first + i as u64,
             epoch: run.epoch,
+            history: control.history.clone(),
             planned_ms: now,
             inputs,
             tasks,

@@ -19,7 +19,7 @@ use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
 use futures::StreamExt;
 
-use crate::checkpoint::{Manifest, OutputFile, SinkOwner};
+use crate::checkpoint::{Commit, Manifest, OutputFile, SinkOwner};
 use crate::error::{Error, ErrorClass, Result};
 use crate::paths;
 use crate::storage::fanout::{concurrently, delete_all};
@@ -81,6 +81,12 @@ fn as_readable(
         .map(|(c, f)| datafusion::arrow::compute::cast(c, f.data_type()))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     RecordBatch::try_new(schema.clone(), columns)
+}
+
+/// The folder (prefix ending in `/`) a key is in.
+fn folder_of(key: &str) -> String {
+    key.rsplit_once('/')
+        .map_or(String::new(), |(folder, _)| format!("{folder}/"))
 }
 
 /// A sink of Parquet files with a manifest per committed batch.
@@ -181,53 +187,10 @@ impl ParquetSink {
         Ok(outputs)
     }
 
-    /// Write `<sink>/_quarantine/batch=N/files.json` naming the input files
-    /// batch `n` set aside (none: nothing written). Overwritten with the
-    /// same bytes when a commit is finished again; `_` keeps it out of
-    /// globs and Hive-style readers.
-    pub(crate) async fn record_quarantined(
-        &self,
-        n: u64,
-        files: &[crate::checkpoint::Quarantined],
-        rejected: &[OutputFile],
-        rows_written: bool,
-    ) -> Result<()> {
-        // Rows files of attempts the commit did not keep (a retried task of
-        // another run, a fenced one), where tasks may have written any.
-        if rows_written {
-            self.remove_unnamed_rows(n, rejected).await?;
-        }
-        if files.is_empty() {
-            return Ok(());
-        }
-        let body = serde_json::to_vec_pretty(files).expect("plain records serialize");
-        self.store
-            .put(
-                &paths::sink::quarantined_files(n),
-                Bytes::from(body),
-                PutMode::Overwrite,
-            )
-            .await?;
-        Ok(())
-    }
-
-    /// Delete the bad-row files of batch `n` that `keep` does not name.
-    async fn remove_unnamed_rows(&self, n: u64, keep: &[OutputFile]) -> Result<()> {
-        let stale: Vec<String> = self
-            .store
-            .list(&paths::sink::quarantine_prefix(n), None)
-            .await?
-            .into_iter()
-            .map(|m| m.key)
-            .filter(|k| k.ends_with(".jsonl") && !keep.iter().any(|r| &r.key == k))
-            .collect();
-        delete_all(&self.store, stale).await
-    }
-
-    /// Write the malformed rows a task set aside to
+    /// Stage the malformed rows a task set aside, to be published as
     /// `_quarantine/batch=N/rows-TTTTT-eE.jsonl` (one JSON object a line:
-    /// key, line, raw, reason): a retried task of the same run rewrites its
-    /// own file; the commit names the files it keeps and removes the rest.
+    /// key, line, raw, reason) by the commit that names the file: a retried
+    /// task of the same run rewrites its own; the rest is never published.
     pub(crate) async fn write_rejected<T: serde::Serialize>(
         &self,
         epoch: u64,
@@ -243,7 +206,11 @@ impl ParquetSink {
         let key = paths::sink::rejected_rows(batch, task, epoch);
         let bytes = body.len() as u64;
         self.store
-            .put(&key, Bytes::from(body), PutMode::Overwrite)
+            .put(
+                &paths::sink::staged(&key),
+                Bytes::from(body),
+                PutMode::Overwrite,
+            )
             .await?;
         Ok(OutputFile {
             key,
@@ -252,9 +219,10 @@ impl ParquetSink {
         })
     }
 
-    /// Write the late rows a task read to `_late/batch=N/late-T-eE.parquet`
-    /// (a retried task of the same run rewrites its own file; the commit
-    /// names the files it keeps and removes the rest).
+    /// Stage the late rows a task read, to be published as
+    /// `_late/batch=N/late-T-eE.parquet` by the commit that names the file
+    /// (a retried task of the same run rewrites its own; the rest is never
+    /// published).
     pub(crate) async fn write_late(
         &self,
         epoch: u64,
@@ -276,26 +244,17 @@ impl ParquetSink {
             .map_err(|e| fail(format!("parquet close: {e}")))?;
         let bytes = body.len() as u64;
         self.store
-            .put(&key, Bytes::from(body), PutMode::Overwrite)
+            .put(
+                &paths::sink::staged(&key),
+                Bytes::from(body),
+                PutMode::Overwrite,
+            )
             .await?;
         Ok(OutputFile {
             key,
             rows: rows.iter().map(|b| b.num_rows() as u64).sum(),
             bytes,
         })
-    }
-
-    /// Delete the late-row files of batch `n` that `keep` does not name.
-    pub(crate) async fn remove_unnamed_late(&self, n: u64, keep: &[OutputFile]) -> Result<()> {
-        let stale: Vec<String> = self
-            .store
-            .list(&paths::sink::late_prefix(n), None)
-            .await?
-            .into_iter()
-            .map(|m| m.key)
-            .filter(|k| !keep.iter().any(|r| &r.key == k))
-            .collect();
-        delete_all(&self.store, stale).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -360,31 +319,32 @@ impl ParquetSink {
         Ok(())
     }
 
-    /// Check, before committing, that every output of a batch is staged
-    /// with its size (or, for a commit retried after it published them,
-    /// published with it).
-    pub(crate) async fn verify(&self, batch: u64, outputs: &[OutputFile]) -> Result<()> {
-        let staged = self.store.list(&self.staging_prefix(batch), None).await?;
-        let missing: Vec<&OutputFile> = outputs
+    /// Check, before committing, that every file a batch's record will
+    /// name (parts, late rows, set-aside rows) is staged with its size (or,
+    /// for a commit retried after it published them, published with it).
+    pub(crate) async fn verify(&self, batch: u64, files: &[&OutputFile]) -> Result<()> {
+        if files.is_empty() {
+            return Ok(());
+        }
+        let staged = self.store.list(paths::sink::STAGING_PREFIX, None).await?;
+        let missing: Vec<&OutputFile> = files
             .iter()
+            .copied()
             .filter(|o| {
                 !staged
                     .iter()
                     .any(|m| paths::sink::published(&m.key) == Some(&o.key) && m.size == o.bytes)
             })
             .collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let published = self
-            .store
-            .list(&paths::sink::batch_prefix(batch), None)
-            .await?;
+        let mut listed: Vec<(String, Vec<crate::storage::ObjectMeta>)> = Vec::new();
         for o in missing {
-            if !published
-                .iter()
-                .any(|m| m.key == o.key && m.size == o.bytes)
-            {
+            let folder = folder_of(&o.key);
+            if !listed.iter().any(|(f, _)| *f == folder) {
+                let there = self.store.list(&folder, None).await?;
+                listed.push((folder.clone(), there));
+            }
+            let (_, there) = listed.iter().find(|(f, _)| *f == folder).expect("listed");
+            if !there.iter().any(|m| m.key == o.key && m.size == o.bytes) {
                 return Err(Error::Execution {
                     pipeline: self.pipeline.clone(),
                     batch,
@@ -401,16 +361,62 @@ impl ParquetSink {
         Ok(())
     }
 
-    /// Publish a committed batch's parts under their final keys (copies of
-    /// the staged parts; those already there with their size are kept),
-    /// and delete anything else under the batch's folder. Idempotent:
-    /// recovery runs it again after a crash part-way.
-    pub(crate) async fn publish(&self, batch: u64, outputs: &[OutputFile]) -> Result<()> {
-        let listed = self
-            .store
-            .list(&paths::sink::batch_prefix(batch), None)
+    /// Stage what the commit of `record` publishes besides the files its
+    /// tasks and merges staged: the batch's `manifest`, and the record of
+    /// the input files it set aside. The commit stages them before it
+    /// checks its lease one last time and writes its record, so whoever
+    /// publishes the record later copies exactly these, and a run stopped
+    /// past its lease has nothing left to copy once a reset removed
+    /// staging.
+    pub(crate) async fn stage_commit(&self, record: &Commit, manifest: &Manifest) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(manifest).expect("a manifest serializes");
+        self.store
+            .put(
+                &paths::sink::staged_manifest(record.batch, record.epoch),
+                Bytes::from(bytes),
+                PutMode::Overwrite,
+            )
             .await?;
-        let todo: Vec<String> = outputs
+        if !record.quarantined.is_empty() {
+            let body =
+                serde_json::to_vec_pretty(&record.quarantined).expect("plain records serialize");
+            self.store
+                .put(
+                    &paths::sink::staged_quarantined(record.batch, record.epoch),
+                    Bytes::from(body),
+                    PutMode::Overwrite,
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Publish a committed batch: copy every file its record names from
+    /// staging to its final key (those already there with their size are
+    /// kept), delete anything else under the batch's folder, then copy the
+    /// staged manifest (and set-aside record) into place. Every write is a
+    /// copy of a staged object, so it lands only while that object exists:
+    /// a run stopped past its lease cannot publish after a reset removed
+    /// staging. Idempotent: recovery runs it again after a crash part-way.
+    pub(crate) async fn publish(&self, record: &Commit) -> Result<()> {
+        let batch = record.batch;
+        let mut files: Vec<&OutputFile> = record.outputs.iter().collect();
+        files.extend(record.rejected.iter());
+        if let Some(s) = &record.stateful {
+            files.extend(s.late_files.iter());
+        }
+        let mut folders: Vec<String> = vec![paths::sink::batch_prefix(batch)];
+        for f in &files {
+            let folder = folder_of(&f.key);
+            if !folders.contains(&folder) {
+                folders.push(folder);
+            }
+        }
+        let mut listed = Vec::new();
+        for folder in &folders {
+            listed.extend(self.store.list(folder, None).await?);
+        }
+        let todo: Vec<String> = files
             .iter()
             .filter(|o| !listed.iter().any(|m| m.key == o.key && m.size == o.bytes))
             .map(|o| o.key.clone())
@@ -424,26 +430,73 @@ impl ParquetSink {
             }
         })
         .await?;
-        if let Some((key, _)) = todo.iter().zip(copied).find(|(_, c)| !c) {
-            return Err(Error::Execution {
-                pipeline: self.pipeline.clone(),
-                batch,
-                task: None,
-                message: format!(
-                    "committed output {key} is neither published nor staged ({}): the sink \
-                     was changed outside Sluice; restore the file, or start over with \
-                     `sluice reset`",
-                    paths::sink::staged(key)
-                ),
-                class: ErrorClass::Fatal,
-            });
+        let lost: Vec<&String> = todo
+            .iter()
+            .zip(copied)
+            .filter(|(_, c)| !c)
+            .map(|(k, _)| k)
+            .collect();
+        if !lost.is_empty() {
+            // Another run publishing the same record may have copied them
+            // and removed the staged copies meanwhile.
+            let mut now = Vec::new();
+            for folder in &folders {
+                now.extend(self.store.list(folder, None).await?);
+            }
+            for key in lost {
+                let size = files.iter().find(|f| &f.key == key).map(|f| f.bytes);
+                if !now.iter().any(|m| &m.key == key && Some(m.size) == size) {
+                    return Err(self.unpublishable(batch, key));
+                }
+            }
         }
         let stray: Vec<String> = listed
             .into_iter()
-            .filter(|m| !outputs.iter().any(|o| o.key == m.key))
+            .filter(|m| m.key.starts_with(&folders[0]))
+            .filter(|m| !record.outputs.iter().any(|o| o.key == m.key))
             .map(|m| m.key)
             .collect();
-        delete_all(&self.store, stray).await
+        delete_all(&self.store, stray).await?;
+        if !record.quarantined.is_empty() {
+            self.publish_one(
+                batch,
+                &paths::sink::staged_quarantined(batch, record.epoch),
+                &paths::sink::quarantined_files(batch),
+            )
+            .await?;
+        }
+        self.publish_one(
+            batch,
+            &paths::sink::staged_manifest(batch, record.epoch),
+            &paths::sink::manifest(batch),
+        )
+        .await
+    }
+
+    /// Copy one staged record into place; if its staged copy is gone, the
+    /// published one must be there already (a publish finished before).
+    async fn publish_one(&self, batch: u64, staged: &str, key: &str) -> Result<()> {
+        if self.store.copy(staged, key).await? || self.store.get(key).await?.is_some() {
+            return Ok(());
+        }
+        Err(self.unpublishable(batch, key))
+    }
+
+    /// A committed file that is neither published nor staged: a reset (or
+    /// a newer run that finished this batch) removed what this run was to
+    /// publish, or the sink was changed outside Sluice.
+    fn unpublishable(&self, batch: u64, key: &str) -> Error {
+        Error::Execution {
+            pipeline: self.pipeline.clone(),
+            batch,
+            task: None,
+            message: format!(
+                "committed output {key} is neither published nor staged: a `sluice reset` or a \
+                 newer run removed it (this run lost its lease and stops), or the sink was \
+                 changed outside Sluice (restore the file, or start over with `sluice reset`)"
+            ),
+            class: ErrorClass::Conflict,
+        }
     }
 
     /// Delete the staged parts of batches up to `batch` (all committed):
@@ -461,19 +514,20 @@ impl ParquetSink {
         delete_all(&self.store, done).await
     }
 
-    /// Delete the staged and any published parts of batch `batch` (a batch
-    /// abandoned before its commit).
-    pub(crate) async fn remove_batch(&self, batch: u64) -> Result<()> {
-        for prefix in [
-            self.staging_prefix(batch),
-            paths::sink::batch_prefix(batch),
-            paths::sink::quarantine_prefix(batch),
-            paths::sink::late_prefix(batch),
-        ] {
-            let keys = self.store.list(&prefix, None).await?;
-            delete_all(&self.store, keys.into_iter().map(|m| m.key).collect()).await?;
-        }
-        Ok(())
+    /// Delete what runs up to lease `epoch` staged for batches from
+    /// `batch` on (batches abandoned before their commit). A newer run's
+    /// staged files are left alone.
+    pub(crate) async fn remove_staged_from(&self, batch: u64, epoch: u64) -> Result<()> {
+        let keys: Vec<String> = self
+            .store
+            .list(paths::sink::STAGING_PREFIX, None)
+            .await?
+            .into_iter()
+            .map(|m| m.key)
+            .filter(|k| paths::sink::staged_batch(k).is_some_and(|b| b >= batch))
+            .filter(|k| paths::epoch_of(k).is_none_or(|e| e <= epoch))
+            .collect();
+        delete_all(&self.store, keys).await
     }
 
     /// After a run that died: remove the temporary files its killed writes
@@ -486,34 +540,18 @@ impl ParquetSink {
         Ok(())
     }
 
-    fn staging_prefix(&self, batch: u64) -> String {
-        format!(
-            "{}{}",
-            paths::sink::STAGING_PREFIX,
-            paths::sink::batch_prefix(batch)
-        )
-    }
-
-    /// Make a batch's output visible: write its manifest. Idempotent.
-    pub async fn commit(&self, manifest: &Manifest) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(manifest).expect("a manifest serializes");
-        self.store
-            .put(
-                &paths::sink::manifest(manifest.batch),
-                Bytes::from(bytes),
-                PutMode::Overwrite,
-            )
-            .await?;
-        Ok(())
-    }
-
     /// The sink's owner record, if it has one.
     pub async fn owner(&self) -> Result<Option<SinkOwner>> {
+        Ok(self.owner_tagged().await?.map(|(o, _)| o))
+    }
+
+    /// The owner record with its etag.
+    async fn owner_tagged(&self) -> Result<Option<(SinkOwner, String)>> {
         let Some(obj) = self.store.get(paths::sink::OWNER).await? else {
             return Ok(None);
         };
         serde_json::from_slice(&obj.bytes)
-            .map(Some)
+            .map(|o| Some((o, obj.etag)))
             .map_err(|e| Error::Checkpoint {
                 pipeline: self.pipeline.clone(),
                 key: format!("{}/{}", self.store.describe(), paths::sink::OWNER),
@@ -521,22 +559,60 @@ impl ParquetSink {
             })
     }
 
-    /// Record `owner` as the sink's owner, create-only. Returns the record
-    /// that is there after (ours, or one written first by someone else).
+    /// Record `owner` as the sink's owner: create-only, or in place of the
+    /// record `sluice reset` left (this pipeline's, with no history), by
+    /// compare-and-swap. Returns the record that is there after (ours, or
+    /// one written first by someone else).
     pub(crate) async fn claim(&self, owner: &SinkOwner) -> Result<SinkOwner> {
-        let bytes = serde_json::to_vec_pretty(owner).expect("an owner serializes");
-        match self
-            .store
-            .put(paths::sink::OWNER, Bytes::from(bytes), PutMode::Create)
-            .await?
-        {
-            PutOutcome::Written(_) => Ok(owner.clone()),
-            PutOutcome::Conflict => self.owner().await?.ok_or_else(|| Error::Checkpoint {
-                pipeline: self.pipeline.clone(),
-                key: paths::sink::OWNER.into(),
-                message: "create-only write lost, yet no record is there".into(),
-            }),
+        let bytes = Bytes::from(serde_json::to_vec_pretty(owner).expect("an owner serializes"));
+        for _ in 0..4 {
+            let mode = match self.owner_tagged().await? {
+                None => PutMode::Create,
+                Some((o, etag)) if o.history.is_empty() && o.pipeline == owner.pipeline => {
+                    PutMode::Update(etag)
+                }
+                Some((o, _)) => return Ok(o),
+            };
+            if let PutOutcome::Written(_) = self
+                .store
+                .put(paths::sink::OWNER, bytes.clone(), mode)
+                .await?
+            {
+                return Ok(owner.clone());
+            }
         }
+        self.owner().await?.ok_or_else(|| Error::Checkpoint {
+            pipeline: self.pipeline.clone(),
+            key: paths::sink::OWNER.into(),
+            message: "the owner record keeps changing under this run".into(),
+        })
+    }
+
+    /// `sluice reset`: record that the sink's output up to `first_batch`
+    /// is retired (this pipeline's record with no history), by
+    /// compare-and-swap on what was there, so a reset resumed late cannot
+    /// undo the claim of the history that followed it. `false` when the
+    /// record changed meanwhile.
+    pub(crate) async fn retire(&self, first_batch: u64, checkpoint: &str) -> Result<bool> {
+        let tomb = SinkOwner {
+            pipeline: self.pipeline.clone(),
+            history: String::new(),
+            checkpoint: checkpoint.to_string(),
+            first_batch,
+        };
+        let mode = match self.owner_tagged().await? {
+            Some((o, _)) if o == tomb => return Ok(true),
+            Some((o, _)) if o.history.is_empty() && o.first_batch > first_batch => {
+                return Ok(false);
+            }
+            Some((_, etag)) => PutMode::Update(etag),
+            None => PutMode::Create,
+        };
+        let bytes = Bytes::from(serde_json::to_vec_pretty(&tomb).expect("an owner serializes"));
+        Ok(matches!(
+            self.store.put(paths::sink::OWNER, bytes, mode).await?,
+            PutOutcome::Written(_)
+        ))
     }
 
     /// The batch numbers of the manifests in the sink, ascending.

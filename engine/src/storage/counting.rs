@@ -68,6 +68,11 @@ impl Store for CountingStore {
         self.inner.delete(key).await
     }
 
+    async fn delete_if(&self, key: &str, etag: &str) -> Result<bool, StoreError> {
+        self.counter.add(RequestKind::Delete);
+        self.inner.delete_if(key, etag).await
+    }
+
     async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
         self.counter.add(RequestKind::Put);
         self.inner.copy(from, to).await

@@ -30,6 +30,9 @@ pub struct LocalStore {
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// How long a compare-and-swap waits for a key's lock before giving up.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl LocalStore {
     /// A store rooted at `root` (created on first write).
     pub fn new(root: PathBuf) -> LocalStore {
@@ -119,18 +122,7 @@ impl LocalStore {
                 }
             }
             PutMode::Update(expected) => {
-                let dir = path.parent().expect("a key has a parent folder");
-                std::fs::create_dir_all(dir).map_err(|e| self.err("put-update", dir, e))?;
-                let name = path.file_name().unwrap_or_default().to_string_lossy();
-                let lock_path = dir.join(format!(".{name}.lock"));
-                let lock = std::fs::OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&lock_path)
-                    .map_err(|e| self.err("put-update", &lock_path, e))?;
-                lock.lock()
-                    .map_err(|e| self.err("put-update", &lock_path, e))?;
+                let _lock = self.lock_key(&path, "put-update")?;
                 let current = match std::fs::read(&path) {
                     Ok(b) => Some(etag_of(&b)),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -144,6 +136,62 @@ impl LocalStore {
                 // The lock is released when `lock` is dropped.
                 Ok(PutOutcome::Written(etag))
             }
+        }
+    }
+
+    /// Take the exclusive lock on `path`'s hidden lock file, under which
+    /// compare-and-swap and compare-and-delete compare and write. A holder
+    /// stopped while holding it (SIGSTOP, a frozen container) must not hang
+    /// every other writer: after a few seconds of trying this gives a
+    /// transient error, and the caller's step is retried.
+    fn lock_key(&self, path: &Path, op: &'static str) -> Result<std::fs::File, StoreError> {
+        let dir = path.parent().expect("a key has a parent folder");
+        std::fs::create_dir_all(dir).map_err(|e| self.err(op, dir, e))?;
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let lock_path = dir.join(format!(".{name}.lock"));
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| self.err(op, &lock_path, e))?;
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            match lock.try_lock() {
+                Ok(()) => return Ok(lock),
+                Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(StoreError::Transient {
+                        op,
+                        location: path.display().to_string(),
+                        message: format!(
+                            "another writer has held {} for {} s (a stopped process?)",
+                            lock_path.display(),
+                            LOCK_WAIT.as_secs()
+                        ),
+                    });
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(self.err(op, &lock_path, e)),
+            }
+        }
+        // The lock is released when the returned file is dropped.
+    }
+
+    fn delete_if_sync(&self, key: &str, etag: &str) -> Result<bool, StoreError> {
+        let path = self.path_of(key)?;
+        let _lock = self.lock_key(&path, "delete-if")?;
+        match std::fs::read(&path) {
+            Ok(b) if etag_of(&b) == etag => {}
+            Ok(_) => return Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(self.err("delete-if", &path, e)),
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(self.err("delete-if", &path, e)),
         }
     }
 
@@ -365,12 +413,43 @@ impl Store for LocalStore {
         }
     }
 
+    async fn delete_if(&self, key: &str, etag: &str) -> Result<bool, StoreError> {
+        self.counter.add(RequestKind::Delete);
+        let this = LocalStore {
+            root: self.root.clone(),
+            counter: Arc::default(),
+        };
+        let (key, etag) = (key.to_string(), etag.to_string());
+        tokio::task::spawn_blocking(move || this.delete_if_sync(&key, &etag))
+            .await
+            .map_err(|e| StoreError::Transient {
+                op: "delete-if",
+                location: self.root.display().to_string(),
+                message: e.to_string(),
+            })?
+    }
+
     async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
         self.counter.add(RequestKind::Put);
         let (src, dst) = (self.path_of(from)?, self.path_of(to)?);
+        if let Some(dir) = dst.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| self.err("copy", dir, e))?;
+        }
+        // A hard link from the source straight to the destination is one
+        // atomic step that fails once the source is gone: a writer stopped
+        // in the middle of publishing cannot publish after a reset or a
+        // newer run removed what it publishes (a link to a temporary file
+        // renamed into place later could).
+        match std::fs::hard_link(&src, &dst) {
+            Ok(()) => return Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            // Another file system: copy the bytes below.
+            Err(_) => {}
+        }
+        // The destination exists (replaced atomically), or linking is not
+        // possible: a linked or copied temporary file renamed into place.
         let tmp = self.temp_beside(&dst, "copy")?;
-        // A hard link shares the bytes (no copy); a rename puts it in place
-        // atomically. Across file systems, copy the bytes instead.
         let linked = match std::fs::hard_link(&src, &tmp) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
             Err(_) => std::fs::copy(&src, &tmp).map(|_| ()),

@@ -24,6 +24,9 @@ pub struct MemoryStore {
     listing: Arc<std::sync::Mutex<std::collections::BTreeMap<String, ObjectMeta>>>,
     counter: Arc<RequestCounter>,
     id: u64,
+    /// Held by every write, so a compare-and-delete is atomic against
+    /// puts (`InMemory` has no conditional delete of its own).
+    writes: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Default for MemoryStore {
@@ -33,6 +36,7 @@ impl Default for MemoryStore {
             inner: Arc::new(InMemory::new()),
             listing: Arc::default(),
             counter: Arc::default(),
+            writes: Arc::default(),
             id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
@@ -86,6 +90,7 @@ impl Store for MemoryStore {
             mode,
             ..Default::default()
         };
+        let _writing = self.writes.lock().await;
         let size = bytes.len() as u64;
         match self
             .inner
@@ -136,6 +141,7 @@ impl Store for MemoryStore {
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.counter.add(RequestKind::Delete);
+        let _writing = self.writes.lock().await;
         self.listing.lock().expect("not poisoned").remove(key);
         match self.inner.delete(&object_path(key)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
@@ -143,8 +149,25 @@ impl Store for MemoryStore {
         }
     }
 
+    async fn delete_if(&self, key: &str, etag: &str) -> Result<bool, StoreError> {
+        self.counter.add(RequestKind::Delete);
+        let _writing = self.writes.lock().await;
+        let path = object_path(key);
+        match self.inner.head(&path).await {
+            Ok(meta) if meta.e_tag.as_deref() == Some(etag) => {}
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(fail("delete", key, e)),
+        }
+        self.listing.lock().expect("not poisoned").remove(key);
+        match self.inner.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(true),
+            Err(e) => Err(fail("delete", key, e)),
+        }
+    }
+
     async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
         self.counter.add(RequestKind::Put);
+        let _writing = self.writes.lock().await;
         match self.inner.copy(&object_path(from), &object_path(to)).await {
             Ok(()) => {}
             Err(object_store::Error::NotFound { .. }) => return Ok(false),

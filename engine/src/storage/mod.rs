@@ -9,6 +9,13 @@
 //!   across processes;
 //! - **compare-and-swap put** ([`PutMode::Update`]): succeeds only while the
 //!   key's current etag equals the given one, atomically;
+//! - **compare-and-delete** ([`Store::delete_if`]): deletes only while the
+//!   key's current etag equals the given one, atomically (S3 `If-Match` on
+//!   DeleteObject);
+//! - **copy conditional on its source**: a [`Store::copy`] whose source is
+//!   gone when it takes effect writes nothing (publishing from staging
+//!   relies on it: a run that lost its lease cannot publish what a reset or
+//!   a newer run removed);
 //! - **atomic objects**: a reader sees a whole old or a whole new object, never
 //!   a torn one;
 //! - `list` returns keys in ascending byte order, starting after `start_after`.
@@ -277,6 +284,11 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Delete an object; deleting a missing key succeeds.
     async fn delete(&self, key: &str) -> Result<(), StoreError>;
+
+    /// Delete an object only while its etag is `etag` (S3 `If-Match`):
+    /// `Ok(false)` when it changed or is gone. What a run that may have
+    /// lost its lease deletes, it deletes this way.
+    async fn delete_if(&self, key: &str, etag: &str) -> Result<bool, StoreError>;
 
     /// Copy object `from` to `to` inside the store, overwriting `to`
     /// atomically (readers see the old object or the whole new one); on S3

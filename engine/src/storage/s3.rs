@@ -308,6 +308,29 @@ impl Store for S3Store {
         Ok(())
     }
 
+    async fn delete_if(&self, key: &str, etag: &str) -> Result<bool, StoreError> {
+        self.counter.add(RequestKind::Delete);
+        let resp = self
+            .config
+            .client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(self.full_key(key))
+            .if_match(etag)
+            .send()
+            .await;
+        match resp {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.raw_response()
+                    .is_some_and(|r| matches!(r.status().as_u16(), 404 | 412)) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(self.classify("delete", key, &e)),
+        }
+    }
+
     async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
         self.counter.add(RequestKind::Put);
         // CopySource is "bucket/key", URL-encoded.

@@ -1,0 +1,544 @@
+//! Fencing: a run stopped past its lease (a frozen container, a committer
+//! Lambda that outlives its cancelled execution) and resumed after another
+//! run took over, or after `sluice reset`, changes nothing a reader or a
+//! later run sees. Proved the way the review found it: the stale run is
+//! held at each of its writes in turn (a pause hook in the store, not
+//! timing), the other run (or a reset and a run) goes to the end, the
+//! stale run is let go, a last run goes to the end, and then the output
+//! equals an oracle computed without Sluice and the checkpoint is
+//! consistent. A second pipeline sharing the checkpoint root is never
+//! touched. The same for a reset held at each of its writes while another
+//! reset and a run go to the end.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sluice_engine::admin;
+use sluice_engine::discovery;
+use sluice_engine::error::StoreError;
+use sluice_engine::handlers::Context;
+use sluice_engine::storage::{LocalStore, Store};
+
+use crate::support::*;
+
+/// Holds write number `at` (1-based, counted over every store sharing
+/// `writes`) until `release` is signalled; `at = 0` holds none.
+#[derive(Debug, Default)]
+struct Pause {
+    writes: AtomicU64,
+    at: u64,
+    reached: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+    held: std::sync::Mutex<Option<String>>,
+}
+
+#[derive(Debug, Clone)]
+struct PauseHook(Arc<Pause>);
+
+#[async_trait::async_trait]
+impl WriteHook for PauseHook {
+    async fn before(&self, op: &'static str, key: &str) -> Result<(), StoreError> {
+        let n = self.0.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.0.at {
+            *self.0.held.lock().unwrap() = Some(format!("{op} {key}"));
+            self.0.reached.notify_one();
+            self.0.release.notified().await;
+        }
+        Ok(())
+    }
+}
+
+/// The context of the pipeline `toml` under `root` whose sink and
+/// checkpoint writes pass `pause`.
+fn paused_context(root: &Path, toml: &str, pause: &Arc<Pause>) -> Context {
+    let p = pipeline(root, toml);
+    let wrap = |path: PathBuf| -> Arc<dyn Store> {
+        Arc::new(Hooked {
+            inner: Arc::new(LocalStore::new(path)),
+            hook: PauseHook(pause.clone()),
+        })
+    };
+    let checkpoint = root.join("out/checkpoint").join(&p.name);
+    let mut ctx = Context::new(
+        p,
+        Arc::new(LocalStore::new(root.join("input"))),
+        wrap(root.join("out/sink")),
+        wrap(checkpoint),
+    );
+    test_mode(&mut ctx);
+    ctx
+}
+
+/// What the stale run is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Stale {
+    /// A run, stopped at a write of its plan, task, merge or commit steps.
+    Run,
+    /// `sluice reset`, stopped at one of its writes.
+    Reset,
+}
+
+/// What happens while it is stopped.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Meanwhile {
+    /// A new file arrives and another run takes over and goes to the end.
+    TakeOver,
+    /// `sluice reset`, then a run to the end.
+    Reset,
+}
+
+/// The pipelines the stale writer is tried on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scenario {
+    /// `list` discovery, two batches, bad rows set aside (row files).
+    List,
+    /// `notify` discovery: inbox, claims, reconciliation.
+    Notify,
+    /// A windowed GROUP BY in append mode with late rows as side output:
+    /// tasks' partial states, merges' state files, trailing batch.
+    Windowed,
+}
+
+const CSV_SQL: &str = "SELECT id, v, v * 2 AS twice FROM t WHERE v > 1";
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::List => "fence",
+            Scenario::Notify => "fencen",
+            Scenario::Windowed => "fencew",
+        }
+    }
+
+    fn toml(self) -> String {
+        match self {
+            Scenario::List => format!(
+                r#"name = "fence"
+[source]
+uri = "input"
+format = "csv"
+table = "t"
+on_bad_row = "quarantine"
+schema = [{{ name = "id", type = "Int64" }}, {{ name = "v", type = "Int64" }}]
+[query]
+sql = "{CSV_SQL}"
+[sink]
+uri = "out/sink"
+[checkpoint]
+uri = "out/checkpoint"
+[limits]
+max_files_per_batch = 2
+"#
+            ),
+            Scenario::Notify => pipeline_toml(
+                "fencen",
+                "parquet",
+                "discovery = \"notify\"\nreconcile_every = 2",
+                "max_files_per_batch = 2",
+            ),
+            Scenario::Windowed => crate::stateful::windowed_toml("fencew")
+                .replace("state_partitions = 3", "state_partitions = 2"),
+        }
+    }
+
+    /// The input before the stale run starts.
+    async fn setup(self, root: &Path) {
+        match self {
+            Scenario::List => {
+                for i in 0..3 {
+                    write_csv(root, i);
+                }
+            }
+            Scenario::Notify => {
+                let input = root.join("input");
+                let files = gen_files(&input, 3, 40);
+                let ctx = local_context(&pipeline(root, &self.toml()));
+                discovery::record_notified(ctx.checkpoint.store(), notified(&files, &input))
+                    .await
+                    .unwrap();
+            }
+            Scenario::Windowed => {
+                crate::stateful::windowed_input(root);
+            }
+        }
+    }
+
+    /// One more file, arriving while the stale run is stopped (the
+    /// windowed scenario's expected windows depend on the arrival order,
+    /// so it gets none).
+    async fn arrive(self, root: &Path) {
+        match self {
+            Scenario::List => write_csv(root, 9),
+            Scenario::Notify => {
+                let input = root.join("input");
+                let files = gen_files(&input, 1, 40);
+                let ctx = local_context(&pipeline(root, &self.toml()));
+                discovery::record_notified(ctx.checkpoint.store(), notified(&files, &input))
+                    .await
+                    .unwrap();
+            }
+            Scenario::Windowed => {}
+        }
+    }
+
+    /// The committed output as its reader sees it (for the windowed
+    /// scenario, the late rows too).
+    async fn got(self, root: &Path) -> Vec<String> {
+        let sink = root.join("out/sink");
+        match self {
+            Scenario::List => manifest_rows(&sink, self.name(), "id, v, twice", "").await,
+            Scenario::Notify => committed_rows(&sink, self.name()).await,
+            Scenario::Windowed => {
+                let (mut got, _) = crate::stateful::windowed_output(root, self.name(), false).await;
+                let (late, _) = crate::stateful::windowed_late(root, false).await;
+                got.extend(late.into_iter().map(|r| format!("late {r}")));
+                got
+            }
+        }
+    }
+
+    /// What the committed output must be, computed without Sluice from
+    /// the input files under `root`.
+    async fn want(self, root: &Path) -> Vec<String> {
+        match self {
+            Scenario::List => {
+                let input = root.join("input");
+                let mut files: Vec<PathBuf> = std::fs::read_dir(&input)
+                    .unwrap()
+                    .map(|e| e.unwrap().path())
+                    .collect();
+                files.sort();
+                // DuckDB over the CSV files, the malformed lines skipped.
+                duckdb_sql(&format!(
+                    "SELECT id, v, v * 2 AS twice FROM read_csv([{}], columns = {{'id': \
+                     'BIGINT', 'v': 'BIGINT'}}, header = true, ignore_errors = true) WHERE v > 1",
+                    quoted(&files)
+                ))
+                .await
+            }
+            Scenario::Notify => one_shot_rows(&root.join("input")).await,
+            Scenario::Windowed => {
+                let (_, mut want) = crate::stateful::windowed_output(root, self.name(), true).await;
+                let (_, late) = crate::stateful::windowed_late(root, true).await;
+                want.extend(late.into_iter().map(|r| format!("late {r}")));
+                want
+            }
+        }
+    }
+}
+
+/// Input file `i` of the CSV scenario: rows `(i*10 + r, r)`, and a
+/// malformed line every file (set aside as a bad row).
+fn write_csv(root: &Path, i: u64) {
+    let input = root.join("input");
+    std::fs::create_dir_all(&input).unwrap();
+    let mut text = String::from("id,v\n");
+    for r in 0..6 {
+        text.push_str(&format!("{},{r}\n", i * 10 + r));
+    }
+    text.push_str("not-a-number,x\n");
+    std::fs::write(input.join(format!("f{i:02}.csv")), text).unwrap();
+}
+
+/// Everything under `dir`, with content: the second pipeline's folders
+/// must be left exactly as they were.
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(base, &p, out);
+            } else {
+                let rel = p.strip_prefix(base).unwrap().display().to_string();
+                out.push((rel, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// A second pipeline in the same root, sharing the checkpoint root and
+/// nothing else, run once before the stale writer starts.
+async fn bystander(root: &Path) -> String {
+    let toml = r#"name = "other"
+[source]
+uri = "other/input"
+format = "parquet"
+table = "trips"
+[query]
+sql = "SELECT * FROM trips"
+[sink]
+uri = "other/sink"
+[checkpoint]
+uri = "out/checkpoint"
+"#
+    .to_string();
+    gen_files(&root.join("other/input"), 2, 30);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    toml
+}
+
+fn bystander_files(root: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut all = snapshot(&root.join("other"));
+    all.extend(
+        snapshot(&root.join("out/checkpoint/other"))
+            .into_iter()
+            .map(|(k, v)| (format!("checkpoint/{k}"), v)),
+    );
+    all
+}
+
+/// After everything: the checkpoint is one consistent history. Control is
+/// released; every batch from the history's first to the last committed
+/// has a commit record of this history; no plan waits beyond it; the
+/// index (list mode) is through the last batch; the totals count every
+/// input file once; every Parquet file in the sink is named by a committed
+/// record (a manifest, or a record's late rows), and every manifest by a
+/// commit of this history.
+async fn assert_consistent(root: &Path, s: Scenario, inputs: u64, what: &str) {
+    let toml = s.toml();
+    let ctx = local_context(&pipeline(root, &toml));
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert!(!c.resetting, "{what}: resetting");
+    assert_eq!(
+        c.status,
+        sluice_engine::checkpoint::RunStatus::Idle,
+        "{what}: lease held"
+    );
+    let last = c.last_committed.expect("something committed");
+    let mut late_named = Vec::new();
+    let mut batches = 0;
+    for n in c.first_batch..=last {
+        let commit = ctx
+            .checkpoint
+            .commit(n)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{what}: no commit record of batch {n}"));
+        assert_eq!(commit.history, c.history, "{what}: batch {n}'s record");
+        if let Some(st) = &commit.stateful {
+            late_named.extend(st.late_files.iter().map(|f| f.key.clone()));
+        }
+        batches += 1;
+    }
+    assert_eq!(c.totals.batches, batches, "{what}: totals.batches");
+    assert_eq!(c.totals.files, inputs, "{what}: totals.files");
+    let plans: Vec<String> = ctx
+        .checkpoint
+        .store()
+        .list("offsets/", None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key)
+        .filter(|k| k > &format!("offsets/{last:010}.json"))
+        .collect();
+    assert_eq!(
+        plans,
+        Vec::<String>::new(),
+        "{what}: plans beyond the last commit"
+    );
+    if s == Scenario::List {
+        let (index, _) = ctx.checkpoint.index(c.first_batch).await.unwrap();
+        assert_eq!(index.through_batch, Some(last), "{what}: index");
+    }
+    let sink = root.join("out/sink");
+    let manifests = manifest_files(&sink, s.name()).await;
+    for (n, _, _) in &manifests {
+        assert!(
+            (c.first_batch..=last).contains(n),
+            "{what}: manifest of batch {n}, not of this history ({}..={last})",
+            c.first_batch
+        );
+    }
+    let named: Vec<PathBuf> = manifests.into_iter().flat_map(|(_, _, f)| f).collect();
+    let unnamed: Vec<String> = ctx
+        .sink
+        .store()
+        .list("", None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key)
+        .filter(|k| !k.starts_with("_sluice/") && k.ends_with(".parquet"))
+        .filter(|k| !named.contains(&sink.join(k)) && !late_named.contains(k))
+        .collect();
+    assert_eq!(
+        unnamed,
+        Vec::<String>::new(),
+        "{what}: files no record names"
+    );
+}
+
+/// Input files of the scenario under `root` now.
+fn input_files(root: &Path) -> u64 {
+    snapshot(&root.join("input")).len() as u64
+}
+
+/// Run the stale writer to completion without stopping it: how many
+/// writes it makes.
+async fn count_writes(s: Scenario, stale: Stale) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    s.setup(root).await;
+    let pause = Arc::new(Pause::default());
+    let ctx = paused_context(root, &s.toml(), &pause);
+    match stale {
+        Stale::Run => {
+            run(&ctx).await.unwrap();
+        }
+        Stale::Reset => {
+            run(&local_context(&pipeline(root, &s.toml())))
+                .await
+                .unwrap();
+            admin::reset(&ctx).await.unwrap();
+        }
+    }
+    pause.writes.load(Ordering::SeqCst)
+}
+
+/// Hold the stale writer at each of its writes in turn; meanwhile let the
+/// others go to the end; let it go; run once more; check.
+async fn each_write_held(s: Scenario, stale: Stale, meanwhile: Meanwhile) {
+    let total = count_writes(s, stale).await;
+    assert!(total >= 5, "{s:?}: only {total} writes");
+    // The input is the same in every round: the oracle's answer is too.
+    let mut expected: Option<Vec<String>> = None;
+    eprintln!("fencing {s:?} {stale:?} {meanwhile:?}: holding each of {total} writes");
+    for k in 1..=total {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        s.setup(root).await;
+        let other = bystander(root).await;
+        let before = bystander_files(root);
+        let toml = s.toml();
+        let local = || local_context(&pipeline(root, &toml));
+        if stale == Stale::Reset {
+            run(&local()).await.unwrap();
+        }
+        let pause = Arc::new(Pause {
+            at: k,
+            ..Pause::default()
+        });
+        let ctx = paused_context(root, &toml, &pause);
+        let held = tokio::spawn(async move {
+            match stale {
+                Stale::Run => run(&ctx).await.map(|_| ()),
+                Stale::Reset => admin::reset(&ctx).await.map(|_| ()),
+            }
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(60), pause.reached.notified())
+            .await
+            .unwrap_or_else(|_| panic!("{s:?}: write {k} of {total} was never reached"));
+        let at = pause.held.lock().unwrap().clone().unwrap();
+        let what = format!("{s:?} {stale:?} held at write {k} ({at}), {meanwhile:?}");
+        match meanwhile {
+            Meanwhile::TakeOver => {
+                s.arrive(root).await;
+                run(&local())
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: the run taking over: {e}"));
+            }
+            Meanwhile::Reset => {
+                admin::reset(&local())
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: reset: {e}"));
+                run(&local())
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: the run after the reset: {e}"));
+            }
+        }
+        pause.release.notify_one();
+        let late = tokio::time::timeout(std::time::Duration::from_secs(60), held)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the stale writer never finished"))
+            .unwrap();
+        if let Err(e) = &late {
+            eprintln!("{what}: the stale writer ended with: {e}");
+        }
+        run(&local())
+            .await
+            .unwrap_or_else(|e| panic!("{what}: the last run: {e}"));
+        let want = match &expected {
+            Some(w) => w.clone(),
+            None => {
+                let w = s.want(root).await;
+                assert!(!w.is_empty());
+                expected = Some(w.clone());
+                w
+            }
+        };
+        let got = s.got(root).await;
+        if got != want {
+            let missing: Vec<&String> = want.iter().filter(|r| !got.contains(r)).collect();
+            let extra: Vec<&String> = got.iter().filter(|r| !want.contains(r)).collect();
+            panic!(
+                "{what}: {} rows committed, want {}; missing {missing:?}; extra {extra:?}",
+                got.len(),
+                want.len()
+            );
+        }
+        assert_consistent(root, s, input_files(root), &what).await;
+        assert_eq!(
+            bystander_files(root),
+            before,
+            "{what}: the other pipeline changed"
+        );
+        let ctx = local_context(&pipeline(root, &other));
+        assert_eq!(
+            ctx.checkpoint
+                .control()
+                .await
+                .unwrap()
+                .unwrap()
+                .0
+                .totals
+                .files,
+            2
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_list_run_held_at_any_write_changes_nothing_after_a_takeover() {
+    each_write_held(Scenario::List, Stale::Run, Meanwhile::TakeOver).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_list_run_held_at_any_write_changes_nothing_after_a_reset() {
+    each_write_held(Scenario::List, Stale::Run, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_notify_run_held_at_any_write_changes_nothing_after_a_takeover() {
+    each_write_held(Scenario::Notify, Stale::Run, Meanwhile::TakeOver).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_notify_run_held_at_any_write_changes_nothing_after_a_reset() {
+    each_write_held(Scenario::Notify, Stale::Run, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_windowed_run_held_at_any_write_changes_nothing_after_a_takeover() {
+    each_write_held(Scenario::Windowed, Stale::Run, Meanwhile::TakeOver).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_windowed_run_held_at_any_write_changes_nothing_after_a_reset() {
+    each_write_held(Scenario::Windowed, Stale::Run, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reset_held_at_any_write_changes_nothing_after_another_reset() {
+    each_write_held(Scenario::List, Stale::Reset, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_notify_reset_held_at_any_write_changes_nothing_after_another_reset() {
+    each_write_held(Scenario::Notify, Stale::Reset, Meanwhile::Reset).await;
+}
