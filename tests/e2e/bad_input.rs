@@ -421,3 +421,59 @@ async fn a_batch_losing_a_file_crashed_at_each_write_recovers() {
         k += 1;
     }
 }
+
+/// The review's case: a 0-byte CSV stopped the pipeline ("column id is
+/// missing") under `on_bad_file = "fail"` and `"quarantine"` alike. It holds
+/// no rows: the batch commits the other files, the empty one counts as
+/// processed (not quarantined, not read again), and the output equals
+/// DuckDB's over the non-empty files.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zero_byte_csv_is_a_file_with_no_rows() {
+    for policy in ["fail", "quarantine"] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let input = root.join("input");
+        let files = sluice_cli::generator::write_taxi_files(&input, 2, 40, SourceFormat::Csv, None)
+            .unwrap();
+        let toml = pipeline_toml(
+            "empty",
+            "csv",
+            &format!("on_bad_file = \"{policy}\""),
+            "max_files_per_batch = 10",
+        );
+        let p = pipeline(root, &toml);
+        run(&local_context(&p)).await.unwrap();
+        std::fs::write(input.join("trips-zero.csv"), b"").unwrap();
+        let more = sluice_cli::generator::write_taxi_files(&input, 1, 40, SourceFormat::Csv, None)
+            .unwrap();
+        let s = run(&local_context(&p))
+            .await
+            .unwrap_or_else(|e| panic!("{policy}: {e}"));
+        assert_eq!(s.batches.len(), 1, "{policy}");
+        let control = control_of(root, &toml).await;
+        assert_eq!(
+            control.totals.files, 4,
+            "{policy}: the empty file is processed"
+        );
+        assert!(
+            control.quarantined.is_empty(),
+            "{policy}: {:?}",
+            control.quarantined
+        );
+        let all: Vec<_> = files.iter().chain(&more).cloned().collect();
+        let cols = "\"VendorID\", \"PULocationID\", trip_distance, fare_amount, \
+                    round(surcharges, 6)";
+        let want = duckdb_sql(&format!(
+            "SELECT {cols} FROM (SELECT *, total_amount - fare_amount AS surcharges FROM \
+             read_csv([{}])) WHERE trip_distance > 1.0",
+            quoted(&all)
+        ))
+        .await;
+        let got = manifest_rows(&root.join("out/sink"), "empty", cols, "").await;
+        assert!(!want.is_empty());
+        assert_eq!(got, want, "{policy}");
+        // Nothing is read again: the next run is idle.
+        let idle = run(&local_context(&p)).await.unwrap();
+        assert!(idle.batches.is_empty(), "{policy}");
+    }
+}

@@ -2,12 +2,15 @@
 //! results add up to the one-shot result. Accepted: projections, filters,
 //! expressions, `UNION ALL` of branches that each read the input, derived
 //! tables and CTEs over the input, and subqueries that do not read the
-//! input (`x IN (SELECT 1)`, `IN (VALUES ...)`). Refused, by name: anything
-//! that combines rows across a batch (aggregation, DISTINCT, windows,
-//! LIMIT, joins), a subquery over the input (`IN`, `EXISTS`, scalar: each
-//! batch would see only its own rows), and a branch that reads no input
-//! (`SELECT 1`, `VALUES`, `UNION ALL SELECT 42.0`: its rows would be
-//! emitted once per batch).
+//! input (`x IN (SELECT 1)`, `IN (VALUES ...)`, a scalar subquery over
+//! `generate_series`). Refused, by name: anything that combines rows across
+//! a batch (aggregation, DISTINCT, windows, LIMIT, joins), a subquery over
+//! the input (`IN`, `EXISTS`, scalar: each batch would see only its own
+//! rows), and a branch that reads no input (`SELECT 1`, `VALUES`, a table
+//! function such as `generate_series`, `UNION ALL SELECT 42.0`: its rows
+//! would be emitted once per batch). The same holds for the input of a
+//! stateful query's one aggregation: a branch that reads no input would be
+//! counted once per batch.
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::DataFusionError;
@@ -18,35 +21,35 @@ const ROW_BY_ROW: &str = "use a row-by-row query (SELECT, WHERE, expressions, UN
                           README \"Stateful queries\")";
 
 /// Why a plan's per-batch results would not add up to the one-shot result,
-/// if they would not. A failed traversal is an error, never a pass.
-pub(crate) fn not_batch_equivalent(plan: &LogicalPlan) -> Result<Option<String>, DataFusionError> {
+/// if they would not (`input`: the pipeline's table). A failed traversal is
+/// an error, never a pass.
+pub(crate) fn not_batch_equivalent(
+    plan: &LogicalPlan,
+    input: &str,
+) -> Result<Option<String>, DataFusionError> {
     let mut reason = None;
-    // Operators anywhere, subqueries included.
-    plan.apply_with_subqueries(|node| {
+    // Operators of the main query. (A subquery that reads the input is
+    // refused below whatever it does; one that does not is the same in
+    // every batch, so it may aggregate.)
+    plan.apply(|node| {
         reason = operator_reason(node).map(str::to_string);
         Ok(stop_if(&reason))
     })?;
-    if reason.is_some() {
-        return Ok(reason.map(|w| format!("{w}; {ROW_BY_ROW}")));
+    if reason.is_none() {
+        reason = main_query_reason(plan, input)?;
     }
-    // The main query (not its subqueries): every leaf reads the input, and
-    // no expression holds a subquery that reads it.
+    Ok(reason.map(|w| format!("{w}; {ROW_BY_ROW}")))
+}
+
+/// Why the main query (not its subqueries) would not add up: a leaf that
+/// reads no input, or an expression holding a subquery that reads it.
+fn main_query_reason(plan: &LogicalPlan, input: &str) -> Result<Option<String>, DataFusionError> {
+    let mut reason = None;
     plan.apply(|node| {
-        reason = match node {
-            LogicalPlan::EmptyRelation(e) if e.produce_one_row => Some(
-                "a SELECT without FROM (or a UNION ALL branch without one) emits its row once \
-                 per micro-batch"
-                    .to_string(),
-            ),
-            LogicalPlan::Values(_) => Some(
-                "VALUES rows (or a UNION ALL branch of them) are emitted once per micro-batch"
-                    .to_string(),
-            ),
-            _ => None,
-        };
+        reason = leaf_reason(node, input);
         if reason.is_none() {
             node.apply_subqueries(|sub| {
-                if reads_input(sub)? {
+                if reads_input(sub, input)? {
                     reason = Some(
                         "a subquery over the input (IN, EXISTS or a scalar subquery) sees only \
                          its own micro-batch's rows, not all input"
@@ -58,18 +61,41 @@ pub(crate) fn not_batch_equivalent(plan: &LogicalPlan) -> Result<Option<String>,
         }
         Ok(stop_if(&reason))
     })?;
-    Ok(reason.map(|w| format!("{w}; {ROW_BY_ROW}")))
+    Ok(reason)
+}
+
+/// Why a leaf of the main query reads no input: its rows would be emitted
+/// (or counted) once per micro-batch.
+fn leaf_reason(node: &LogicalPlan, input: &str) -> Option<String> {
+    match node {
+        LogicalPlan::EmptyRelation(e) if e.produce_one_row => Some(
+            "a SELECT without FROM (or a UNION ALL branch without one) emits its row once per \
+             micro-batch"
+                .to_string(),
+        ),
+        LogicalPlan::Values(_) => Some(
+            "VALUES rows (or a UNION ALL branch of them) are emitted once per micro-batch"
+                .to_string(),
+        ),
+        LogicalPlan::TableScan(t) if !is_input(t, input) => Some(format!(
+            "{} reads no input: its rows (or a UNION ALL branch of them) are emitted once per \
+             micro-batch",
+            t.table_name
+        )),
+        _ => None,
+    }
 }
 
 /// Why a stateful query's plan (one aggregation, which runs in stages)
 /// would not give the one-shot answer, if it would not: the operators a
-/// row-by-row query may not use, except the aggregation, and subqueries
-/// over the input.
+/// row-by-row query may not use, except the aggregation; a branch that
+/// reads no input (counted once per batch); subqueries over the input.
 pub(crate) fn not_stateful_equivalent(
     plan: &LogicalPlan,
+    input: &str,
 ) -> Result<Option<String>, DataFusionError> {
     let mut reason = None;
-    plan.apply_with_subqueries(|node| {
+    plan.apply(|node| {
         reason = match node {
             LogicalPlan::Aggregate(_) => None,
             LogicalPlan::Distinct(_) => Some(
@@ -91,17 +117,7 @@ pub(crate) fn not_stateful_equivalent(
     if reason.is_some() {
         return Ok(reason);
     }
-    plan.apply(|node| {
-        node.apply_subqueries(|sub| {
-            if reads_input(sub)? {
-                reason =
-                    Some("a subquery over the input sees only its own micro-batch's rows".into());
-            }
-            Ok(stop_if(&reason))
-        })?;
-        Ok(stop_if(&reason))
-    })?;
-    Ok(reason)
+    main_query_reason(plan, input)
 }
 
 fn operator_reason(node: &LogicalPlan) -> Option<&'static str> {
@@ -125,12 +141,19 @@ fn operator_reason(node: &LogicalPlan) -> Option<&'static str> {
     }
 }
 
-/// Whether `plan` scans a table: the input is the only table a pipeline's
-/// query can name.
-fn reads_input(plan: &LogicalPlan) -> Result<bool, DataFusionError> {
+/// Whether scan `t` reads the pipeline's input table `input` (other scans
+/// are table functions such as `generate_series`).
+fn is_input(t: &datafusion::logical_expr::TableScan, input: &str) -> bool {
+    // Parsed as `register_table` parses the name it is registered under.
+    let input = datafusion::common::TableReference::from(input);
+    t.table_name.table() == input.table() && t.table_name.schema() == input.schema()
+}
+
+/// Whether `plan` scans the input table.
+fn reads_input(plan: &LogicalPlan, input: &str) -> Result<bool, DataFusionError> {
     let mut found = false;
     plan.apply_with_subqueries(|n| {
-        found |= matches!(n, LogicalPlan::TableScan(_));
+        found |= matches!(n, LogicalPlan::TableScan(t) if is_input(t, input));
         Ok(if found {
             TreeNodeRecursion::Stop
         } else {
@@ -168,7 +191,19 @@ mod tests {
         let empty = MemTable::try_new(schema, vec![vec![]]).unwrap();
         ctx.register_table("trips", Arc::new(empty)).unwrap();
         let plan = ctx.state().create_logical_plan(sql).await.unwrap();
-        not_batch_equivalent(&plan).unwrap()
+        not_batch_equivalent(&plan, "trips").unwrap()
+    }
+
+    async fn stateful_verdict(sql: &str) -> Option<String> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("v", DataType::Int64, true),
+        ]));
+        let ctx = SessionContext::new();
+        let empty = MemTable::try_new(schema, vec![vec![]]).unwrap();
+        ctx.register_table("t", Arc::new(empty)).unwrap();
+        let plan = ctx.state().create_logical_plan(sql).await.unwrap();
+        not_stateful_equivalent(&plan, "t").unwrap()
     }
 
     #[tokio::test]
@@ -182,9 +217,63 @@ mod tests {
             "SELECT * FROM trips WHERE \"PULocationID\" IN (SELECT 1)",
             "SELECT * FROM trips WHERE \"PULocationID\" IN (VALUES (1), (2))",
             "SELECT 1 AS one FROM trips",
+            // A subquery that does not read the input: the same every batch.
+            "SELECT fare_amount - (SELECT max(value) FROM generate_series(1, 10)) FROM trips",
+            "SELECT * FROM trips WHERE \"PULocationID\" IN (SELECT value FROM range(3))",
         ] {
             assert_eq!(verdict(sql).await, None, "{sql}");
         }
+    }
+
+    /// The review's cases: table functions counted as input (3 constant
+    /// rows added per batch; a query of nothing but `generate_series`
+    /// emitting per batch), and stateful queries over a branch that reads
+    /// no input (`('const', 2)` after two batches where the one-shot query
+    /// gives 1).
+    #[tokio::test]
+    async fn branches_that_read_no_input_are_refused_in_both_kinds_of_query() {
+        for sql in [
+            "SELECT value FROM generate_series(1, 3)",
+            "SELECT \"PULocationID\" AS id, fare_amount AS v FROM trips UNION ALL SELECT value \
+             AS id, 0 AS v FROM generate_series(1, 3)",
+            "SELECT * FROM range(5)",
+        ] {
+            let got = verdict(sql)
+                .await
+                .unwrap_or_else(|| panic!("passed: {sql}"));
+            assert!(got.contains("reads no input"), "{sql}: {got}");
+        }
+        for (sql, says) in [
+            (
+                "SELECT k, count(*) FROM (SELECT k FROM t UNION ALL SELECT 'const') GROUP BY k",
+                "without FROM",
+            ),
+            (
+                "SELECT k, count(*) FROM (SELECT k FROM t UNION ALL VALUES ('const')) GROUP BY k",
+                "VALUES",
+            ),
+            (
+                "SELECT value % 2 AS k, count(*) FROM generate_series(1, 10) GROUP BY value % 2",
+                "reads no input",
+            ),
+        ] {
+            let got = stateful_verdict(sql)
+                .await
+                .unwrap_or_else(|| panic!("passed: {sql}"));
+            assert!(got.contains(says), "{sql}: {got}");
+        }
+        assert_eq!(
+            stateful_verdict("SELECT k, count(*) FROM t GROUP BY k").await,
+            None
+        );
+        assert_eq!(
+            stateful_verdict(
+                "SELECT k, sum(v) FROM (SELECT k, v FROM t UNION ALL SELECT k, v * 2 FROM t) \
+                 GROUP BY k"
+            )
+            .await,
+            None
+        );
     }
 
     /// The review's queries: each gave other rows than the one-shot query
@@ -204,7 +293,7 @@ mod tests {
             ),
             (
                 "SELECT fare_amount - (SELECT min(fare_amount) FROM trips) FROM trips",
-                "aggregation",
+                "subquery over the input",
             ),
             ("SELECT 1", "without FROM"),
             ("VALUES (1, 2)", "VALUES"),

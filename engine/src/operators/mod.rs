@@ -264,7 +264,7 @@ impl SqlOperator {
             .create_logical_plan(&self.pipeline.sql)
             .await
             .map_err(|e| self.sql_err(format!("{e}\nfix query.sql in the pipeline file")))?;
-        let shape = classify::not_batch_equivalent(&plan)
+        let shape = classify::not_batch_equivalent(&plan, &self.pipeline.source.table)
             .map_err(|e| self.sql_err(format!("cannot inspect the query's plan: {e}")))?;
         if let Some(reason) = shape {
             return Err(self.sql_err(reason));
@@ -555,7 +555,13 @@ impl SqlOperator {
     ) -> Result<Readable> {
         let access = source.scan_access()?;
         let planned = self.planned_inputs(batch, inputs, task)?;
-        let (files, deferred, gone) = self.readable_now(&access, batch, task, &planned).await?;
+        let (mut files, deferred, gone) = self.readable_now(&access, batch, task, &planned).await?;
+        // A 0-byte CSV or JSON Lines file holds no rows (not even a
+        // header): read as such, not as a file missing every column. (A
+        // 0-byte Parquet file is not a Parquet file: a bad file.)
+        if self.pipeline.source.format != crate::pipeline::SourceFormat::Parquet {
+            files.retain(|f| f.size > 0);
+        }
         let access = if access.url.as_str() == "file:///" {
             access
         } else {

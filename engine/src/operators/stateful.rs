@@ -109,8 +109,10 @@ impl SqlOperator {
             .create_logical_plan(&w.sql)
             .await
             .map_err(|e| self.sql_err(format!("{e}\nfix query.sql in the pipeline file")))?;
+        // Aggregations of the main query (one over a subquery that does not
+        // read the input is the same in every batch).
         let mut aggregates = 0;
-        plan.apply_with_subqueries(|n| {
+        datafusion::common::tree_node::TreeNode::apply(&plan, |n| {
             if matches!(n, LogicalPlan::Aggregate(_)) {
                 aggregates += 1;
             }
@@ -120,8 +122,9 @@ impl SqlOperator {
         if aggregates == 0 {
             return Ok(None);
         }
-        if let Some(reason) = super::classify::not_stateful_equivalent(&plan)
-            .map_err(|e| self.sql_err(format!("cannot inspect the query's plan: {e}")))?
+        if let Some(reason) =
+            super::classify::not_stateful_equivalent(&plan, &self.pipeline.source.table)
+                .map_err(|e| self.sql_err(format!("cannot inspect the query's plan: {e}")))?
         {
             return Err(self.sql_err(reason));
         }

@@ -235,10 +235,15 @@ impl Source {
         }
     }
 
-    /// Whether `key` names an input file: the right ending, and no hidden or
-    /// underscore-prefixed segment (temporary files, markers, metadata).
+    /// Whether `key` names an input file: the right ending in any case
+    /// (`.csv`, `.CSV`: uploads from some tools are upper case), and no
+    /// hidden or underscore-prefixed segment (temporary files, markers,
+    /// metadata).
     pub(crate) fn is_input(&self, key: &str) -> bool {
-        key.ends_with(&self.extension())
+        let ext = self.extension();
+        key.len() >= ext.len()
+            && key.is_char_boundary(key.len() - ext.len())
+            && key[key.len() - ext.len()..].eq_ignore_ascii_case(&ext)
             && !key
                 .split('/')
                 .any(|s| s.starts_with('.') || s.starts_with('_'))

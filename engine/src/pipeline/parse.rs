@@ -272,6 +272,14 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
     }
     let delimiter = match &src.delimiter {
         None => b',',
+        // A line break or the quote character cannot separate fields: a
+        // file would read as rows of one empty field, committed as nothing.
+        Some(d) if matches!(d.as_str(), "\n" | "\r" | "\"") => {
+            return Err(format!(
+                "source.delimiter = {d:?} cannot separate fields (it ends lines or quotes \
+                 them); use one other ASCII character, such as \",\", \";\", \"|\" or \"\\t\""
+            ));
+        }
         Some(d) if d.len() == 1 && d.is_ascii() => d.as_bytes()[0],
         Some(d) => {
             return Err(format!(
@@ -321,7 +329,22 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
                 "source.schema is empty; list the columns or remove it to infer".to_string(),
             );
         }
-        super::schema::schema_of(cols).map_err(|e| format!("source.schema{e}"))?;
+        let declared = super::schema::schema_of(cols).map_err(|e| format!("source.schema{e}"))?;
+        // A column of type Null holds no value: every value read into it
+        // would be stored as NULL.
+        if let Some((i, f)) = declared
+            .fields()
+            .iter()
+            .enumerate()
+            .find(|(_, f)| f.data_type().is_null())
+        {
+            return Err(format!(
+                "source.schema[{i}] (column {}): type Null holds no value, so every value of \
+                 the column would be stored as NULL; declare the column's type (Utf8 for \
+                 text)",
+                f.name()
+            ));
+        }
         if let Some(c) = cols
             .iter()
             .find(|c| super::DERIVED.contains(&c.name.as_str()))
@@ -585,6 +608,39 @@ max_bytes_per_batch = "64 MiB"
         );
     }
 
+    /// The review's cases: settings that lost data silently. A declared
+    /// type Null stored every value as NULL; `delimiter = "\n"` committed
+    /// a file as 0 rows and marked it processed.
+    #[test]
+    fn refuses_settings_that_would_lose_every_value() {
+        let csv = GOOD
+            .replace("\"parquet\"", "\"csv\"")
+            .replace("discovery = \"ordered\"\nlookback = 10", "");
+        assert!(parse(&csv).is_ok(), "{}", err(&csv));
+        let null = csv.replace(
+            "table = \"trips\"",
+            "table = \"trips\"\nschema = [{ name = \"a\", type = \"Int64\" }, { name = \"b\", type = \"Null\" }]",
+        );
+        let e = err(&null);
+        assert!(
+            e.contains("source.schema[1] (column b)") && e.contains("Null"),
+            "{e}"
+        );
+        for d in ["\\n", "\\r", "\\\""] {
+            let bad = csv.replace(
+                "table = \"trips\"",
+                &format!("table = \"trips\"\ndelimiter = \"{d}\""),
+            );
+            let e = err(&bad);
+            assert!(e.contains("cannot separate fields"), "{d}: {e}");
+        }
+        let tab = csv.replace(
+            "table = \"trips\"",
+            "table = \"trips\"\ndelimiter = \"\\t\"",
+        );
+        assert_eq!(parse(&tab).unwrap().source.delimiter, b'\t');
+    }
+
     /// The review's case: a TTL of 10^16 s overflowed to a negative TTL in
     /// milliseconds, so any run took a live lease. Every count is bounded.
     #[test]
@@ -656,5 +712,10 @@ max_bytes_per_batch = "64 MiB"
         assert!(!p.source.is_input("2024/01/.a.parquet.tmp"));
         assert!(!p.source.is_input("_temporary/a.parquet"));
         assert!(!p.source.is_input("a.csv"));
+        // The review's case: `UPPER.PARQUET` was ignored for its case.
+        assert!(p.source.is_input("2024/01/UPPER.PARQUET"));
+        assert!(p.source.is_input("b.Parquet"));
+        assert!(!p.source.is_input("parquet"));
+        assert!(!p.source.is_input("ü.parquetx"));
     }
 }
