@@ -442,3 +442,190 @@ async fn rescue_and_bad_rows_work_together_over_csv() {
     let rescued: u64 = summary.batches.iter().map(|b| b.rescued_fields).sum();
     assert_eq!((bad, rescued), (1, 1));
 }
+
+/// The review's case: JSON Lines values past the first 1,000 rows skipped
+/// the drift check. `a` pinned Int64, then a file of 1,000 integer rows and
+/// `{"id":5000,"a":1.7,"newcol":"surprise"}`: under `fail`, `rescue` and
+/// `add-columns` alike the run succeeded, stored `a = 1` and dropped
+/// `newcol`. Now `fail` names the file, `rescue` keeps 1.7 and `newcol` in
+/// `_rescued`, and `add-columns` refuses the changed type naming rescue.
+#[tokio::test(flavor = "multi_thread")]
+async fn jsonl_values_past_the_first_thousand_rows_are_checked() {
+    for policy in ["fail", "rescue", "add-columns"] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let toml = toml("deep", "jsonl", policy, "SELECT * FROM t");
+        text(root, "1.jsonl", "{\"id\":1,\"a\":1}\n");
+        run(&local_context(&pipeline(root, &toml))).await.unwrap();
+        let mut body: String = (0..1000)
+            .map(|i| format!("{{\"id\":{},\"a\":{i}}}\n", 1000 + i))
+            .collect();
+        body.push_str("{\"id\":5000,\"a\":1.7,\"newcol\":\"surprise\"}\n");
+        text(root, "2.jsonl", &body);
+        let result = run(&local_context(&pipeline(root, &toml))).await;
+        match policy {
+            "rescue" => {
+                result.unwrap();
+                let rows = sink_rows(root, "deep", "id, a, _rescued").await;
+                assert_eq!(rows.len(), 1002, "{policy}");
+                assert!(
+                    rows.contains(
+                        &"5000|NULL|{\"a\":1.7,\"newcol\":\"surprise\",\"_file\":\"2.jsonl\"}"
+                            .to_string()
+                    ),
+                    "{policy}: {:?}",
+                    rows.iter().find(|r| r.starts_with("5000"))
+                );
+            }
+            _ => {
+                let e = result.unwrap_err().to_string();
+                assert!(
+                    e.contains("2.jsonl") && e.contains("column a"),
+                    "{policy}: {e}"
+                );
+                assert_eq!(
+                    sink_rows(root, "deep", "id, a").await,
+                    ["1|1"],
+                    "{policy}: nothing of the file may be committed"
+                );
+            }
+        }
+    }
+}
+
+/// The review's case: a JSON column null throughout the first file is
+/// pinned as text; later numbers stopped the pipeline ("the cast would lose
+/// data"), though a number reads as its text without loss (Spark and DuckDB
+/// take them). They are read as text now, under the default policy.
+#[tokio::test(flavor = "multi_thread")]
+async fn numbers_in_a_column_pinned_as_text_are_read_as_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = toml("totext", "jsonl", "fail", "SELECT * FROM t");
+    text(root, "1.jsonl", "{\"id\":1,\"note\":null}\n");
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    text(
+        root,
+        "2.jsonl",
+        "{\"id\":2,\"note\":7}\n{\"id\":3,\"note\":2.5}\n{\"id\":4,\"note\":true}\n",
+    );
+    run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        sink_rows(root, "totext", "id, note").await,
+        ["1|NULL", "2|7", "3|2.5", "4|true"]
+    );
+}
+
+/// The review's case: a Parquet file with two columns of one name (`id, a,
+/// a`) was read as the first `a`, the second dropped without notice. Now
+/// the file is refused naming the column (and set aside under
+/// `on_bad_file = "quarantine"`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parquet_file_with_a_column_name_twice_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = toml("dup", "parquet", "fail", "SELECT * FROM t");
+    parquet(
+        root,
+        "1.parquet",
+        vec![("id", ints(&[1])), ("a", ints(&[10]))],
+    );
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    parquet(
+        root,
+        "2.parquet",
+        vec![("id", ints(&[2])), ("a", ints(&[20])), ("a", ints(&[21]))],
+    );
+    let e = run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("2.parquet") && e.contains("column a appears more than once"),
+        "{e}"
+    );
+    assert_eq!(sink_rows(root, "dup", "id, a").await, ["1|10"]);
+    let quarantine = toml.replace(
+        "on_schema_change = \"fail\"",
+        "on_schema_change = \"fail\"\non_bad_file = \"quarantine\"",
+    );
+    run(&local_context(&pipeline(root, &quarantine)))
+        .await
+        .unwrap();
+    let c = control_of(root, &quarantine).await;
+    assert_eq!(c.quarantined.len(), 1);
+    assert!(
+        c.quarantined[0]
+            .reason
+            .contains("column a appears more than once")
+    );
+}
+
+/// The review's case: under `add-columns` a new column took its type from
+/// a 0-row Parquet file (text, from the file's declared schema), then
+/// every later file with a value failed ("column z is Float64 in the file,
+/// pinned Utf8View"). A file with no rows gives no column a type: `z`
+/// joins with the type of the first file that has a value.
+#[tokio::test(flavor = "multi_thread")]
+async fn add_columns_takes_no_type_from_a_file_without_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = toml("norows", "parquet", "add-columns", "SELECT * FROM t");
+    parquet(root, "1.parquet", vec![("id", ints(&[1]))]);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    parquet(root, "2.parquet", vec![("id", ints(&[])), ("z", strs(&[]))]);
+    parquet(
+        root,
+        "3.parquet",
+        vec![
+            ("id", ints(&[3])),
+            ("z", Arc::new(Float64Array::from(vec![2.5])) as ArrayRef),
+        ],
+    );
+    run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        sink_rows(root, "norows", "id, z").await,
+        ["1|NULL", "3|2.5"]
+    );
+    let c = control_of(root, &toml).await;
+    let z = c
+        .schema
+        .unwrap()
+        .columns
+        .into_iter()
+        .find(|c| c.name == "z")
+        .unwrap();
+    assert_eq!(z.data_type, "Float64");
+}
+
+/// The review's case: under `rescue`, CSV text in a number column (`3,abc,z`
+/// where `a` is pinned Int64) stopped the pipeline ("Parser error ... fix or
+/// replace the file"), though text in a number column goes to `_rescued`
+/// for JSON Lines and Parquet. It does for CSV now; the rest of the row is
+/// kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn rescue_keeps_csv_text_in_a_number_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = toml("csvrescue", "csv", "rescue", "SELECT * FROM t");
+    text(root, "1.csv", "id,a,b\n1,10,x\n2,20,y\n");
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    text(root, "2.csv", "id,a,b\n3,abc,z\n4,40,w\n");
+    run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        sink_rows(root, "csvrescue", "id, a, b, _rescued").await,
+        [
+            "1|10|x|NULL",
+            "2|20|y|NULL",
+            "3|NULL|z|{\"a\":\"abc\",\"_file\":\"2.csv\"}",
+            "4|40|w|NULL",
+        ]
+    );
+    assert_eq!(control_of(root, &toml).await.totals.rescued_fields, 1);
+}

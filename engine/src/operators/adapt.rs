@@ -65,16 +65,45 @@ impl SqlOperator {
 
     /// The schema to read a file with: its own columns in its own order.
     /// CSV values are text that the reader parses: a column the batch's
-    /// schema has is read as its type there, any other as text.
+    /// schema has is read as its type there, any other as text. JSON keeps
+    /// the file's types, but a column the batch's schema holds as text is
+    /// read as text (numbers and booleans as they are written).
     fn read_schema(&self, found: &SchemaRef) -> SchemaRef {
+        if self.pipeline.source.format == SourceFormat::Jsonl {
+            let fields: Vec<Field> = found
+                .fields()
+                .iter()
+                .map(|f| match self.schema.field_with_name(f.name()) {
+                    Ok(t) if t.name() != RESCUED && is_text(t.data_type()) => {
+                        Field::new(f.name(), DataType::Utf8, true)
+                    }
+                    _ => f.as_ref().clone(),
+                })
+                .collect();
+            return Arc::new(Schema::new(fields));
+        }
         if self.pipeline.source.format != SourceFormat::Csv {
             return found.clone();
         }
+        // Under `rescue`, a column this file holds text in (its values
+        // inferred as text) where the schema holds another type is read as
+        // text and cast: a value the type cannot hold goes into `_rescued`
+        // instead of failing the read.
+        let rescue = self
+            .schema
+            .fields()
+            .last()
+            .is_some_and(|f| f.name() == RESCUED);
         let fields: Vec<Field> = found
             .fields()
             .iter()
             .map(|f| match self.schema.field_with_name(f.name()) {
-                Ok(t) if t.name() != RESCUED => Field::new(f.name(), t.data_type().clone(), true),
+                Ok(t)
+                    if t.name() != RESCUED
+                        && !(rescue && is_text(f.data_type()) && !is_text(t.data_type())) =>
+                {
+                    Field::new(f.name(), t.data_type().clone(), true)
+                }
                 _ => Field::new(f.name(), DataType::Utf8, true),
             })
             .collect();
@@ -111,6 +140,20 @@ impl PartitionStream for FilePartition {
         let key = file.key.clone();
         let to = target.clone();
         let opened = async move {
+            if op.pipeline.source.format == SourceFormat::Jsonl {
+                // Read here rather than by DataFusion's JSON scan, whose
+                // reader cannot take a number or boolean into a text column.
+                let stream = read_jsonl(&op, &access, &file, read).await?;
+                return Ok(stream
+                    .map(move |b| {
+                        let b = b?;
+                        let (out, rescued) = adapt(&b, &to, rescue, &key)?;
+                        tally.rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                        tally.rescued.fetch_add(rescued, Ordering::Relaxed);
+                        Ok(out)
+                    })
+                    .boxed());
+            }
             let table = BatchTable {
                 schema: read,
                 format: SqlOperator::format(&op.pipeline),
@@ -127,19 +170,56 @@ impl PartitionStream for FilePartition {
                 .read_table(Arc::new(table))?
                 .execute_stream()
                 .await?;
-            Ok::<_, datafusion::error::DataFusionError>(stream.map(move |b| {
-                let b = b?;
-                let (out, rescued) = adapt(&b, &to, rescue, &key)?;
-                tally.rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
-                tally.rescued.fetch_add(rescued, Ordering::Relaxed);
-                Ok(out)
-            }))
+            Ok::<_, datafusion::error::DataFusionError>(
+                stream
+                    .map(move |b| {
+                        let b = b?;
+                        let (out, rescued) = adapt(&b, &to, rescue, &key)?;
+                        tally.rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                        tally.rescued.fetch_add(rescued, Ordering::Relaxed);
+                        Ok(out)
+                    })
+                    .boxed(),
+            )
         };
         Box::pin(RecordBatchStreamAdapter::new(
             target,
             futures::stream::once(opened).try_flatten(),
         ))
     }
+}
+
+/// A text type.
+fn is_text(t: &DataType) -> bool {
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+}
+
+/// JSON Lines file `file` read whole with `read`, numbers and booleans
+/// taken into its text columns as written.
+async fn read_jsonl(
+    op: &SqlOperator,
+    access: &ScanAccess,
+    file: &InputFile,
+    read: SchemaRef,
+) -> datafusion::error::Result<
+    futures::stream::BoxStream<'static, datafusion::error::Result<RecordBatch>>,
+> {
+    use datafusion::error::DataFusionError;
+    let text = match op.read_text(access, file).await {
+        Ok(Some(Ok(text))) => text,
+        Ok(Some(Err(e))) => return Err(DataFusionError::Execution(e)),
+        Ok(None) => {
+            return Err(DataFusionError::Execution(format!(
+                "{} not found",
+                file.key
+            )));
+        }
+        Err(e) => return Err(DataFusionError::External(Box::new(e))),
+    };
+    let reader = datafusion::arrow::json::ReaderBuilder::new(read)
+        .with_coerce_primitive(true)
+        .build(std::io::Cursor::new(text))?;
+    Ok(futures::stream::iter(reader.map(|b| b.map_err(DataFusionError::from))).boxed())
 }
 
 /// `batch` (a file's own columns) as `target`'s columns, and how many

@@ -33,6 +33,43 @@ pub(super) struct Checked<'a> {
     pub adapted: Vec<(&'a InputFile, SchemaRef)>,
 }
 
+/// A text type.
+fn is_text(t: &DataType) -> bool {
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+}
+
+/// A column name `names` holds more than once.
+fn duplicate_column(names: &[String]) -> Option<String> {
+    let mut seen = std::collections::HashSet::new();
+    names.iter().find(|n| !seen.insert(n.as_str())).cloned()
+}
+
+/// A Parquet file's own top-level column names and its row count, from
+/// its footer (in the session's metadata cache once its schema was
+/// inferred); `None` if it cannot be read (inference then said why).
+async fn parquet_facts(
+    state: &datafusion::execution::SessionState,
+    store: &Arc<dyn object_store::ObjectStore>,
+    meta: &object_store::ObjectMeta,
+) -> Option<(Vec<String>, i64)> {
+    use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
+    let cache = state.runtime_env().cache_manager.get_file_metadata_cache();
+    let md = DFParquetMetadata::new(store.as_ref(), meta)
+        .with_file_metadata_cache(Some(cache))
+        .fetch_metadata()
+        .await
+        .ok()?;
+    let file = md.file_metadata();
+    let names = file
+        .schema_descr()
+        .root_schema()
+        .get_fields()
+        .iter()
+        .map(|f| f.name().to_string())
+        .collect();
+    Some((names, file.num_rows()))
+}
+
 impl SqlOperator {
     /// What of a file's inferred schema is compared for this source: names
     /// and types for Parquet and JSON (where a missing key is a null), names
@@ -69,13 +106,25 @@ impl SqlOperator {
         access: &ScanAccess,
         files: &[InputFile],
     ) -> Result<Vec<(String, std::result::Result<SchemaRef, String>)>> {
-        let format = Self::format(&self.pipeline);
+        let format = Self::inference_format(&self.pipeline);
         let state = Arc::new(self.scan_session(access).state());
+        let parquet = self.pipeline.source.format == SourceFormat::Parquet;
         concurrently(files.to_vec(), |f| {
             let (format, state) = (format.clone(), state.clone());
             let (store, meta) = (access.store.clone(), Self::object_meta(access, &f));
             async move {
-                let schema = format.infer_schema(state.as_ref(), &store, &[meta]).await;
+                let mut schema = format
+                    .infer_schema(state.as_ref(), &store, std::slice::from_ref(&meta))
+                    .await;
+                // A Parquet file with no rows gives no column a type.
+                if parquet
+                    && schema.is_ok()
+                    && parquet_facts(&state, &store, &meta)
+                        .await
+                        .is_some_and(|(_, rows)| rows == 0)
+                {
+                    schema = Ok(Arc::new(datafusion::arrow::datatypes::Schema::empty()));
+                }
                 Ok((f.key, schema.map_err(|e| e.to_string().trim().to_string())))
             }
         })
@@ -96,15 +145,25 @@ impl SqlOperator {
         let Some(check) = self.drift_check() else {
             return Ok(Checked::default());
         };
-        let format = Self::format(&self.pipeline);
+        let format = Self::inference_format(&self.pipeline);
         let state = std::sync::Arc::new(session.state());
         let owned: Vec<InputFile> = files.iter().map(|f| (*f).clone()).collect();
+        let parquet = self.pipeline.source.format == SourceFormat::Parquet;
         let found = concurrently(owned, |f| {
             let (format, state) = (format.clone(), state.clone());
             let (store, meta) = (access.store.clone(), Self::object_meta(access, &f));
             async move {
-                let schema = format.infer_schema(state.as_ref(), &store, &[meta]).await;
-                Ok((f, schema))
+                let schema = format
+                    .infer_schema(state.as_ref(), &store, std::slice::from_ref(&meta))
+                    .await;
+                // Schema inference merges a Parquet file's columns by name:
+                // its own list (and row count) come from its footer, which
+                // inference left in the session's cache.
+                let facts = match (&schema, parquet) {
+                    (Ok(_), true) => parquet_facts(&state, &store, &meta).await,
+                    _ => None,
+                };
+                Ok((f, schema, facts))
             }
         })
         .await?;
@@ -112,7 +171,7 @@ impl SqlOperator {
         let pinned = self.file_schema();
         let policy = self.pipeline.source.on_schema_change;
         let mut checked = Checked::default();
-        for (i, (_, schema)) in found.into_iter().enumerate() {
+        for (i, (_, schema, facts)) in found.into_iter().enumerate() {
             let schema = match schema {
                 Err(e) if super::is_not_found(&e) => {
                     checked.gone.push(files[i]);
@@ -126,7 +185,39 @@ impl SqlOperator {
                 }
                 Ok(schema) => schema,
             };
+            // A name twice: a reader keeps one of the columns and drops the
+            // other without a word.
+            let names: Vec<String> = match &facts {
+                Some((names, _)) => names.clone(),
+                None => schema.fields().iter().map(|f| f.name().clone()).collect(),
+            };
+            if let Some(dup) = duplicate_column(&names) {
+                checked.unreadable.push((
+                    files[i],
+                    format!(
+                        "column {dup} appears more than once in the file, so one of them would \
+                         be dropped; rename the columns in the file"
+                    ),
+                ));
+                continue;
+            }
+            // A Parquet file with no rows has nothing to read wrongly.
+            if facts.as_ref().is_some_and(|(_, rows)| *rows == 0) {
+                continue;
+            }
+            // A column the schema holds as text, of another type in this
+            // file (numbers in a column pinned from nulls): the value reads
+            // as its text, but only by the file's own type, read apart.
+            let to_text = pinned.fields().iter().any(|p| {
+                is_text(p.data_type())
+                    && schema
+                        .field_with_name(p.name())
+                        .is_ok_and(|f| !is_text(f.data_type()) && f.data_type() != &DataType::Null)
+            });
             let Some(d) = drift(&pinned, &schema, check) else {
+                if to_text && self.pipeline.source.format != SourceFormat::Csv {
+                    checked.adapted.push((files[i], schema));
+                }
                 continue;
             };
             // Columns null throughout the file hold nothing to add or rescue.
@@ -179,7 +270,8 @@ impl SqlOperator {
             // type, is read apart (rescue).
             let apart = self.pipeline.source.format == SourceFormat::Csv
                 || !d.retyped.is_empty()
-                || !typed_new.is_empty();
+                || !typed_new.is_empty()
+                || to_text;
             if apart {
                 checked.adapted.push((files[i], schema));
             }

@@ -223,6 +223,28 @@ impl SqlOperator {
         }
     }
 
+    /// The file format for reading a file's own schema (the drift check,
+    /// `add-columns` at planning): as [`SqlOperator::format`], except that
+    /// JSON Lines is inferred from every line, not the first 1,000: a
+    /// value or key that first appears further down must not slip past the
+    /// check and be read truncated or dropped.
+    pub(crate) fn inference_format(pipeline: &Pipeline) -> Arc<dyn FileFormat> {
+        let s = &pipeline.source;
+        if s.format != SourceFormat::Jsonl {
+            return Self::format(pipeline);
+        }
+        let compression = match s.compression {
+            None => FileCompressionType::UNCOMPRESSED,
+            Some(Compression::Gzip) => FileCompressionType::GZIP,
+            Some(Compression::Zstd) => FileCompressionType::ZSTD,
+        };
+        Arc::new(
+            JsonFormat::default()
+                .with_file_compression_type(compression)
+                .with_schema_infer_max_rec(usize::MAX),
+        )
+    }
+
     fn session(&self) -> SessionContext {
         let config = SessionConfig::new()
             .with_target_partitions(self.partitions)
@@ -708,7 +730,30 @@ impl SqlOperator {
                             return Err(self.attribute(batch, task, culprit, e));
                         };
                         let f = files.iter().find(|f| f.key == c.key).expect("a task input");
-                        if c.gone {
+                        // JSON numbers or booleans in a column held as text:
+                        // DataFusion's reader refuses them; read apart, they
+                        // are taken as written (as Spark and DuckDB do).
+                        // Under `rescue`, a CSV value its column's type
+                        // cannot hold: read apart (as text), it goes into
+                        // `_rescued`.
+                        let source = &self.pipeline.source;
+                        let to_text = (source.format == SourceFormat::Jsonl
+                            && c.reason.contains("expected string got"))
+                            || (source.format == SourceFormat::Csv
+                                && source.on_schema_change
+                                    == crate::pipeline::SchemaChangePolicy::Rescue
+                                && source.on_bad_row == BadRowPolicy::Fail
+                                && !c.gone);
+                        let found = if to_text {
+                            let schemas =
+                                self.file_schemas(access, std::slice::from_ref(f)).await?;
+                            schemas.into_iter().next().and_then(|(_, s)| s.ok())
+                        } else {
+                            None
+                        };
+                        if let Some(found) = found {
+                            adapted.push((f.clone(), found));
+                        } else if c.gone {
                             self.warn_gone(batch, &f.key);
                             gone.push(f.key.clone());
                         } else if let Some(s) = self.salvage(access, f).await? {
@@ -756,19 +801,13 @@ impl SqlOperator {
         }
     }
 
-    /// Under `on_bad_row = "quarantine" | "null"`, read a CSV or JSON Lines
-    /// file that failed the scan row by row; `None` when the policy is
-    /// `fail`, the source is Parquet, or the file is not text at all (bad
-    /// compression), which the file policy then decides.
-    async fn salvage(
+    /// The whole of text file `f`, decompressed: `None` if it is gone,
+    /// `Some(Err)` if it does not decompress.
+    pub(super) async fn read_text(
         &self,
         access: &ScanAccess,
         f: &InputFile,
-    ) -> Result<Option<salvage::Salvaged>> {
-        let s = &self.pipeline.source;
-        if s.on_bad_row == BadRowPolicy::Fail || s.format == SourceFormat::Parquet {
-            return Ok(None);
-        }
+    ) -> Result<Option<std::result::Result<Vec<u8>, String>>> {
         let path = access.path(&f.key);
         let got = match object_store::ObjectStoreExt::get(&access.store, &path).await {
             Ok(g) => g,
@@ -783,7 +822,7 @@ impl SqlOperator {
             .bytes()
             .await
             .map_err(|e| Error::Store(crate::storage::object_store_error("get", &f.key, &e)))?;
-        let compression = match s.compression {
+        let compression = match self.pipeline.source.compression {
             None => FileCompressionType::UNCOMPRESSED,
             Some(Compression::Gzip) => FileCompressionType::GZIP,
             Some(Compression::Zstd) => FileCompressionType::ZSTD,
@@ -795,10 +834,30 @@ impl SqlOperator {
             .and_then(|mut r| {
                 std::io::Read::read_to_end(&mut r, &mut text).map_err(|e| e.to_string())
             });
-        if let Err(e) = decoded {
-            tracing::warn!(pipeline = %self.pipeline.name, key = %f.key, error = %e, "cannot decompress; the file policy decides");
+        Ok(Some(decoded.map(|_| text)))
+    }
+
+    /// Under `on_bad_row = "quarantine" | "null"`, read a CSV or JSON Lines
+    /// file that failed the scan row by row; `None` when the policy is
+    /// `fail`, the source is Parquet, or the file is not text at all (bad
+    /// compression), which the file policy then decides.
+    async fn salvage(
+        &self,
+        access: &ScanAccess,
+        f: &InputFile,
+    ) -> Result<Option<salvage::Salvaged>> {
+        let s = &self.pipeline.source;
+        if s.on_bad_row == BadRowPolicy::Fail || s.format == SourceFormat::Parquet {
             return Ok(None);
         }
+        let text = match self.read_text(access, f).await? {
+            Some(Ok(text)) => text,
+            None => return Ok(None),
+            Some(Err(e)) => {
+                tracing::warn!(pipeline = %self.pipeline.name, key = %f.key, error = %e, "cannot decompress; the file policy decides");
+                return Ok(None);
+            }
+        };
         // Derived columns are not in the file: filled after.
         let schema = Arc::new(self.file_schema());
         let read = match s.format {

@@ -201,8 +201,8 @@ pub(crate) fn drift(pinned: &Schema, file: &Schema, check: DriftCheck) -> Option
 
 /// Whether a value of type `from` reads as `to` without loss: the same
 /// type, a wider integer or float, an integer as a float, text in another
-/// encoding, a coarser timestamp as a finer one, or a column that is null
-/// throughout this file.
+/// encoding, a number, boolean, date or time as text, a coarser timestamp
+/// as a finer one, or a column that is null throughout this file.
 pub(crate) fn casts_losslessly(from: &DataType, to: &DataType) -> bool {
     use DataType::*;
     fn int_rank(t: &DataType) -> Option<(bool, u8)> {
@@ -235,6 +235,17 @@ pub(crate) fn casts_losslessly(from: &DataType, to: &DataType) -> bool {
     }
     match (from, to) {
         (Utf8 | LargeUtf8 | Utf8View, Utf8 | LargeUtf8 | Utf8View) => true,
+        // Any number, boolean, date or time reads as its text (as Spark and
+        // DuckDB take them into a string column).
+        (f, Utf8 | LargeUtf8 | Utf8View)
+            if f.is_numeric()
+                || matches!(
+                    f,
+                    Boolean | Date32 | Date64 | Timestamp(..) | Time32(_) | Time64(_)
+                ) =>
+        {
+            true
+        }
         (Float16, Float32 | Float64) | (Float32, Float64) => true,
         (f, Float32 | Float64) if int_rank(f).is_some() => true,
         (f, t) if int_rank(f).is_some() && int_rank(t).is_some() => {
@@ -351,6 +362,12 @@ mod tests {
         assert!(!casts_losslessly(&Utf8, &Int64));
         assert!(casts_losslessly(&UInt32, &Int64));
         assert!(!casts_losslessly(&UInt64, &Int64));
+        // The review's case: numbers into a column pinned as text (from a
+        // JSON column null in the first file) stopped the pipeline.
+        assert!(casts_losslessly(&Int64, &Utf8));
+        assert!(casts_losslessly(&Float64, &Utf8View));
+        assert!(casts_losslessly(&Boolean, &Utf8));
+        assert!(!casts_losslessly(&Float64, &Int64));
     }
 
     #[test]
