@@ -99,6 +99,9 @@ impl EventTimeTable {
                 field.data_type()
             ));
         };
+        if let Some(w) = &window {
+            super::window::check_unit(w, unit)?;
+        }
         let mut fields: Vec<_> = base.fields().iter().cloned().collect();
         if window.is_some() {
             let t = DataType::Timestamp(*unit, tz.clone());
@@ -285,13 +288,22 @@ fn apply(
     })?;
     let us = cast(ts, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
     let us = cast(&us, &DataType::Int64)?;
+    let windowed = window.is_some();
     let kept = match watermark_us {
-        None => batch.clone(),
-        Some(wm) => {
-            // A null event time is not late (and falls in no window).
+        None if !windowed || us.null_count() == 0 => batch.clone(),
+        wm => {
+            // A row with no event time falls in no window: counted with
+            // the late rows (and kept with them under side-output), not
+            // dropped unseen. Without a window it is kept.
             let v = us.as_primitive::<Int64Type>();
             let on_time: BooleanArray = (0..v.len())
-                .map(|i| Some(v.is_null(i) || v.value(i) > wm))
+                .map(|i| {
+                    Some(if v.is_null(i) {
+                        !windowed
+                    } else {
+                        wm.is_none_or(|wm| v.value(i) > wm)
+                    })
+                })
                 .collect();
             let late = on_time.iter().filter(|k| *k == Some(false)).count() as u64;
             tally.late.fetch_add(late, Ordering::Relaxed);
@@ -339,8 +351,9 @@ mod tests {
 
     /// Millisecond event times (the unit CSV inference gives), a watermark
     /// of 00:20: the rows at 00:05 and 00:20 are late (at or below it), the
-    /// null one is kept but falls in no window; the rest land in their
-    /// 15-minute windows. Hand-computed.
+    /// null one falls in no window and is counted with them (the review's
+    /// case: it was dropped uncounted); the rest land in their 15-minute
+    /// windows. Hand-computed.
     #[tokio::test]
     async fn late_rows_are_dropped_and_counted_and_windows_assigned() {
         let ts = TimestampMillisecondArray::from(vec![
@@ -382,10 +395,47 @@ mod tests {
                 "1970-01-01T00:45:00|b|1"
             ]
         );
-        assert_eq!(tally.late.load(Ordering::Relaxed), 2);
+        assert_eq!(tally.late.load(Ordering::Relaxed), 3);
         assert_eq!(tally.max_event_us(), Some(46 * MIN_MS * 1_000));
         let none = EventTally::default();
         assert_eq!(none.max_event_us(), None);
+    }
+
+    /// The review's cases: with no watermark yet (the first batch), a null
+    /// event time was dropped uncounted by the window; and a window of
+    /// 1,500 ms over a seconds column was rounded to 1 s windows.
+    #[tokio::test]
+    async fn null_event_times_are_counted_and_windows_finer_than_the_column_are_refused() {
+        use datafusion::arrow::array::TimestampSecondArray;
+        let ts = TimestampSecondArray::from(vec![Some(5), None, Some(7)]);
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "ts",
+            ts.data_type().clone(),
+            true,
+        )]));
+        let b = RecordBatch::try_new(schema.clone(), vec![Arc::new(ts)]).unwrap();
+        let table = || Arc::new(MemTable::try_new(schema.clone(), vec![vec![b.clone()]]).unwrap());
+        let w = rewrite(
+            "SELECT window.start AS ws, count(*) AS n FROM t GROUP BY window(ts, '2 seconds')",
+        )
+        .unwrap();
+        let tally = Arc::new(EventTally::keeping_late());
+        let t = EventTimeTable::new(table(), "ts", w.window.clone(), None, tally.clone()).unwrap();
+        let ctx = SessionContext::new();
+        ctx.register_table("t", Arc::new(t)).unwrap();
+        let got = render(&ctx.sql(&w.sql).await.unwrap().collect().await.unwrap());
+        assert_eq!(got, ["1970-01-01T00:00:04|1", "1970-01-01T00:00:06|1"]);
+        assert_eq!(tally.late.load(Ordering::Relaxed), 1);
+        let kept = tally.late_rows.as_ref().unwrap().lock().unwrap();
+        assert_eq!(kept.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+        for sql in [
+            "SELECT window.start AS ws, count(*) AS n FROM t GROUP BY window(ts, '1500 milliseconds')",
+            "SELECT window.start AS ws, count(*) AS n FROM t GROUP BY window(ts, '2 seconds', '500 milliseconds')",
+        ] {
+            let w = rewrite(sql).unwrap();
+            let e = EventTimeTable::new(table(), "ts", w.window, None, Arc::default()).unwrap_err();
+            assert!(e.contains("not a whole number of seconds"), "{sql}: {e}");
+        }
     }
 
     #[test]

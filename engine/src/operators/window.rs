@@ -217,6 +217,39 @@ fn usage() -> String {
         .into()
 }
 
+/// Whether `spec`'s durations are whole numbers of the event-time
+/// column's `unit`: a window of 1,500 ms over a seconds column would be
+/// rounded to 1 s windows.
+pub(crate) fn check_unit(spec: &WindowSpec, unit: &TimeUnit) -> Result<(), String> {
+    let unit_us = match unit {
+        TimeUnit::Second => 1_000_000,
+        TimeUnit::Millisecond => 1_000,
+        TimeUnit::Microsecond | TimeUnit::Nanosecond => 1,
+    };
+    let name = if spec.session {
+        "session_window"
+    } else {
+        "window"
+    };
+    for (what, us) in [("duration", spec.size_us), ("slide", spec.slide_us)] {
+        if us <= 0 || us % unit_us != 0 {
+            let unit_name = match unit {
+                TimeUnit::Second => "seconds",
+                TimeUnit::Millisecond => "milliseconds",
+                TimeUnit::Microsecond => "microseconds",
+                TimeUnit::Nanosecond => "nanoseconds",
+            };
+            return Err(format!(
+                "{name}({}, ...): the {what} ({us} microseconds) is not a whole number of {unit_name}, \
+                 the unit of the column, so windows would be rounded; use a {what} in whole \
+                 {unit_name}, or cast the column to a finer timestamp in a derived table",
+                spec.column
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `batch` with [`WINDOW_START`] and [`WINDOW_END`] added: each row once
 /// per window of `spec` it falls in (tumbling: one; sliding: up to
 /// size / slide), windows aligned to the Unix epoch as Spark aligns them.
@@ -234,6 +267,7 @@ pub(crate) fn assign(batch: &RecordBatch, spec: &WindowSpec) -> Result<RecordBat
             field.data_type()
         )));
     };
+    check_unit(spec, unit).map_err(ArrowError::InvalidArgumentError)?;
     let per_us = |us: i64| -> i64 {
         match unit {
             TimeUnit::Second => us / 1_000_000,
@@ -243,12 +277,6 @@ pub(crate) fn assign(batch: &RecordBatch, spec: &WindowSpec) -> Result<RecordBat
         }
     };
     let (size, slide) = (per_us(spec.size_us), per_us(spec.slide_us));
-    if size <= 0 || slide <= 0 {
-        return Err(ArrowError::InvalidArgumentError(format!(
-            "window({}, ...): the window is shorter than the column's unit ({unit:?})",
-            spec.column
-        )));
-    }
     let ts = cast(batch.column(i), &DataType::Int64)?;
     let ts = ts.as_primitive::<Int64Type>();
     let mut rows: Vec<u32> = Vec::new();
