@@ -297,3 +297,49 @@ async fn a_csv_header_that_differs_from_the_pinned_schema_is_named() {
         "{err}"
     );
 }
+
+/// The review's case: the first CSV file's timestamps had no fraction, so
+/// the column was pinned in seconds, and later values were truncated
+/// silently (`00:00:02.999` stored as `00:00:02`, `03.5+02:00` as
+/// `22:00:03`). Inferred timestamps of text sources are pinned in
+/// microseconds: later values are stored exactly (hand-computed).
+#[tokio::test(flavor = "multi_thread")]
+async fn csv_timestamps_pinned_from_whole_seconds_keep_later_fractions() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    std::fs::create_dir_all(&input).unwrap();
+    let toml = r#"name = "frac"
+[source]
+uri = "input"
+format = "csv"
+table = "t"
+[query]
+sql = "SELECT * FROM t"
+[sink]
+uri = "out/sink"
+[checkpoint]
+uri = "out/checkpoint"
+[limits]
+max_files_per_batch = 1
+"#;
+    std::fs::write(input.join("1.csv"), "id,ts\n1,2024-01-01T00:00:01\n").unwrap();
+    run(&local_context(&pipeline(root, toml))).await.unwrap();
+    std::fs::write(
+        input.join("2.csv"),
+        "id,ts\n2,2024-01-01T00:00:02.999\n3,2024-01-01T00:00:03.5+02:00\n",
+    )
+    .unwrap();
+    run(&local_context(&pipeline(root, toml)))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let base = 1_704_067_200_000_000i64; // 2024-01-01T00:00:00Z in microseconds
+    assert_eq!(
+        manifest_rows(&root.join("out/sink"), "frac", "id, epoch_us(ts)", "").await,
+        [
+            format!("1|{}", base + 1_000_000),
+            format!("2|{}", base + 2_999_000),
+            format!("3|{}", base - 2 * 3_600_000_000 + 3_500_000),
+        ]
+    );
+}

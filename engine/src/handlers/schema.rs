@@ -84,8 +84,13 @@ pub(crate) async fn evolve(
             {
                 continue;
             }
+            let typed = if p.source.format == crate::pipeline::SourceFormat::Parquet {
+                f.data_type().clone()
+            } else {
+                crate::pipeline::schema::text_pin(f.data_type())
+            };
             match added.iter_mut().find(|a| a.name() == f.name()) {
-                None => added.push(Field::new(f.name(), f.data_type().clone(), true)),
+                None => added.push(Field::new(f.name(), typed, true)),
                 Some(a) => {
                     if !casts_losslessly(f.data_type(), a.data_type())
                         && casts_losslessly(a.data_type(), f.data_type())
@@ -271,6 +276,13 @@ async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<
             .filter(|f| f.data_type() == &DataType::Null)
         {
             *f = f.clone().with_data_type(DataType::Utf8);
+        }
+    }
+    // A text source's timestamps are pinned fine enough for later values.
+    if p.source.format != crate::pipeline::SourceFormat::Parquet {
+        for f in fields.iter_mut() {
+            let t = crate::pipeline::schema::text_pin(f.data_type());
+            *f = f.clone().with_data_type(t);
         }
     }
     // Keep only names and types: file metadata does not belong in the pin.

@@ -6,7 +6,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
 use super::ColumnSpec;
 
@@ -197,6 +197,21 @@ pub(crate) fn drift(pinned: &Schema, file: &Schema, check: DriftCheck) -> Option
         }
     }
     (d != Drift::default()).then_some(d)
+}
+
+/// The type a text source's inferred column is pinned as: a timestamp
+/// inferred in seconds or milliseconds (the first values happened to have
+/// no finer digits) is pinned in microseconds, so a later value with
+/// finer digits is read exactly, not truncated (`00:00:02.999` read as
+/// `00:00:02`). Microseconds is what Spark and DuckDB hold; finer digits
+/// than that are truncated, as they truncate them.
+pub(crate) fn text_pin(t: &DataType) -> DataType {
+    match t {
+        DataType::Timestamp(TimeUnit::Second | TimeUnit::Millisecond, tz) => {
+            DataType::Timestamp(TimeUnit::Microsecond, tz.clone())
+        }
+        other => other.clone(),
+    }
 }
 
 /// Whether a value of type `from` reads as `to` without loss: the same
