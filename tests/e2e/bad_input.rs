@@ -477,3 +477,66 @@ async fn a_zero_byte_csv_is_a_file_with_no_rows() {
         assert!(idle.batches.is_empty(), "{policy}");
     }
 }
+
+/// The review's cases: symlinked input. The listing sized the link, the
+/// check before the read its target: in `ordered` mode every run failed
+/// "changed since it was listed" and the files behind waited forever; in
+/// `list` mode the file was never read and every run committed an empty
+/// batch; a dangling link made an empty batch every run; a link loop failed
+/// every run. A link is now followed, the same in listing and reading; one
+/// that leads nowhere or loops is skipped (named by `sluice show`). The
+/// output equals DuckDB's over the files the links lead to, and the next
+/// run is idle.
+#[tokio::test(flavor = "multi_thread")]
+async fn symlinked_input_is_followed_and_broken_links_are_skipped() {
+    for discovery in ["list", "ordered"] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let input = root.join("input");
+        let real = gen_files(&input, 1, 30);
+        let elsewhere = root.join("elsewhere");
+        let outside = gen_files(&elsewhere, 1, 30);
+        std::os::unix::fs::symlink(&outside[0], input.join("trips-linked.parquet")).unwrap();
+        std::os::unix::fs::symlink(
+            root.join("nothing.parquet"),
+            input.join("trips-dangling.parquet"),
+        )
+        .unwrap();
+        std::fs::create_dir_all(input.join("sub")).unwrap();
+        std::os::unix::fs::symlink(&input, input.join("sub/loop")).unwrap();
+        let toml = pipeline_toml(
+            "links",
+            "parquet",
+            &format!("discovery = \"{discovery}\""),
+            "max_files_per_batch = 10",
+        );
+        let p = pipeline(root, &toml);
+        let s = run(&local_context(&p))
+            .await
+            .unwrap_or_else(|e| panic!("{discovery}: {e}"));
+        assert_eq!(
+            s.batches.iter().map(|b| b.files).sum::<u64>(),
+            2,
+            "{discovery}: the file and the link"
+        );
+        let files = vec![real[0].clone(), outside[0].clone()];
+        assert_eq!(
+            committed_rows(&root.join("out/sink"), "links").await,
+            duckdb_rows(&files, SQL).await,
+            "{discovery}"
+        );
+        let again = run(&local_context(&p)).await.unwrap();
+        assert!(again.batches.is_empty(), "{discovery}: {again:?}");
+        let status = sluice_engine::admin::status(&local_context(&p))
+            .await
+            .unwrap();
+        assert!(
+            status
+                .skipped
+                .iter()
+                .any(|s| s.contains("trips-dangling.parquet")),
+            "{discovery}: {:?}",
+            status.skipped
+        );
+    }
+}

@@ -275,6 +275,24 @@ impl LocalStore {
         start_after: Option<&str>,
         out: &mut Vec<ObjectMeta>,
     ) -> Result<(), StoreError> {
+        let mut visited = std::collections::HashSet::new();
+        if let Ok(real) = std::fs::canonicalize(dir) {
+            visited.insert(real);
+        }
+        self.walk_in(dir, base, prefix, start_after, out, &mut visited)
+    }
+
+    /// [`LocalStore::walk`] below `dir`, not entering a folder already
+    /// `visited` (a link back up would loop).
+    fn walk_in(
+        &self,
+        dir: &Path,
+        base: &str,
+        prefix: &str,
+        start_after: Option<&str>,
+        out: &mut Vec<ObjectMeta>,
+        visited: &mut std::collections::HashSet<PathBuf>,
+    ) -> Result<(), StoreError> {
         let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -294,9 +312,18 @@ impl LocalStore {
                 continue;
             }
             let key = format!("{base}{name}");
-            let meta = entry
-                .metadata()
-                .map_err(|e| self.err("list", &entry.path(), e))?;
+            // A link is followed, as a reader follows it: listed with what
+            // it leads to (its size and time), the same file the read and
+            // the check before it find. One that leads nowhere, or in a
+            // loop, is not listed (`sluice show` names it).
+            let meta = match std::fs::metadata(entry.path()) {
+                Ok(m) => m,
+                Err(e) if is_link(&entry) => {
+                    tracing::warn!(file = %entry.path().display(), error = %e, "not listed: a link that leads nowhere (or in a loop)");
+                    continue;
+                }
+                Err(e) => return Err(self.err("list", &entry.path(), e)),
+            };
             if meta.is_dir() {
                 let sub = format!("{key}/");
                 // Skip folders that cannot hold a matching key.
@@ -305,8 +332,13 @@ impl LocalStore {
                     Some(s) => sub.as_str() >= s || s.starts_with(&sub),
                     None => true,
                 };
+                let real = std::fs::canonicalize(entry.path()).unwrap_or(entry.path());
                 if shares_prefix && after {
-                    self.walk(&entry.path(), &sub, prefix, start_after, out)?;
+                    if !visited.insert(real) {
+                        tracing::warn!(folder = %entry.path().display(), "not listed: a link to a folder already listed (a loop)");
+                        continue;
+                    }
+                    self.walk_in(&entry.path(), &sub, prefix, start_after, out, visited)?;
                 }
                 continue;
             }
@@ -322,6 +354,11 @@ impl LocalStore {
         }
         Ok(())
     }
+}
+
+/// Whether a folder entry is a symbolic link.
+fn is_link(entry: &std::fs::DirEntry) -> bool {
+    entry.file_type().is_ok_and(|t| t.is_symlink())
 }
 
 /// The process that wrote temporary file `name`
@@ -488,7 +525,10 @@ impl Store for LocalStore {
                     continue;
                 }
                 let path = entry.path();
-                if name.to_str().is_none() {
+                // A link that leads nowhere (or in a loop) cannot be read
+                // either.
+                let dangling = is_link(&entry) && std::fs::metadata(&path).is_err();
+                if name.to_str().is_none() || dangling {
                     let relative = path.strip_prefix(root).unwrap_or(&path);
                     out.push(relative.to_string_lossy().into_owned());
                 } else if entry.file_type()?.is_dir() {

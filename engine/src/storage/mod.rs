@@ -304,10 +304,10 @@ pub trait Store: Send + Sync + fmt::Debug {
         Ok(0)
     }
 
-    /// Files under the root whose names cannot be keys (a local file name
-    /// that is not UTF-8: listings skip them with a warning), shown lossily
-    /// relative to the root, for `sluice show`. Stores whose names are keys
-    /// have none.
+    /// Files under the root that listings skip with a warning: local file
+    /// names that are not UTF-8 (they cannot be keys), and links that lead
+    /// nowhere or in a loop; shown lossily relative to the root, for
+    /// `sluice show`. Stores whose names are keys have none.
     async fn unnamed(&self) -> Result<Vec<String>, StoreError> {
         Ok(Vec::new())
     }
