@@ -318,3 +318,52 @@ async fn changing_the_sink_of_a_pipeline_with_history_is_refused_until_reset() {
         "the old sink is left as it is"
     );
 }
+
+/// The review's case: a sink nested inside another pipeline's sink was
+/// accepted, and the outer sink's glob readers then read the inner
+/// pipeline's rows as the outer's. Refused now both ways (inner inside an
+/// outer sink, and an outer sink around an inner one), before anything is
+/// written.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sink_inside_another_pipelines_sink_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 1, 30);
+    let outer = pipeline(root, &pipeline_toml("outer", "parquet", "", ""));
+    run(&local_context(&outer)).await.unwrap();
+    let before = snapshot(&root.join("out/sink"));
+    let inner_toml = pipeline_toml("inner", "parquet", "", "")
+        .replace("uri = \"out/sink\"", "uri = \"out/sink/nested\"")
+        .replace("uri = \"out/checkpoint\"", "uri = \"inner/checkpoint\"");
+    let err = run(&local_context(&pipeline(root, &inner_toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("lies inside the sink of pipeline \"outer\""),
+        "{err}"
+    );
+    assert_eq!(
+        snapshot(&root.join("out/sink")),
+        before,
+        "the outer sink changed"
+    );
+
+    // The other way round: a pipeline whose sink would hold another's.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 1, 30);
+    let inner = pipeline(
+        root,
+        &pipeline_toml("inner", "parquet", "", "")
+            .replace("uri = \"out/sink\"", "uri = \"out/sink/nested\""),
+    );
+    run(&local_context(&inner)).await.unwrap();
+    let outer_toml = pipeline_toml("outer", "parquet", "", "")
+        .replace("uri = \"out/checkpoint\"", "uri = \"outer/checkpoint\"");
+    let err = run(&local_context(&pipeline(root, &outer_toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("holds the sink of another pipeline"), "{err}");
+}

@@ -48,6 +48,10 @@ pub struct Context {
     pub reconcile: bool,
     /// Where CloudWatch EMF metric lines go (on Lambda, stdout; else none).
     pub metrics: Option<crate::metrics::Metrics>,
+    /// The S3 configuration the stores were opened with, to open other
+    /// locations (the folders around the sink); `None` for a context over
+    /// explicit stores.
+    pub(crate) s3: Option<S3Config>,
     schema: Arc<tokio::sync::OnceCell<SchemaRef>>,
     /// A stateful query planned for merging, per input schema: planned
     /// once per context (process, warm Lambda container), not per merge.
@@ -91,6 +95,7 @@ impl Context {
             registry: None,
             reconcile: false,
             metrics: crate::metrics::from_env(),
+            s3: None,
             schema: Arc::default(),
             staged: Arc::default(),
             carried: RequestCounts::default(),
@@ -115,7 +120,9 @@ impl Context {
         let sink = open(&pipeline.sink)?;
         let checkpoint = open(&pipeline.checkpoint)?;
         let registry = open(&pipeline.checkpoint.parent())?;
-        Ok(Context::new(pipeline, source, sink, checkpoint).with_registry(registry))
+        let mut ctx = Context::new(pipeline, source, sink, checkpoint).with_registry(registry);
+        ctx.s3 = s3.cloned();
+        Ok(ctx)
     }
 
     /// The pipeline's query as a stateful query and its aggregate in

@@ -105,6 +105,7 @@ async fn unclaimed(ctx: &Context, control: Option<&Control>, retired: u64) -> Re
 /// it as the sink's owner (create-only, or in place of a reset's record; a
 /// record written first by another must be ours).
 pub(super) async fn claim_sink(ctx: &Context, control: &Control) -> Result<()> {
+    check_nesting(ctx).await?;
     let mine = SinkOwner {
         pipeline: ctx.pipeline.name.clone(),
         history: control.history.clone(),
@@ -118,6 +119,59 @@ pub(super) async fn claim_sink(ctx: &Context, control: &Control) -> Result<()> {
             format!(
                 "pipeline \"{}\" (checkpoint {}, history {}) claimed it first",
                 there.pipeline, there.checkpoint, there.history
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Before a sink is first claimed: it must not lie inside another
+/// Sluice sink (whose readers, globbing it, would read this pipeline's
+/// rows as theirs), nor hold one. One read per folder above it (up to the
+/// bucket or the file system's root) and one listing of it, once.
+async fn check_nesting(ctx: &Context) -> Result<()> {
+    let at = &ctx.pipeline.sink;
+    let mut up = at.parent();
+    let mut seen = at.clone();
+    while up != seen {
+        // Local folders always open; S3 ones need the configuration (a
+        // context over explicit stores has none: nothing to check there).
+        if let Ok(store) = up.open(ctx.s3.as_ref())
+            && let Some(obj) = store.get(crate::paths::sink::OWNER).await?
+        {
+            let owner = serde_json::from_slice::<SinkOwner>(&obj.bytes)
+                .map(|o| format!("pipeline \"{}\"", o.pipeline))
+                .unwrap_or_else(|_| "another pipeline".into());
+            return Err(refused(
+                ctx,
+                format!(
+                    "it lies inside the sink of {owner} ({}), whose readers would read this \
+                     pipeline's rows as theirs: give this pipeline a sink.uri outside it",
+                    up.display()
+                ),
+            ));
+        }
+        seen = up.clone();
+        up = up.parent();
+    }
+    let inner: Vec<String> = ctx
+        .sink
+        .store()
+        .list("", None)
+        .await?
+        .into_iter()
+        .map(|m| m.key)
+        .filter(|k| {
+            k.strip_suffix(crate::paths::sink::OWNER)
+                .is_some_and(|folder| folder.ends_with('/'))
+        })
+        .collect();
+    if let Some(k) = inner.first() {
+        return Err(refused(
+            ctx,
+            format!(
+                "it holds the sink of another pipeline ({k}), whose rows this pipeline's \
+                 readers would read as its own: give this pipeline a sink.uri of its own"
             ),
         ));
     }
