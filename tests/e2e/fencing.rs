@@ -98,6 +98,9 @@ enum Scenario {
     /// A windowed GROUP BY in append mode with late rows as side output:
     /// tasks' partial states, merges' state files, trailing batch.
     Windowed,
+    /// A corrupt file refused: its batch abandoned (plans deleted, what was
+    /// staged removed, the lease released); the file is fixed meanwhile.
+    Refused,
 }
 
 const CSV_SQL: &str = "SELECT id, v, v * 2 AS twice FROM t WHERE v > 1";
@@ -108,6 +111,7 @@ impl Scenario {
             Scenario::List => "fence",
             Scenario::Notify => "fencen",
             Scenario::Windowed => "fencew",
+            Scenario::Refused => "fencer",
         }
     }
 
@@ -139,6 +143,7 @@ max_files_per_batch = 2
             ),
             Scenario::Windowed => crate::stateful::windowed_toml("fencew")
                 .replace("state_partitions = 3", "state_partitions = 2"),
+            Scenario::Refused => pipeline_toml("fencer", "parquet", "", "max_files_per_batch = 1"),
         }
     }
 
@@ -161,6 +166,28 @@ max_files_per_batch = 2
             Scenario::Windowed => {
                 crate::stateful::windowed_input(root);
             }
+            Scenario::Refused => {
+                let files = gen_files(&root.join("input"), 3, 40);
+                std::fs::write(&files[1], b"not parquet at all").unwrap();
+            }
+        }
+    }
+
+    /// What the user fixes while the stale run is stopped: the refused
+    /// file, rewritten under its key.
+    fn fix(self, root: &Path) {
+        if self == Scenario::Refused {
+            let bytes = sluice_cli::generator::encode(
+                &sluice_cli::generator::taxi_batch(1, 40),
+                sluice_engine::pipeline::SourceFormat::Parquet,
+                None,
+            )
+            .unwrap();
+            let (bad, _) = snapshot(&root.join("input"))
+                .into_iter()
+                .find(|(k, _)| k.ends_with("trips-000001.parquet"))
+                .expect("the refused file");
+            std::fs::write(root.join("input").join(bad), bytes).unwrap();
         }
     }
 
@@ -178,7 +205,7 @@ max_files_per_batch = 2
                     .await
                     .unwrap();
             }
-            Scenario::Windowed => {}
+            Scenario::Windowed | Scenario::Refused => {}
         }
     }
 
@@ -188,7 +215,7 @@ max_files_per_batch = 2
         let sink = root.join("out/sink");
         match self {
             Scenario::List => manifest_rows(&sink, self.name(), "id, v, twice", "").await,
-            Scenario::Notify => committed_rows(&sink, self.name()).await,
+            Scenario::Notify | Scenario::Refused => committed_rows(&sink, self.name()).await,
             Scenario::Windowed => {
                 let (mut got, _) = crate::stateful::windowed_output(root, self.name(), false).await;
                 let (late, _) = crate::stateful::windowed_late(root, false).await;
@@ -217,7 +244,7 @@ max_files_per_batch = 2
                 ))
                 .await
             }
-            Scenario::Notify => one_shot_rows(&root.join("input")).await,
+            Scenario::Notify | Scenario::Refused => one_shot_rows(&root.join("input")).await,
             Scenario::Windowed => {
                 let (_, mut want) = crate::stateful::windowed_output(root, self.name(), true).await;
                 let (_, late) = crate::stateful::windowed_late(root, true).await;
@@ -388,6 +415,10 @@ async fn count_writes(s: Scenario, stale: Stale) -> u64 {
     let pause = Arc::new(Pause::default());
     let ctx = paused_context(root, &s.toml(), &pause);
     match stale {
+        // The refused scenario's run ends with the refusal.
+        Stale::Run if s == Scenario::Refused => {
+            run(&ctx).await.unwrap_err();
+        }
         Stale::Run => {
             run(&ctx).await.unwrap();
         }
@@ -436,6 +467,7 @@ async fn each_write_held(s: Scenario, stale: Stale, meanwhile: Meanwhile) {
             .unwrap_or_else(|_| panic!("{s:?}: write {k} of {total} was never reached"));
         let at = pause.held.lock().unwrap().clone().unwrap();
         let what = format!("{s:?} {stale:?} held at write {k} ({at}), {meanwhile:?}");
+        s.fix(root);
         match meanwhile {
             Meanwhile::TakeOver => {
                 s.arrive(root).await;
@@ -541,4 +573,14 @@ async fn a_reset_held_at_any_write_changes_nothing_after_another_reset() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_notify_reset_held_at_any_write_changes_nothing_after_another_reset() {
     each_write_held(Scenario::Notify, Stale::Reset, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_abandoning_a_refused_batch_held_at_any_write_changes_nothing_after_a_takeover() {
+    each_write_held(Scenario::Refused, Stale::Run, Meanwhile::TakeOver).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_abandoning_a_refused_batch_held_at_any_write_changes_nothing_after_a_reset() {
+    each_write_held(Scenario::Refused, Stale::Run, Meanwhile::Reset).await;
 }

@@ -60,6 +60,11 @@ pub struct Context {
     /// (loading contexts, the trigger's registry listing): part of
     /// [`Context::counts`].
     carried: RequestCounts,
+    /// Requests made through stores opened for one look (the folders
+    /// around the sink): the last counter is this context's own (part of
+    /// [`Context::counts`]); the ones before it are the contexts this one
+    /// is a counting view of, which count the same requests as theirs.
+    others: Vec<Arc<crate::storage::RequestCounter>>,
 }
 
 /// Stateful queries planned for merging, by input schema.
@@ -99,6 +104,7 @@ impl Context {
             schema: Arc::default(),
             staged: Arc::default(),
             carried: RequestCounts::default(),
+            others: vec![Arc::default()],
         }
     }
 
@@ -151,6 +157,20 @@ impl Context {
         Ok(planned)
     }
 
+    /// A store at `at`, opened with this context's S3 configuration, its
+    /// requests counted as this context's; `None` where it cannot be opened
+    /// (an S3 location in a context over explicit stores).
+    pub(crate) fn open_counted(&self, at: &Location) -> Option<Arc<dyn Store>> {
+        let mut store = at.open(self.s3.as_ref()).ok()?;
+        for counter in &self.others {
+            store = Arc::new(crate::storage::CountingStore::sharing(
+                store,
+                counter.clone(),
+            ));
+        }
+        Some(store)
+    }
+
     /// Write a metric line, if this context writes them.
     pub(crate) fn metric(&self, line: impl FnOnce() -> String) {
         if let Some(m) = &self.metrics {
@@ -168,7 +188,10 @@ impl Context {
             Arc::new(crate::storage::CountingStore::new(s.clone()))
         };
         let name = &self.pipeline.name;
+        let mut others = self.others.clone();
+        others.push(Arc::default());
         Context {
+            others,
             source: view(&self.source),
             sink: ParquetSink::new(view(self.sink.store()), name),
             checkpoint: Checkpoint::new(view(self.checkpoint.store()), name),
@@ -194,6 +217,7 @@ impl Context {
             .plus(&self.sink.store().counts())
             .plus(&self.checkpoint.store().counts())
             .plus(&self.carried)
+            .plus(&self.others.last().map(|c| c.snapshot()).unwrap_or_default())
     }
 
     pub(crate) fn now(&self) -> i64 {

@@ -136,7 +136,7 @@ async fn check_nesting(ctx: &Context) -> Result<()> {
     while up != seen {
         // Local folders always open; S3 ones need the configuration (a
         // context over explicit stores has none: nothing to check there).
-        if let Ok(store) = up.open(ctx.s3.as_ref())
+        if let Some(store) = ctx.open_counted(&up)
             && let Some(obj) = store.get(crate::paths::sink::OWNER).await?
         {
             let owner = serde_json::from_slice::<SinkOwner>(&obj.bytes)

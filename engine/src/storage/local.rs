@@ -267,6 +267,9 @@ impl LocalStore {
         Ok(())
     }
 
+    /// Every file under `dir` (key prefix `base`) whose key starts with
+    /// `prefix` and sorts after `start_after`. Iterative, not recursive:
+    /// folders may nest hundreds deep (S3 keys of 1,024 bytes).
     fn walk(
         &self,
         dir: &Path,
@@ -275,82 +278,74 @@ impl LocalStore {
         start_after: Option<&str>,
         out: &mut Vec<ObjectMeta>,
     ) -> Result<(), StoreError> {
+        // Folders already entered, so a link back up does not loop.
         let mut visited = std::collections::HashSet::new();
         if let Ok(real) = std::fs::canonicalize(dir) {
             visited.insert(real);
         }
-        self.walk_in(dir, base, prefix, start_after, out, &mut visited)
-    }
-
-    /// [`LocalStore::walk`] below `dir`, not entering a folder already
-    /// `visited` (a link back up would loop).
-    fn walk_in(
-        &self,
-        dir: &Path,
-        base: &str,
-        prefix: &str,
-        start_after: Option<&str>,
-        out: &mut Vec<ObjectMeta>,
-        visited: &mut std::collections::HashSet<PathBuf>,
-    ) -> Result<(), StoreError> {
-        let entries = match std::fs::read_dir(dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(self.err("list", dir, e)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|e| self.err("list", dir, e))?;
-            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
-                // Keys are UTF-8; a name that is not cannot be one.
-                tracing::warn!(
-                    file = %entry.path().display(),
-                    "not listed: the file name is not UTF-8; rename it to read it"
-                );
-                continue;
+        let mut todo: Vec<(PathBuf, String)> = vec![(dir.to_path_buf(), base.to_string())];
+        while let Some((dir, base)) = todo.pop() {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(self.err("list", &dir, e)),
             };
-            if name.starts_with('.') {
-                continue;
-            }
-            let key = format!("{base}{name}");
-            // A link is followed, as a reader follows it: listed with what
-            // it leads to (its size and time), the same file the read and
-            // the check before it find. One that leads nowhere, or in a
-            // loop, is not listed (`sluice show` names it).
-            let meta = match std::fs::metadata(entry.path()) {
-                Ok(m) => m,
-                Err(e) if is_link(&entry) => {
-                    tracing::warn!(file = %entry.path().display(), error = %e, "not listed: a link that leads nowhere (or in a loop)");
+            for entry in entries {
+                let entry = entry.map_err(|e| self.err("list", &dir, e))?;
+                let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                    // Keys are UTF-8; a name that is not cannot be one.
+                    tracing::warn!(
+                        file = %entry.path().display(),
+                        "not listed: the file name is not UTF-8; rename it to read it"
+                    );
+                    continue;
+                };
+                if name.starts_with('.') {
                     continue;
                 }
-                Err(e) => return Err(self.err("list", &entry.path(), e)),
-            };
-            if meta.is_dir() {
-                let sub = format!("{key}/");
-                // Skip folders that cannot hold a matching key.
-                let shares_prefix = sub.starts_with(prefix) || prefix.starts_with(&sub);
-                let after = match start_after {
-                    Some(s) => sub.as_str() >= s || s.starts_with(&sub),
-                    None => true,
+                let key = format!("{base}{name}");
+                // A link is followed, as a reader follows it: listed with
+                // what it leads to (its size and time), the same file the
+                // read and the check before it find. One that leads
+                // nowhere, or in a loop, is not listed (`sluice show` names
+                // it).
+                let meta = match std::fs::metadata(entry.path()) {
+                    Ok(m) => m,
+                    Err(e) if is_link(&entry) => {
+                        tracing::warn!(file = %entry.path().display(), error = %e, "not listed: a link that leads nowhere (or in a loop)");
+                        continue;
+                    }
+                    Err(e) => return Err(self.err("list", &entry.path(), e)),
                 };
-                let real = std::fs::canonicalize(entry.path()).unwrap_or(entry.path());
-                if shares_prefix && after {
+                if meta.is_dir() {
+                    let sub = format!("{key}/");
+                    // Skip folders that cannot hold a matching key.
+                    let shares_prefix = sub.starts_with(prefix) || prefix.starts_with(&sub);
+                    let after = match start_after {
+                        Some(s) => sub.as_str() >= s || s.starts_with(&sub),
+                        None => true,
+                    };
+                    if !(shares_prefix && after) {
+                        continue;
+                    }
+                    let real = std::fs::canonicalize(entry.path()).unwrap_or(entry.path());
                     if !visited.insert(real) {
                         tracing::warn!(folder = %entry.path().display(), "not listed: a link to a folder already listed (a loop)");
                         continue;
                     }
-                    self.walk_in(&entry.path(), &sub, prefix, start_after, out, visited)?;
+                    todo.push((entry.path(), sub));
+                    continue;
                 }
-                continue;
+                if !key.starts_with(prefix) || start_after.is_some_and(|s| key.as_str() <= s) {
+                    continue;
+                }
+                out.push(ObjectMeta {
+                    key,
+                    size: meta.len(),
+                    etag: None,
+                    last_modified: meta.modified().ok().map(DateTime::<Utc>::from),
+                });
             }
-            if !key.starts_with(prefix) || start_after.is_some_and(|s| key.as_str() <= s) {
-                continue;
-            }
-            out.push(ObjectMeta {
-                key,
-                size: meta.len(),
-                etag: None,
-                last_modified: meta.modified().ok().map(DateTime::<Utc>::from),
-            });
         }
         Ok(())
     }
@@ -512,33 +507,37 @@ impl Store for LocalStore {
     }
 
     async fn unnamed(&self) -> Result<Vec<String>, StoreError> {
-        fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
-            let entries = match std::fs::read_dir(dir) {
-                Ok(e) => e,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                Err(e) => return Err(e),
-            };
-            for entry in entries {
-                let entry = entry?;
-                let name = entry.file_name();
-                if name.as_encoded_bytes().starts_with(b".") {
-                    continue;
-                }
-                let path = entry.path();
-                // A link that leads nowhere (or in a loop) cannot be read
-                // either.
-                let dangling = is_link(&entry) && std::fs::metadata(&path).is_err();
-                if name.to_str().is_none() || dangling {
-                    let relative = path.strip_prefix(root).unwrap_or(&path);
-                    out.push(relative.to_string_lossy().into_owned());
-                } else if entry.file_type()?.is_dir() {
-                    walk(root, &path, out)?;
+        // Iterative: folders may nest hundreds deep.
+        fn walk(root: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
+            let mut todo = vec![root.to_path_buf()];
+            while let Some(dir) = todo.pop() {
+                let entries = match std::fs::read_dir(&dir) {
+                    Ok(e) => e,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                };
+                for entry in entries {
+                    let entry = entry?;
+                    let name = entry.file_name();
+                    if name.as_encoded_bytes().starts_with(b".") {
+                        continue;
+                    }
+                    let path = entry.path();
+                    // A link that leads nowhere (or in a loop) cannot be
+                    // read either.
+                    let dangling = is_link(&entry) && std::fs::metadata(&path).is_err();
+                    if name.to_str().is_none() || dangling {
+                        let relative = path.strip_prefix(root).unwrap_or(&path);
+                        out.push(relative.to_string_lossy().into_owned());
+                    } else if entry.file_type()?.is_dir() {
+                        todo.push(path);
+                    }
                 }
             }
             Ok(())
         }
         let mut out = Vec::new();
-        walk(&self.root, &self.root, &mut out).map_err(|e| self.err("list", &self.root, e))?;
+        walk(&self.root, &mut out).map_err(|e| self.err("list", &self.root, e))?;
         out.sort();
         Ok(out)
     }
