@@ -89,6 +89,15 @@ fn folder_of(key: &str) -> String {
         .map_or(String::new(), |(folder, _)| format!("{folder}/"))
 }
 
+/// How every Parquet file Sluice writes is written (parts, late rows).
+fn writer_properties() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("valid level"),
+        ))
+        .build()
+}
+
 /// A sink of Parquet files with a manifest per committed batch.
 #[derive(Debug, Clone)]
 pub struct ParquetSink {
@@ -136,11 +145,7 @@ impl ParquetSink {
         schema: SchemaRef,
         mut stream: SendableRecordBatchStream,
     ) -> Result<Vec<OutputFile>> {
-        let props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(
-                ZstdLevel::try_new(3).expect("valid level"),
-            ))
-            .build();
+        let props = writer_properties();
         let mut outputs = Vec::new();
         let mut roll = 0u32;
         let mut writer: Option<(ArrowWriter<Vec<u8>>, u64)> = None;
@@ -233,10 +238,15 @@ impl ParquetSink {
     ) -> Result<OutputFile> {
         let key = paths::sink::late_rows(batch, task, epoch);
         let fail = |e: String| self.exec_err(batch, task, e, ErrorClass::Fatal);
-        let mut w = ArrowWriter::try_new(Vec::new(), schema, None)
+        // The same writer settings as the sink's parts: types every reader
+        // knows (a seconds timestamp would be a bare INT64), compressed.
+        let schema = readable_schema(&schema);
+        let mut w = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(writer_properties()))
             .map_err(|e| fail(format!("parquet open: {e}")))?;
         for b in rows {
-            w.write(b)
+            let b = as_readable(b.clone(), &schema)
+                .map_err(|e| fail(format!("cast for readers: {e}")))?;
+            w.write(&b)
                 .map_err(|e| fail(format!("parquet write: {e}")))?;
         }
         let body = w
