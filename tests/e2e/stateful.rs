@@ -665,3 +665,94 @@ async fn not_late(batches: &[Vec<PathBuf>], cols: &str) -> (Vec<String>, i64) {
     }
     (parts, wm.expect("at least one batch"))
 }
+
+/// The first hour's case: `sluice gen taxi --format csv` writes pickup
+/// times with and without fractions (`2024-01-01T02:00:00`,
+/// `2024-01-01T02:00:01.800`); inference typed the column as text, so the
+/// README's window query over generated CSV was refused. The column is a
+/// timestamp now, and the windows equal DuckDB's over the CSV files (which
+/// infers TIMESTAMP), in complete mode so every window shows.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readme_window_query_runs_over_generated_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let files = sluice_cli::generator::write_taxi_files(
+        &root.join("input"),
+        2,
+        1000,
+        sluice_engine::pipeline::SourceFormat::Csv,
+        None,
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(
+        text.contains(":00,") && text.contains('.'),
+        "the generator writes mixed precision"
+    );
+    let sql = r#"SELECT window.start AS window_start, "PULocationID", count(*) AS trips FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes'), "PULocationID""#;
+    let toml = toml("gencsv", sql, "complete", false, 1).replace("\"parquet\"", "\"csv\"");
+    run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let manifests = manifest_files(&root.join("out/sink"), "gencsv").await;
+    let (_, _, last) = manifests.last().unwrap().clone();
+    let got = duckdb_sql(&format!(
+        "SELECT * FROM read_parquet([{}], hive_partitioning = false)",
+        quoted(&last)
+    ))
+    .await;
+    let want = duckdb_sql(&format!(
+        "SELECT time_bucket(INTERVAL 15 MINUTES, tpep_pickup_datetime) AS window_start, \
+         \"PULocationID\", count(*) AS trips FROM read_csv([{}]) GROUP BY ALL",
+        quoted(&files)
+    ))
+    .await;
+    assert!(!want.is_empty());
+    assert_eq!(got, want);
+}
+
+/// The first hour's case: the refusal of a window over a text column said
+/// "cast it in a derived table", and doing so was refused ("the source has
+/// no column ts"). Windows are assigned as the source is read, so the
+/// column must be typed by the source schema: both refusals now say that,
+/// and declaring the type works.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_window_over_a_cast_says_what_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    std::fs::create_dir_all(&input).unwrap();
+    std::fs::write(input.join("1.csv"), "t,k\nmonday,a\n").unwrap();
+    let base = |sql: &str, schema: &str| {
+        format!(
+            "name = \"cast\"\n[source]\nuri = \"input\"\nformat = \"csv\"\ntable = \"e\"\n{schema}\n[query]\nsql = \"{sql}\"\n[sink]\nuri = \"out/sink\"\nmode = \"complete\"\n[checkpoint]\nuri = \"out/checkpoint\"\n"
+        )
+    };
+    for sql in [
+        "SELECT window.start AS ws, count(*) AS n FROM e GROUP BY window(t, '1 hour')",
+        "SELECT window.start AS ws, count(*) AS n FROM (SELECT CAST(t AS TIMESTAMP) AS ts FROM e) GROUP BY window(ts, '1 hour')",
+    ] {
+        let e = run(&local_context(&pipeline(root, &base(sql, ""))))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("source.schema")
+                && !e.contains("derived table first")
+                && !e.contains("cast it in a derived"),
+            "{sql}: {e}"
+        );
+    }
+    std::fs::write(input.join("1.csv"), "t,k\n2024-01-01T00:10:00,a\n").unwrap();
+    let declared = base(
+        "SELECT window.start AS ws, count(*) AS n FROM e GROUP BY window(t, '1 hour')",
+        "schema = [{ name = \"t\", type = \"Timestamp(Microsecond, None)\" }, { name = \"k\", type = \"Utf8\" }]",
+    );
+    run(&local_context(&pipeline(root, &declared)))
+        .await
+        .unwrap();
+    assert_eq!(
+        manifest_rows(&root.join("out/sink"), "cast", "ws, n", "").await,
+        ["2024-01-01T00:00:00|1"]
+    );
+}

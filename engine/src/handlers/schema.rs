@@ -298,8 +298,97 @@ async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<
     Ok(Some(pinned))
 }
 
-/// The schema DataFusion infers from one file.
+/// Rows of a CSV file [`csv_timestamps`] looks at: what DataFusion's
+/// inference reads.
+const INFER_ROWS: usize = 1000;
+
+/// The text columns of a CSV file (`found`, as inferred) whose every
+/// non-empty value among the first [`INFER_ROWS`] rows is a timestamp the
+/// CSV reader parses. The reader's inference types a column only when its
+/// values share one precision (`2024-01-01T02:00:00` beside
+/// `2024-01-01T02:00:01.800` is text), where DuckDB and Spark see a
+/// timestamp; so does Sluice.
+fn csv_timestamps(text: &[u8], header: bool, delimiter: u8, found: &Schema) -> Vec<String> {
+    use datafusion::arrow::compute::kernels::cast_utils::string_to_timestamp_nanos;
+    let text_cols: Vec<usize> = found
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.data_type() == &DataType::Utf8)
+        .map(|(i, _)| i)
+        .collect();
+    if text_cols.is_empty() {
+        return Vec::new();
+    }
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(header)
+        .delimiter(delimiter)
+        .flexible(true)
+        .from_reader(text);
+    // Per text column: seen a value, and every value seen parsed.
+    let mut seen = vec![(false, true); text_cols.len()];
+    for record in rdr.records().take(INFER_ROWS) {
+        let Ok(record) = record else {
+            break;
+        };
+        for (j, &i) in text_cols.iter().enumerate() {
+            let value = record.get(i).unwrap_or("").trim();
+            if value.is_empty() || !seen[j].1 {
+                continue;
+            }
+            seen[j].0 = true;
+            seen[j].1 = string_to_timestamp_nanos(value).is_ok();
+        }
+    }
+    text_cols
+        .iter()
+        .zip(seen)
+        .filter(|(_, (any, all))| *any && *all)
+        .map(|(&i, _)| found.field(i).name().clone())
+        .collect()
+}
+
+/// The schema DataFusion infers from one file (a CSV file's text columns
+/// of timestamps of mixed precision typed as timestamps).
 async fn infer_file(ctx: &Context, file: &InputFile) -> Result<SchemaRef> {
+    let found = infer_file_as_read(ctx, file).await?;
+    let p = &ctx.pipeline;
+    if p.source.format != crate::pipeline::SourceFormat::Csv
+        || !found
+            .fields()
+            .iter()
+            .any(|f| f.data_type() == &DataType::Utf8)
+    {
+        return Ok(found);
+    }
+    let access = ctx.source.scan_access()?;
+    let op = SqlOperator::new(p.clone(), found.clone());
+    let Some(Ok(text)) = op.read_text(&access, file).await? else {
+        return Ok(found);
+    };
+    let timestamps = csv_timestamps(&text, p.source.header, p.source.delimiter, &found);
+    if timestamps.is_empty() {
+        return Ok(found);
+    }
+    let fields: Vec<Field> = found
+        .fields()
+        .iter()
+        .map(|f| {
+            if timestamps.contains(f.name()) {
+                f.as_ref().clone().with_data_type(DataType::Timestamp(
+                    datafusion::arrow::datatypes::TimeUnit::Microsecond,
+                    None,
+                ))
+            } else {
+                f.as_ref().clone()
+            }
+        })
+        .collect();
+    Ok(std::sync::Arc::new(Schema::new(fields)))
+}
+
+/// The schema DataFusion infers from one file, as its reader infers it.
+async fn infer_file_as_read(ctx: &Context, file: &InputFile) -> Result<SchemaRef> {
     let p = &ctx.pipeline;
     let access = ctx.source.scan_access()?;
     let format = SqlOperator::format(p);
@@ -347,4 +436,32 @@ fn discovery_change(old: DiscoveryMode, new: DiscoveryMode) -> Option<String> {
         new.name(),
         old.name()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first hour's case: `sluice gen taxi --format csv` writes pickup
+    /// times with and without fractions; the reader's inference made the
+    /// column text. Hand-checked columns: `a` mixes whole and fractional
+    /// seconds (a timestamp); `b` mixes a word in (text); `c` is a number;
+    /// `d` is empty (left to the empty-column rule).
+    #[test]
+    fn csv_timestamps_of_mixed_precision_are_timestamps() {
+        let found = Schema::new(vec![
+            Field::new("a", DataType::Utf8, true),
+            Field::new("b", DataType::Utf8, true),
+            Field::new("c", DataType::Int64, true),
+            Field::new("d", DataType::Utf8, true),
+        ]);
+        let text = b"a,b,c,d\n2024-01-01T02:00:00,x,1,\n2024-01-01T02:00:01.800,2024-01-01T00:00:00,2,\n,2024-01-01 00:00:00.5+02:00,3,\n";
+        assert_eq!(csv_timestamps(text, true, b',', &found), ["a"]);
+        // Offsets and a space for the T are timestamps too.
+        let text = b"a,b,c,d\n2024-01-01T02:00:00,2024-01-01 00:00:00,1,\n2024-01-01T02:00:01.800,2024-01-01T00:00:00.25+01:00,2,\n";
+        assert_eq!(csv_timestamps(text, true, b',', &found), ["a", "b"]);
+        // Without a header, by position.
+        let text = b"2024-01-01T02:00:00,x,1,\n";
+        assert_eq!(csv_timestamps(text, false, b',', &found), ["a"]);
+    }
 }

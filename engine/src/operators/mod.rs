@@ -803,7 +803,7 @@ impl SqlOperator {
 
     /// The whole of text file `f`, decompressed: `None` if it is gone,
     /// `Some(Err)` if it does not decompress.
-    pub(super) async fn read_text(
+    pub(crate) async fn read_text(
         &self,
         access: &ScanAccess,
         f: &InputFile,

@@ -52,16 +52,24 @@ impl SqlOperator {
         let Some(w) = window else {
             return Ok(self.schema.clone());
         };
+        // Windows are assigned as the source is read, before the query's
+        // own expressions: the column must be a source column, typed as a
+        // timestamp by the source schema (a cast in the query, in a derived
+        // table or inside window(...), is not seen there).
         let field = self.schema.field_with_name(&w.column).map_err(|_| {
             self.sql_err(format!(
-                "window({}, ...): the source has no column {}",
+                "window({}, ...): the source has no column {}: window(...) takes a timestamp \
+                 column of the source by name (a cast or an expression there, or a column of \
+                 a derived table, is not supported); declare the source column's type in \
+                 source.schema",
                 w.column, w.column
             ))
         })?;
         let DataType::Timestamp(_, _) = field.data_type() else {
             return Err(self.sql_err(format!(
-                "window({}, ...): the column is {}, not a timestamp; cast it in a derived \
-                 table or declare it as Timestamp(Microsecond, None) in source.schema",
+                "window({}, ...): the column is {}, not a timestamp: declare it as \
+                 Timestamp(Microsecond, None) in source.schema (a cast in the query is not \
+                 seen where windows are assigned)",
                 w.column,
                 field.data_type()
             )));

@@ -242,7 +242,7 @@ pub(crate) fn check_unit(spec: &WindowSpec, unit: &TimeUnit) -> Result<(), Strin
             return Err(format!(
                 "{name}({}, ...): the {what} ({us} microseconds) is not a whole number of {unit_name}, \
                  the unit of the column, so windows would be rounded; use a {what} in whole \
-                 {unit_name}, or cast the column to a finer timestamp in a derived table",
+                 {unit_name}, or declare the column with a finer unit in source.schema",
                 spec.column
             ));
         }
@@ -261,8 +261,8 @@ pub(crate) fn assign(batch: &RecordBatch, spec: &WindowSpec) -> Result<RecordBat
     })?;
     let DataType::Timestamp(unit, tz) = field.data_type() else {
         return Err(ArrowError::InvalidArgumentError(format!(
-            "window({}, ...): the column is {}, not a timestamp; cast it (for example \
-             to_timestamp(...)) in a derived table first",
+            "window({}, ...): the column is {}, not a timestamp: declare it as \
+             Timestamp(Microsecond, None) in source.schema",
             spec.column,
             field.data_type()
         )));
