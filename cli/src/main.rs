@@ -198,10 +198,45 @@ fn main() -> ExitCode {
         Err(e) => {
             let class = e
                 .downcast_ref::<sluice_engine::Error>()
-                .map(|e| format!(" [{}]", e.class()))
-                .unwrap_or_default();
-            eprintln!("error{class}: {e:#}");
-            ExitCode::FAILURE
+                .map(sluice_engine::Error::class);
+            eprintln!(
+                "error{}: {e:#}",
+                class.map(|c| format!(" [{c}]")).unwrap_or_default()
+            );
+            ExitCode::from(exit::of_error(class))
+        }
+    }
+}
+
+/// The exit codes of `sluice` (README: "Exit codes").
+mod exit {
+    use sluice_engine::ErrorClass;
+
+    /// Done: batches committed, or nothing new to do, or another run holds
+    /// the lease and does the work.
+    pub const SUCCESS: u8 = 0;
+    /// A failure that running again will not fix by itself
+    /// (`Sluice.Fatal`): read the message.
+    pub const FATAL: u8 = 1;
+    /// The command line is wrong (clap's code).
+    #[allow(dead_code)]
+    pub const USAGE: u8 = 2;
+    /// The pipeline is paused: nothing started; the request is recorded
+    /// and `sluice resume` starts it.
+    pub const PAUSED: u8 = 3;
+    /// Bad input or a bad pipeline file (`Sluice.InvalidInput`): fix what
+    /// the message names, then run again.
+    pub const BAD_INPUT: u8 = 4;
+    /// A passing failure, or another run changed the pipeline meanwhile
+    /// (`Sluice.Retryable`, `Sluice.Conflict`): run again.
+    pub const RETRY: u8 = 5;
+
+    /// The code for an error of `class` (an error of no class: fatal).
+    pub fn of_error(class: Option<ErrorClass>) -> u8 {
+        match class {
+            Some(ErrorClass::InvalidInput) => BAD_INPUT,
+            Some(ErrorClass::Retryable | ErrorClass::Conflict) => RETRY,
+            Some(ErrorClass::Fatal) | None => FATAL,
         }
     }
 }
@@ -716,7 +751,11 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
     progress.finish();
     if json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
-        return Ok(ExitCode::SUCCESS);
+        return Ok(ExitCode::from(if summary.end == RunEnd::Paused {
+            exit::PAUSED
+        } else {
+            exit::SUCCESS
+        }));
     }
     let files: u64 = summary.batches.iter().map(|b| b.files).sum();
     let bytes: u64 = summary.batches.iter().map(|b| b.bytes).sum();
@@ -743,6 +782,13 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
             summary.requests.total()
         ),
         RunEnd::Busy(why) => println!("{name}: not started: {why}"),
+        RunEnd::Paused => {
+            println!(
+                "{name}: paused: nothing started; the request is recorded and `sluice resume` \
+                 starts it"
+            );
+            return Ok(ExitCode::from(exit::PAUSED));
+        }
         RunEnd::Done => println!(
             "{name}: committed {} batch(es): {files} files, {}, {rows_in} rows in, {rows_out} rows out in {} ms ({} storage requests){}",
             summary.batches.len(),
@@ -806,9 +852,16 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                     .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
                     .unwrap_or_else(|| "-".into())
             };
+            let state = match (c.paused, c.status) {
+                (true, _) if c.requested => {
+                    "paused (a run was asked for: `sluice resume` starts it)"
+                }
+                (true, _) => "paused",
+                (false, sluice_engine::checkpoint::RunStatus::Running) => "running",
+                (false, sluice_engine::checkpoint::RunStatus::Idle) => "idle",
+            };
             println!(
-                "state        {:?} (epoch {}, owner {}, heartbeat {})",
-                c.status,
+                "state        {state} (epoch {}, owner {}, heartbeat {})",
                 c.epoch,
                 c.owner.as_deref().unwrap_or("-"),
                 when(c.heartbeat_ms)

@@ -132,6 +132,13 @@ fn refused(toml: &str) -> String {
     std::fs::write(&file, toml).unwrap();
     let out = sluice(&["run", file.to_str().unwrap()]);
     assert!(!out.status.success(), "expected a refusal for:\n{toml}");
+    // A bad pipeline file or query is bad input: exit code 4.
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         !dir.path().join("out").exists(),
         "a refused pipeline wrote something"
@@ -171,13 +178,25 @@ fn pause_resume_and_history_on_the_sample() {
     assert!(none.contains("no committed batches"), "{none}");
     let paused = stdout(&sluice(&["pause", file]));
     assert!(paused.contains("paused"), "{paused}");
-    let held = stdout(&sluice(&["run", file]));
+    let shown = stdout(&sluice(&["show", file]));
+    assert!(shown.contains("state        paused"), "{shown}");
+    // The first hour's case: a run on a paused pipeline exited 0 without
+    // recording the request, and `show` said "Idle". It exits 3 (paused),
+    // the request is recorded, `show` says so, and `resume` reports it.
+    let held = sluice(&["run", file]);
+    assert_eq!(held.status.code(), Some(3), "{held:?}");
+    let held = String::from_utf8(held.stdout).unwrap();
     assert!(
-        held.contains("paused") && !held.contains("batch "),
+        held.contains("paused") && held.contains("request is recorded") && !held.contains("batch "),
         "{held}"
     );
+    let shown = stdout(&sluice(&["show", file]));
+    assert!(shown.contains("paused (a run was asked for"), "{shown}");
     let resumed = stdout(&sluice(&["resume", file]));
-    assert!(resumed.contains("resumed"), "{resumed}");
+    assert!(
+        resumed.contains("resumed") && resumed.contains("a run was requested while paused"),
+        "{resumed}"
+    );
     let ran = stdout(&sluice(&["run", file]));
     let batches = ran.lines().filter(|l| l.starts_with("batch")).count();
     assert!(batches >= 2, "{ran}");

@@ -134,6 +134,9 @@ pub enum PlanOutcome {
         /// Why.
         reason: String,
     },
+    /// The pipeline is paused: nothing started; the request is recorded
+    /// (`control.requested`) for `sluice resume`.
+    Paused,
     /// Another run holds a live lease.
     Busy {
         /// Its owner.

@@ -9,7 +9,9 @@ use datafusion::arrow::datatypes::SchemaRef;
 
 use super::commit::{Charge, finish_commit};
 use super::context::Context;
-use super::lease::{continue_run, owned_control, release, release_idle, update_control};
+use super::lease::{
+    continue_run, owned_control, release, release_idle, swap_control, update_control,
+};
 use super::ownership::{self, SinkCheck};
 use super::payloads::{BatchRef, PlanOutcome, RunState, TaskList};
 use super::schema::{evolve, in_force, resolve_schema};
@@ -298,6 +300,23 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         return Err(resetting(ctx));
     }
     let now = ctx.now();
+    if control.is_some_and(|c| c.paused) {
+        // Recorded, so `sluice resume` knows a run was asked for.
+        if control.is_some_and(|c| !c.requested) {
+            swap_control(ctx, |read| match read {
+                Some(c) if c.paused => {
+                    let mut next = c.clone();
+                    next.requested = true;
+                    Ok((next, ()))
+                }
+                _ => Err(
+                    ctx.conflict("control.json changed while this run recorded its request".into())
+                ),
+            })
+            .await?;
+        }
+        return Ok(PlanOutcome::Paused);
+    }
     let (epoch, recover) = match may_claim(ctx, control, now) {
         Ok(take) => take,
         Err(outcome) => return Ok(*outcome),
@@ -461,11 +480,6 @@ fn may_claim(
     control: Option<&Control>,
     now: i64,
 ) -> std::result::Result<(u64, bool), Box<PlanOutcome>> {
-    if control.is_some_and(|c| c.paused) {
-        return Err(Box::new(idle(
-            "paused: `sluice resume` lets runs start again (triggers meanwhile are recorded)",
-        )));
-    }
     let gone = control
         .and_then(|c| c.owner.as_deref())
         .is_some_and(|o| (ctx.owner_gone)(o));

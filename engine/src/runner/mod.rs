@@ -79,6 +79,8 @@ pub struct BatchReport {
 pub enum RunEnd {
     /// Nothing to do.
     Idle(String),
+    /// The pipeline is paused: nothing started, the request recorded.
+    Paused,
     /// Another run holds the lease.
     Busy(String),
     /// Batches were committed and the lease released.
@@ -238,6 +240,7 @@ impl LocalInvoker<'_> {
         let mut o = self.observed.lock().expect("not poisoned");
         match outcome {
             PlanOutcome::Idle { reason } => o.end = Some(RunEnd::Idle(reason.clone())),
+            PlanOutcome::Paused => o.end = Some(RunEnd::Paused),
             PlanOutcome::Busy {
                 owner,
                 heartbeat_age_s,
