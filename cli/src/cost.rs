@@ -159,7 +159,10 @@ pub async fn run(
             r.interval_from
         ),
         _ => println!(
-            "month         one run only: give the arrival rate with --every (e.g. --every \"5 minutes\")"
+            "month         not projected: {}; give the arrival rate with --every (e.g. --every \"5 minutes\")",
+            r.interval_note
+                .as_deref()
+                .unwrap_or("no interval between runs observed")
         ),
     }
     println!(

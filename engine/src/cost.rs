@@ -241,6 +241,10 @@ pub struct Report {
     pub interval_s: Option<f64>,
     /// `observed` or `given`.
     pub interval_from: &'static str,
+    /// Why no interval was observed (too few runs, or runs back to back):
+    /// the month is projected only at a given interval then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_note: Option<String>,
     /// Runs in a month at that interval.
     pub runs_per_month: Option<f64>,
     /// Dollars in a month at that interval.
@@ -325,25 +329,13 @@ pub fn report(
         (batches_bill.total() + after_commit.total() * batches.len() as f64) / runs as f64
             + run_end.total()
     };
-    // Observed: the time from the first run's first commit to the last
-    // run's first commit, over the runs between.
-    let observed = if runs >= 2 {
-        let first_of = |e: u64| {
-            batches
-                .iter()
-                .filter(|b| b.epoch == e)
-                .map(|b| b.committed_ms)
-                .min()
-                .unwrap_or(0)
-        };
-        let span = first_of(*epochs.last().expect("runs")) - first_of(epochs[0]);
-        (span > 0).then(|| span as f64 / 1000.0 / (runs - 1) as f64)
-    } else {
-        None
-    };
-    let (interval_s, interval_from) = match every_s {
-        Some(s) => (Some(s), "given"),
-        None => (observed, "observed"),
+    // Observed: the median gap between the runs' first commits. A mean
+    // over the span would be thrown by a burst (runs back to back, as a
+    // backlog or a demo makes them) and by a long pause alike.
+    let (observed, interval_note) = observed_interval(&batches, &epochs);
+    let (interval_s, interval_from, interval_note) = match every_s {
+        Some(s) => (Some(s), "given", None),
+        None => (observed, "observed", interval_note),
     };
     let month_s = prices.always_on.hours_per_month * 3600.0;
     let runs_per_month = interval_s.map(|s| month_s / s);
@@ -359,12 +351,64 @@ pub fn report(
         per_run,
         interval_s,
         interval_from,
+        interval_note,
         runs_per_month,
         month: runs_per_month.map(|n| n * per_run),
         always_on_hourly: prices.always_on_hourly(),
         always_on_month: prices.always_on_monthly(),
         break_even_runs_per_hour: (per_run > 0.0).then(|| prices.always_on_hourly() / per_run),
     }
+}
+
+/// Runs a month is projected from at the least: two gaps between them.
+const MIN_RUNS_OBSERVED: usize = 3;
+
+/// Gaps shorter than this are runs back to back, not an arrival rate.
+const MIN_GAP_S: f64 = 1.0;
+
+/// The interval between runs the commits show (the median gap between the
+/// runs' first commits), or why none can be told.
+fn observed_interval(batches: &[BatchCost], epochs: &[u64]) -> (Option<f64>, Option<String>) {
+    let mut starts: Vec<i64> = epochs
+        .iter()
+        .filter_map(|e| {
+            batches
+                .iter()
+                .filter(|b| b.epoch == *e)
+                .map(|b| b.committed_ms)
+                .min()
+        })
+        .collect();
+    starts.sort();
+    if starts.len() < MIN_RUNS_OBSERVED {
+        return (
+            None,
+            Some(format!(
+                "{} run(s) recorded: too few to tell how often runs come",
+                starts.len()
+            )),
+        );
+    }
+    let mut gaps: Vec<f64> = starts
+        .windows(2)
+        .map(|w| (w[1] - w[0]) as f64 / 1000.0)
+        .collect();
+    gaps.sort_by(f64::total_cmp);
+    let median = if gaps.len() % 2 == 1 {
+        gaps[gaps.len() / 2]
+    } else {
+        (gaps[gaps.len() / 2 - 1] + gaps[gaps.len() / 2]) / 2.0
+    };
+    if median < MIN_GAP_S {
+        return (
+            None,
+            Some(format!(
+                "the runs recorded came back to back (a median of {median:.3} s apart): they tell \
+                 nothing of how often data arrives"
+            )),
+        );
+    }
+    (Some(median), None)
 }
 
 #[cfg(test)]
@@ -424,6 +468,47 @@ mod tests {
         close(b.total(), b.lambda + 0.000_75 + 0.000_14);
     }
 
+    /// The first hour's case: six runs in quick succession projected "one
+    /// run every 0 s". The median gap is robust to a burst and to one long
+    /// pause; runs back to back give no interval. Hand-computed gaps.
+    #[test]
+    fn the_interval_between_runs_is_the_median_gap() {
+        let cost = |epoch: u64, at_ms: i64| BatchCost {
+            batch: epoch,
+            epoch,
+            committed_ms: at_ms,
+            files: 1,
+            rows_in: 1,
+            rows_out: 1,
+            gb_seconds: 0.0,
+            invocations: 0,
+            transitions: 0,
+            requests: RequestCounts::default(),
+            bill: Bill::default(),
+        };
+        let at = |times: &[i64]| -> (Vec<BatchCost>, Vec<u64>) {
+            let b: Vec<BatchCost> = times
+                .iter()
+                .enumerate()
+                .map(|(i, t)| cost(i as u64 + 1, *t))
+                .collect();
+            let e = (1..=times.len() as u64).collect();
+            (b, e)
+        };
+        // Gaps 300, 300, 300 s and one pause of 3 hours: the median is 300.
+        let (b, e) = at(&[0, 300_000, 600_000, 900_000, 11_700_000]);
+        assert_eq!(observed_interval(&b, &e).0, Some(300.0));
+        // A burst of six runs 40 ms apart: no interval.
+        let (b, e) = at(&[0, 40, 80, 120, 160, 200]);
+        let (i, why) = observed_interval(&b, &e);
+        assert_eq!(i, None);
+        assert!(why.unwrap().contains("back to back"));
+        // Gaps 10, 20, 30, 40 s: an even count's median is the mean of
+        // the middle two, (20 + 30) / 2 = 25.
+        let (b, e) = at(&[0, 10_000, 30_000, 60_000, 100_000]);
+        assert_eq!(observed_interval(&b, &e).0, Some(25.0));
+    }
+
     #[test]
     fn x86_and_bad_tables() {
         let x86 = DEFAULT_PRICES.replace("architecture = \"arm64\"", "architecture = \"x86_64\"");
@@ -463,6 +548,8 @@ mod tests {
             c
         };
         let commits = [commit(1, 8, 600_000), commit(0, 7, 0)];
+        // Two runs are too few to observe an interval: projected only at
+        // a given one (checked below with three runs).
         let totals = Totals {
             runs: 2,
             run_ends: Usage {
@@ -478,9 +565,11 @@ mod tests {
         close(r.per_batch, 0.000_175);
         close(r.run_end.total(), 0.000_075);
         close(r.per_run, 0.000_25);
-        assert_eq!(r.interval_s, Some(600.0));
-        close(r.runs_per_month.unwrap(), 4380.0);
-        close(r.month.unwrap(), 1.095);
+        assert_eq!(r.interval_s, None);
+        assert!(r.interval_note.as_deref().unwrap().contains("too few"));
+        let every10 = report(&commits, &totals, &p, "default", Some(600.0));
+        close(every10.runs_per_month.unwrap(), 4380.0);
+        close(every10.month.unwrap(), 1.095);
         close(r.break_even_runs_per_hour.unwrap(), 0.605_904 / 0.000_25);
         let given = report(&commits, &totals, &p, "default", Some(300.0));
         assert_eq!(given.interval_from, "given");

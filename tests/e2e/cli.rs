@@ -463,6 +463,17 @@ fn cost_prices_the_recorded_usage() {
         table.contains("break-even") && table.contains("free tier not included"),
         "{table}"
     );
+    // The first hour's case: runs made back to back were projected as
+    // "one run every 0 s" ($22,304.68 a month). Too few runs, or runs back
+    // to back, project nothing and say to pass --every.
+    let bursty = stdout(&sluice(&["cost", file]));
+    assert!(
+        bursty.contains("month         not projected") && bursty.contains("--every"),
+        "{bursty}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(&sluice(&["cost", file, "--json"]))).unwrap();
+    assert!(json["month"].is_null(), "{json}");
     let recent: serde_json::Value = serde_json::from_str(&stdout(&sluice(&[
         "cost", file, "--json", "--since", "1 hour",
     ])))

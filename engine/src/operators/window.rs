@@ -458,6 +458,22 @@ mod tests {
         assert!(slide.contains("slide"), "{slide}");
         assert_eq!(duration_us("1 hour 30 minutes").unwrap(), 5_400_000_000);
         assert_eq!(duration_us("500 ms").unwrap(), 500_000);
+        // Written short (the first hour's ask), alone or run together.
+        assert_eq!(duration_us("5m").unwrap(), 300_000_000);
+        assert_eq!(duration_us("1h30m").unwrap(), 5_400_000_000);
+        assert_eq!(duration_us("30s").unwrap(), 30_000_000);
+        assert_eq!(duration_us("500ms").unwrap(), 500_000);
+        assert_eq!(
+            duration_us("2d 1h").unwrap(),
+            2 * 86_400_000_000 + 3_600_000_000
+        );
+        assert!(duration_us("5").is_err());
+        assert!(duration_us("m5").is_err());
+        assert!(
+            duration_us("5 fortnights")
+                .unwrap_err()
+                .contains("unknown unit")
+        );
     }
 
     fn at(minute: i64, second: i64) -> i64 {

@@ -322,9 +322,26 @@ impl Default for Limits {
 }
 
 /// Microseconds in a Spark-style duration: `15 minutes`, `1 hour 30
-/// minutes`, `30 seconds`, `500 milliseconds`, `2 days`.
+/// minutes`, `30 seconds`, `500 milliseconds`, `2 days`; or written short,
+/// `5m`, `1h30m`, `30s`, `500ms`.
 pub fn duration_us(text: &str) -> Result<i64, String> {
-    let words: Vec<&str> = text.split_whitespace().collect();
+    // Split "1h30m" into "1", "h", "30", "m" (and "5 minutes" as it is).
+    let mut words: Vec<String> = Vec::new();
+    for word in text.split_whitespace() {
+        let mut current = String::new();
+        for c in word.chars() {
+            let boundary = current
+                .chars()
+                .last()
+                .is_some_and(|p| p.is_ascii_digit() != c.is_ascii_digit());
+            if boundary {
+                words.push(std::mem::take(&mut current));
+            }
+            current.push(c);
+        }
+        words.push(current);
+    }
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
     if words.is_empty() || !words.len().is_multiple_of(2) {
         return Err(format!(
             "\"{text}\" is not a duration: write e.g. \"15 minutes\" or \"1 hour 30 minutes\""
@@ -338,10 +355,10 @@ pub fn duration_us(text: &str) -> Result<i64, String> {
         let unit: i64 = match pair[1].to_ascii_lowercase().as_str() {
             "ms" | "millisecond" | "milliseconds" => 1_000,
             "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000,
-            "min" | "mins" | "minute" | "minutes" => 60_000_000,
+            "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000,
             "h" | "hour" | "hours" => 3_600_000_000,
-            "day" | "days" => 86_400_000_000,
-            "week" | "weeks" => 7 * 86_400_000_000,
+            "d" | "day" | "days" => 86_400_000_000,
+            "w" | "week" | "weeks" => 7 * 86_400_000_000,
             other => {
                 return Err(format!(
                     "\"{text}\": unknown unit \"{other}\" (use milliseconds, seconds, minutes, \
