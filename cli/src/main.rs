@@ -47,6 +47,14 @@ enum Command {
         /// The pipeline file.
         pipeline: PathBuf,
     },
+    /// Run every check a run makes before it writes anything, without writing: exits 4 on a problem, and says what it could not check yet and why.
+    Check {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Start a run on AWS now: claim the lease and start the Step Functions execution `<pipeline>-<epoch>` (or, while a run is going, ask it to look again).
     Refresh {
         /// The pipeline file (registered with `sluice register`).
@@ -281,6 +289,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             json,
         } => history(&pipeline, limit, json).await,
         Command::Register { pipeline } => register(&pipeline).await,
+        Command::Check { pipeline, json } => check(&pipeline, json).await,
         Command::Cost {
             pipeline,
             last,
@@ -370,8 +379,26 @@ async fn resume(path: &Path, state_machine_arn: Option<String>) -> anyhow::Resul
     }
 }
 
+async fn check(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let ctx = open(path).await?;
+    let name = ctx.pipeline.name.clone();
+    let report = admin::check(&ctx).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for c in &report.checked {
+        println!("{name}: checked: {c}");
+    }
+    for n in &report.not_yet {
+        println!("{name}: not checked yet: {n}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn register(path: &Path) -> anyhow::Result<ExitCode> {
     let ctx = open(path).await?;
+    ctx.check_source_exists()?;
     let record = admin::register(&ctx).await?;
     println!(
         "registered pipeline \"{}\" in {} ({} source columns pinned)",
@@ -715,6 +742,8 @@ fn mib(bytes: u64) -> String {
 
 async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCode> {
     let mut ctx = open(path).await?;
+    // A misspelled source folder is an error, not "no input yet".
+    ctx.check_source_exists()?;
     ctx.reconcile = reconcile;
     let name = ctx.pipeline.name.clone();
     // On a terminal, a bar over the files waiting now (one listing).

@@ -70,6 +70,82 @@ pub async fn register(ctx: &Context) -> Result<PipelineRecord> {
     Ok(record)
 }
 
+/// What `sluice check` found: what it checked, and what it could not check
+/// yet and why. A problem is an error instead.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckReport {
+    /// Checks that passed.
+    pub checked: Vec<String>,
+    /// Checks that could not run yet, each with why.
+    pub not_yet: Vec<String>,
+}
+
+/// Every check a run makes before it writes anything, without writing:
+/// the pipeline file (already parsed), the source folder, the checkpoint's
+/// records, the source schema (declared, pinned or inferred from the first
+/// files) and the SQL against it, and whether the sink is this pipeline's
+/// to write.
+pub async fn check(ctx: &Context) -> Result<CheckReport> {
+    let p = &ctx.pipeline;
+    let mut report = CheckReport::default();
+    report
+        .checked
+        .push("the pipeline file: fields, values and limits".into());
+    ctx.check_source_exists()?;
+    report
+        .checked
+        .push(format!("source {} exists", p.source.location.display()));
+    let control = ctx.checkpoint.control().await?.map(|(c, _)| c);
+    if control.as_ref().is_some_and(|c| c.resetting) {
+        return Err(Error::Run {
+            pipeline: p.name.clone(),
+            message: "a `sluice reset` is under way (or was interrupted); run it again to finish \
+                      it"
+            .into(),
+            class: crate::error::ErrorClass::InvalidInput,
+        });
+    }
+    report.checked.push(match &control {
+        Some(c) => format!(
+            "checkpoint {} (epoch {}, history from batch {})",
+            p.checkpoint.display(),
+            c.epoch,
+            c.first_batch
+        ),
+        None => format!("checkpoint {}: never run", p.checkpoint.display()),
+    });
+    let first = control.as_ref().map_or(0, |c| c.first_batch);
+    let record = ctx
+        .checkpoint
+        .pipeline_record()
+        .await?
+        .filter(|r| r.first_batch == first);
+    let listed = discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?;
+    match resolve_schema(ctx, record.as_ref(), &listed).await? {
+        Some(schema) => {
+            let reading = crate::handlers::in_force(p, control.as_ref(), &schema);
+            let reading =
+                crate::handlers::arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?;
+            SqlOperator::new(p.clone(), reading).check().await?;
+            report
+                .checked
+                .push(format!("source schema ({} columns)", schema.fields().len()));
+            report.checked.push("query.sql against it".into());
+        }
+        None => report.not_yet.push(format!(
+            "the source schema and the query: no input file under {} to infer the schema from, \
+             and no source.schema declared (declare it to check the query now)",
+            p.source.location.display()
+        )),
+    }
+    crate::handlers::check_sink_ownership(ctx, control.as_ref()).await?;
+    report.checked.push(format!(
+        "sink {} is this pipeline's to write",
+        p.sink.display()
+    ));
+    Ok(report)
+}
+
 /// The committed batches still retained, newest first, at most `limit`.
 pub async fn history(ctx: &Context, limit: usize) -> Result<Vec<Commit>> {
     let Some((control, _)) = ctx.checkpoint.control().await? else {

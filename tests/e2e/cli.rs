@@ -587,3 +587,84 @@ fn progress_bars_on_a_terminal_and_plain_lines_otherwise() {
     }
     assert!(run.contains("batch ") && run.contains("committed"), "{run}");
 }
+
+/// The first hour's cases: with no input files yet, a JOIN query and a
+/// misspelled source folder both passed ("no input files yet", exit 0).
+/// A folder that is not there is an error naming it (exit 4); a query is
+/// checked at once when the schema is declared; `sluice check` runs every
+/// check without writing, exits 4 on a problem, and says what it could
+/// not check yet and why.
+#[test]
+fn check_says_what_it_checked_and_what_it_could_not_yet() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("input")).unwrap();
+    let write = |name: &str, toml: &str| {
+        let f = root.join(name);
+        std::fs::write(&f, toml).unwrap();
+        f.to_str().unwrap().to_string()
+    };
+    let base = pipeline_toml("chk", "parquet", "", "");
+    // A misspelled source folder.
+    let typo = write(
+        "typo.toml",
+        &base.replace("uri = \"input\"", "uri = \"inptu\""),
+    );
+    for cmd in ["run", "check"] {
+        let out = sluice(&[cmd, &typo]);
+        assert_eq!(out.status.code(), Some(4), "{cmd}: {out:?}");
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            e.contains("inptu") && e.contains("not a folder"),
+            "{cmd}: {e}"
+        );
+    }
+    assert!(
+        !root.join("out").exists(),
+        "a refused check wrote something"
+    );
+    // No files, no schema: the query cannot be checked yet, and says so.
+    let join = write(
+        "join.toml",
+        &base.replace(SQL, "SELECT a.x FROM trips a JOIN trips b ON a.x = b.x"),
+    );
+    let said = stdout(&sluice(&["check", &join]));
+    assert!(
+        said.contains("not checked yet: the source schema and the query")
+            && said.contains("declare it"),
+        "{said}"
+    );
+    let ran = stdout(&sluice(&["run", &join]));
+    assert!(
+        ran.contains("the query is checked once the first file arrives"),
+        "{ran}"
+    );
+    // Declared: the join is refused at once, by name, with nothing written.
+    let declared = write(
+        "declared.toml",
+        &base
+            .replace(SQL, "SELECT a.x FROM trips a JOIN trips b ON a.x = b.x")
+            .replace(
+                "table = \"trips\"",
+                "table = \"trips\"\nschema = [{ name = \"x\", type = \"Int64\" }]",
+            ),
+    );
+    let out = sluice(&["check", &declared]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("joins"),
+        "{out:?}"
+    );
+    // Files arrive: everything is checked.
+    gen_files(&root.join("input"), 1, 10);
+    let good = write("good.toml", &base);
+    let said = stdout(&sluice(&["check", &good]));
+    assert!(
+        said.contains("checked: query.sql against it") && !said.contains("not checked yet"),
+        "{said}"
+    );
+    assert!(
+        !root.join("out/checkpoint").exists(),
+        "check wrote to the checkpoint"
+    );
+}

@@ -171,6 +171,27 @@ impl Context {
         Some(store)
     }
 
+    /// A local source folder that does not exist is a mistake (a
+    /// misspelled path), not a pipeline with no input yet. Checked by the
+    /// commands a person runs (`sluice run`, `check`, `register`), not by
+    /// the engine's steps: a pipeline reading another's sink may start
+    /// before that sink's first commit made its folder.
+    pub fn check_source_exists(&self) -> Result<()> {
+        if let Location::Local(path) = &self.pipeline.source.location
+            && !path.is_dir()
+        {
+            return Err(Error::Spec {
+                file: self.pipeline.name.clone(),
+                message: format!(
+                    "source.uri: {} is not a folder; check the path (the folder must exist, \
+                     even while empty)",
+                    path.display()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Write a metric line, if this context writes them.
     pub(crate) fn metric(&self, line: impl FnOnce() -> String) {
         if let Some(m) = &self.metrics {

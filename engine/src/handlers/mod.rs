@@ -31,6 +31,7 @@ pub use lease::{heartbeat, release};
 pub(crate) use lease::{swap_control, update_control};
 pub use merge::{MergeResult, StateSize, merge, restore_state};
 pub use operate::operate;
+pub(crate) use ownership::check_sink_ownership;
 pub use payloads::{
     BatchRef, CommitAction, CommitRequest, CommitSummary, PlanOutcome, PlanRequest, Refusal,
     RunState, TaskAck, TaskList, TaskRequest,

@@ -51,6 +51,16 @@ pub(super) async fn check_sink(ctx: &Context, control: Option<&Control>) -> Resu
     }
 }
 
+/// `sluice check`: whether this checkpoint may write into the sink,
+/// without writing (the checks a first claim would make included).
+pub(crate) async fn check_sink_ownership(ctx: &Context, control: Option<&Control>) -> Result<()> {
+    match check_sink(ctx, control).await? {
+        SinkCheck::Ours => Ok(()),
+        SinkCheck::Unclaimed => check_nesting(ctx).await,
+        SinkCheck::Earlier(o) => Err(earlier_history(ctx, &o, "(none yet)")),
+    }
+}
+
 /// The refusal of a sink that holds output of another history `o` of this
 /// pipeline than `history`, this checkpoint's.
 pub(super) fn earlier_history(ctx: &Context, o: &SinkOwner, history: &str) -> Error {

@@ -330,7 +330,11 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     };
     // Resolve the schema and check the SQL before writing anything.
     let Some((schema, recorded)) = checked_schema(ctx, control, &looked.listed).await? else {
-        return Ok(idle("no input files yet (and no schema declared)"));
+        return Ok(idle(
+            "no input files yet, and no source.schema declared: the query is checked once the \
+             first file arrives (declare source.schema to check it now; `sluice check` says \
+             what it could check)",
+        ));
     };
     if let Some(c) = control {
         check_state_shape(ctx, c).await?;
