@@ -73,6 +73,11 @@ done
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+echo "== one build: the README's first command and the test build share every dependency"
+# Builds the CLI as `cargo run -p sluice` does (on a fresh machine this is
+# the one build of DataFusion, Arrow and the AWS SDK), then the tests, and
+# fails if a dependency compiles twice.
+python3 tests/one_build.py
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
