@@ -196,6 +196,11 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal, and never under NO_COLOR (no-color.org).
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .init();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -267,9 +272,9 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             let ctx = open(&pipeline).await?;
             let keys = admin::retry_quarantined(&ctx, key.as_deref()).await?;
             println!(
-                "{}: the next run reads {} quarantined file(s) again: {}",
+                "{}: the next run reads {} again: {}",
                 ctx.pipeline.name,
-                keys.len(),
+                count(keys.len() as u64, "quarantined file"),
                 keys.join(", ")
             );
             Ok(ExitCode::SUCCESS)
@@ -348,6 +353,15 @@ async fn reset(path: &Path, yes: bool) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     let r = admin::reset(&ctx).await?;
+    if r.finished_by_another {
+        println!(
+            "{}: another `sluice reset` finished this reset while it was stopped; removed {} \
+             leftover objects of the retired history from the sink and {} from the \
+             checkpoint, and left the history after it as it was.",
+            ctx.pipeline.name, r.sink_objects, r.checkpoint_objects
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
         "{}: reset; removed {} objects from the sink and {} from the checkpoint. The next run \
          (or `sluice register`, for AWS) starts a new history.",
@@ -708,23 +722,24 @@ impl std::fmt::Display for BadData<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut parts = Vec::new();
         if self.files > 0 {
-            parts.push(format!("{} file(s) quarantined", self.files));
+            parts.push(format!("{} quarantined", count(self.files, "file")));
         }
         if self.rows > 0 {
-            parts.push(format!("{} row(s) quarantined", self.rows));
+            parts.push(format!("{} quarantined", count(self.rows, "row")));
         }
         if self.nulled > 0 {
-            parts.push(format!("{} field(s) made null", self.nulled));
+            parts.push(format!("{} made null", count(self.nulled, "field")));
         }
         if self.rescued > 0 {
-            parts.push(format!("{} field(s) rescued", self.rescued));
+            parts.push(format!("{} rescued", count(self.rescued, "field")));
         }
         if self.late > 0 {
-            parts.push(format!("{} late row(s) dropped", self.late));
+            parts.push(format!("{} dropped", count(self.late, "late row")));
         }
         if !self.added.is_empty() {
             parts.push(format!(
-                "column(s) {} added (schema version {})",
+                "{} {} added (schema version {})",
+                noun(self.added.len() as u64, "column"),
                 self.added.join(", "),
                 self.version.unwrap_or(1)
             ));
@@ -806,9 +821,9 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
         .max();
     match &summary.end {
         RunEnd::Idle(reason) => println!(
-            "{name}: {reason}; nothing written ({} ms, {} storage requests)",
-            summary.millis,
-            summary.requests.total()
+            "{name}: {reason}; nothing written ({}, {})",
+            duration_ms(summary.millis),
+            count(summary.requests.total(), "storage request")
         ),
         RunEnd::Busy(why) => println!("{name}: not started: {why}"),
         RunEnd::Paused => {
@@ -819,34 +834,41 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
             return Ok(ExitCode::from(exit::PAUSED));
         }
         RunEnd::Done => println!(
-            "{name}: committed {} batch(es): {files} files, {}, {rows_in} rows in, {rows_out} rows out in {} ms ({} storage requests){}",
-            summary.batches.len(),
+            "{name}: committed {}: {}, {}, {rows_in} rows in, {rows_out} rows out in {} ({}){}",
+            count(summary.batches.len() as u64, "batch"),
+            count(files, "file"),
             mib(bytes),
-            summary.millis,
-            summary.requests.total(),
+            duration_ms(summary.millis),
+            count(summary.requests.total(), "storage request"),
             if quarantined > 0 {
                 format!(
-                    "; {quarantined} file(s) quarantined: `sluice show` lists them, \
-                     `sluice retry-quarantined` reads them again once fixed"
+                    "; {} quarantined: `sluice show` lists them, `sluice retry-quarantined` \
+                     reads them again once fixed",
+                    count(quarantined, "file")
                 )
             } else {
                 String::new()
             } + &if bad_rows + nulled > 0 {
                 format!(
-                    "; {bad_rows} malformed row(s) quarantined under the sink's _quarantine/, \
-                     {nulled} bad field(s) made null"
+                    "; {} quarantined under the sink's _quarantine/, {} made null",
+                    count(bad_rows, "malformed row"),
+                    count(nulled, "bad field")
                 )
             } else {
                 String::new()
             } + &if rescued > 0 {
-                format!("; {rescued} field(s) that did not fit the schema kept in _rescued")
+                format!(
+                    "; {} that did not fit the schema kept in _rescued",
+                    count(rescued, "field")
+                )
             } else {
                 String::new()
             } + &if added.is_empty() {
                 String::new()
             } else {
                 format!(
-                    "; new column(s) {} joined the output (schema version {})",
+                    "; new {} {} joined the output (schema version {})",
+                    noun(added.len() as u64, "column"),
                     added.join(", "),
                     version.unwrap_or(1)
                 )
@@ -854,6 +876,48 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
         ),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `noun` for `n` of it: `file`, `files`; `batch`, `batches`.
+fn noun(n: u64, noun: &str) -> String {
+    if n == 1 {
+        noun.to_string()
+    } else if noun.ends_with("ch") || noun.ends_with('s') {
+        format!("{noun}es")
+    } else {
+        format!("{noun}s")
+    }
+}
+
+/// `1 file`, `2 files`.
+fn count(n: u64, what: &str) -> String {
+    format!("{n} {}", noun(n, what))
+}
+
+/// A duration for a person: `67 ms`, `4.2 s`, `34m 20s`, `2h 5m`.
+fn duration_ms(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        _ => duration_s(ms / 1000),
+    }
+}
+
+/// Whole seconds for a person: `45s`, `34m 20s`, `2h 5m`, `3d 4h`.
+fn duration_s(s: u64) -> String {
+    match s {
+        0..60 => format!("{s}s"),
+        60..3_600 => format!("{}m {}s", s / 60, s % 60),
+        3_600..86_400 => format!("{}h {}m", s / 3_600, s % 3_600 / 60),
+        _ => format!("{}d {}h", s / 86_400, s % 86_400 / 3_600),
+    }
+}
+
+/// A pinned or declared type as a person reads it: its SQL name.
+fn shown_type(written: &str) -> String {
+    sluice_engine::pipeline::types::parse_type(written)
+        .map(|t| sluice_engine::pipeline::types::type_name(&t))
+        .unwrap_or_else(|_| written.to_string())
 }
 
 async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
@@ -866,11 +930,21 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let p = &ctx.pipeline;
     println!("pipeline     {}", p.name);
     println!(
-        "source       {} ({:?}, {:?} discovery)",
+        "source       {} ({}, {} discovery)",
         p.source.location.display(),
-        p.source.format,
-        p.source.discovery
+        p.source.format.name(),
+        p.source.discovery.name()
     );
+    // The first pinned schema; one that grew since prints with its
+    // version below.
+    let grown = status.control.as_ref().is_some_and(|c| c.schema.is_some());
+    if let Some(cols) = status.schema.as_ref().filter(|_| !grown) {
+        let columns: Vec<String> = cols
+            .iter()
+            .map(|c| format!("{} {}", c.name, shown_type(&c.data_type)))
+            .collect();
+        println!("schema       {}", columns.join(", "));
+    }
     println!("sink         {}", p.sink.display());
     println!("checkpoint   {}", p.checkpoint.display());
     match &status.control {
@@ -901,12 +975,12 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             }
             if let Some(lc) = &status.last_commit {
                 println!(
-                    "  that batch {} files, {}, {} rows in, {} rows out, {} output files{}",
-                    lc.files,
+                    "  that batch {}, {}, {} rows in, {} rows out, {}{}",
+                    count(lc.files, "file"),
                     mib(lc.bytes_read),
                     lc.rows_in,
                     lc.rows_out,
-                    lc.outputs.len(),
+                    count(lc.outputs.len() as u64, "output file"),
                     BadData {
                         files: lc.quarantined.len() as u64,
                         rows: lc.rejected.iter().map(|r| r.rows).sum(),
@@ -942,9 +1016,9 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             }
             let t = &c.totals;
             println!(
-                "so far       {} batches, {} files, {}, {} rows in, {} rows out{}",
-                t.batches,
-                t.files,
+                "so far       {}, {}, {}, {} rows in, {} rows out{}",
+                count(t.batches, "batch"),
+                count(t.files, "file"),
                 mib(t.bytes),
                 t.rows_in,
                 t.rows_out,
@@ -974,10 +1048,10 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                 let columns: Vec<String> = v
                     .columns
                     .iter()
-                    .map(|c| format!("{} {}", c.name, c.data_type))
+                    .map(|c| format!("{} {}", c.name, shown_type(&c.data_type)))
                     .collect();
                 println!(
-                    "schema       version {} (columns added since the first): {}",
+                    "schema       version {} (columns added since the first run): {}",
                     v.version,
                     columns.join(", ")
                 );
@@ -986,14 +1060,14 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     }
     let lag = match status.oldest_waiting_ms {
         Some(t) => format!(
-            "; the oldest waiting for {:.0} s",
-            ((chrono::Utc::now().timestamp_millis() - t).max(0) as f64) / 1000.0
+            "; the oldest waiting for {}",
+            duration_s(((chrono::Utc::now().timestamp_millis() - t).max(0) / 1000) as u64)
         ),
         None => String::new(),
     };
     println!(
-        "waiting      {} files, {}{lag}",
-        status.waiting_files,
+        "waiting      {}, {}{lag}",
+        count(status.waiting_files, "file"),
         mib(status.waiting_bytes)
     );
     print_quarantine(&status);

@@ -32,9 +32,16 @@ impl Progress {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         bar.set_style(
             ProgressStyle::with_template(&format!(
-                "[{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} {unit} {{per_sec}} ETA {{eta}}"
+                "[{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} {unit} {{rate}} ETA {{eta}}"
             ))
-            .expect("a valid template"),
+            .expect("a valid template")
+            // One decimal (indicatif's own prints 15.0501/s).
+            .with_key(
+                "rate",
+                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = write!(w, "{:.1}/s", s.per_sec());
+                },
+            ),
         );
         Progress { bar: Some(bar) }
     }
@@ -54,10 +61,11 @@ impl Progress {
         }
     }
 
-    /// Done: leave the bar's last state on the terminal.
+    /// Done: the bar is cleared, so what the command prints next starts
+    /// its own line (the lines printed above the bar stay).
     pub fn finish(&self) {
         if let Some(b) = &self.bar {
-            b.finish();
+            b.finish_and_clear();
         }
     }
 }

@@ -9,8 +9,8 @@ use crate::discovery;
 use crate::error::{Error, Result};
 use crate::handlers::{Context, resolve_schema, swap_control, update_control};
 use crate::operators::SqlOperator;
-use crate::pipeline::DiscoveryMode;
 use crate::pipeline::schema::columns_of;
+use crate::pipeline::{ColumnSpec, DiscoveryMode};
 use crate::storage::fanout::delete_all;
 use crate::storage::{ObjectMeta, PutMode};
 
@@ -269,6 +269,10 @@ pub struct Status {
     /// UTF-8): rename them to read them. `list` and `ordered` discovery.
     #[serde(default)]
     pub skipped: Vec<String>,
+    /// The source schema pinned at the first run (or declared), types by
+    /// their SQL names; `None` before the first run infers it.
+    #[serde(default)]
+    pub schema: Option<Vec<ColumnSpec>>,
 }
 
 /// Read the pipeline's state and count waiting input (one listing).
@@ -314,7 +318,12 @@ pub async fn status(ctx: &Context) -> Result<Status> {
             .map(crate::checkpoint::InputFile::into_meta)
             .collect()
     };
+    let schema = match ctx.checkpoint.pipeline_record().await? {
+        Some(r) => Some(r.schema),
+        None => ctx.pipeline.source.schema.clone(),
+    };
     Ok(Status {
+        schema,
         control,
         last_commit,
         waiting_files: waiting.len() as u64,
@@ -335,6 +344,11 @@ pub struct ResetReport {
     pub sink_objects: u64,
     /// Objects removed from the checkpoint.
     pub checkpoint_objects: u64,
+    /// Another `sluice reset` finished this one while it was stopped (the
+    /// history after it may already have run): nothing of that history
+    /// was touched.
+    #[serde(default)]
+    pub finished_by_another: bool,
 }
 
 /// Start the pipeline over: retire its output and forget what it
@@ -454,7 +468,7 @@ pub async fn reset(ctx: &Context) -> Result<ResetReport> {
     delete_all(sink, late).await?;
     if ctx
         .sink
-        .retire(first, &ctx.checkpoint.store().describe())
+        .retire(first, &marked.history, &ctx.checkpoint.store().describe())
         .await?
     {
         report.sink_objects += 1;
@@ -492,6 +506,7 @@ pub async fn reset(ctx: &Context) -> Result<ResetReport> {
     .await?;
     if !done {
         tracing::info!(pipeline = %ctx.pipeline.name, "another reset finished this one");
+        report.finished_by_another = true;
     }
     tracing::info!(pipeline = %ctx.pipeline.name, ?report, first_batch = first, "reset");
     Ok(report)

@@ -26,6 +26,19 @@ impl ErrorClass {
             ErrorClass::Fatal => "Sluice.Fatal",
         }
     }
+
+    /// The class a Step Functions error name reports, if it is one of
+    /// Sluice's.
+    pub fn from_name(name: &str) -> Option<ErrorClass> {
+        [
+            ErrorClass::Retryable,
+            ErrorClass::Conflict,
+            ErrorClass::InvalidInput,
+            ErrorClass::Fatal,
+        ]
+        .into_iter()
+        .find(|c| c.name() == name)
+    }
 }
 
 impl fmt::Display for ErrorClass {

@@ -66,6 +66,15 @@ fn sample_run_idle_run_gen_and_show() {
     let show = stdout(&sluice(&["show", file]));
     assert!(show.contains("waiting      0 files"), "{show}");
     assert!(show.contains("last batch"), "{show}");
+    // What a person reads: the names written in pipeline files and SQL
+    // type names, no Rust debug output.
+    assert!(show.contains("(parquet, ordered discovery)"), "{show}");
+    assert!(
+        show.contains("tpep_pickup_datetime timestamp")
+            && show.contains("fare_amount double")
+            && show.contains("store_and_fwd_flag string"),
+        "{show}"
+    );
 
     let data = dir.path().join("data");
     stdout(&sluice(&[
@@ -85,7 +94,16 @@ fn sample_run_idle_run_gen_and_show() {
     // Lag: the oldest waiting file's age, from its modification time.
     assert!(show.contains("the oldest waiting for"), "{show}");
     assert!(show.contains("last run     cost $"), "{show}");
-    let again = stdout(&sluice(&["run", file]));
+    // Logs piped (not a terminal) carry no colour codes.
+    let logged = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["run", file])
+        .env("SLUICE_LOG", "info")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&logged.stderr);
+    assert!(log.contains("INFO"), "{log}");
+    assert!(!log.contains('\u{1b}'), "{log}");
+    let again = stdout(&logged);
     let files: u64 = again
         .lines()
         .filter(|l| l.starts_with("batch"))
@@ -268,7 +286,7 @@ fn quarantine_and_retry_through_the_cli() {
     let key = "date=2024-01-01/trips-000001x.parquet";
 
     let ran = stdout(&sluice(&["run", file]));
-    assert!(ran.contains("1 file(s) quarantined"), "{ran}");
+    assert!(ran.contains("1 file quarantined"), "{ran}");
     let show = stdout(&sluice(&["show", file]));
     assert!(
         show.contains("quarantined  1 files") && show.contains(key),
@@ -276,7 +294,7 @@ fn quarantine_and_retry_through_the_cli() {
     );
     assert!(
         show.lines()
-            .any(|l| l.starts_with("so far") && l.ends_with(", 1 file(s) quarantined")),
+            .any(|l| l.starts_with("so far") && l.ends_with(", 1 file quarantined")),
         "{show}"
     );
     let history = stdout(&sluice(&["history", file]));
@@ -294,13 +312,10 @@ fn quarantine_and_retry_through_the_cli() {
     )
     .unwrap();
     let asked = stdout(&sluice(&["retry-quarantined", file, "--key", key]));
-    assert!(
-        asked.contains("reads 1 quarantined file(s) again"),
-        "{asked}"
-    );
+    assert!(asked.contains("reads 1 quarantined file again"), "{asked}");
     let again = stdout(&sluice(&["run", file]));
     assert!(
-        again.contains("committed 1 batch(es): 1 files") && !again.contains("quarantined"),
+        again.contains("committed 1 batch: 1 file,") && !again.contains("quarantined"),
         "{again}"
     );
     let show = stdout(&sluice(&["show", file]));
@@ -341,13 +356,13 @@ fn schema_versions_show_in_run_show_and_history() {
 
     let ran = stdout(&sluice(&["run", file]));
     assert!(
-        ran.contains("column(s) congestion_note added (schema version 2)")
-            && ran.contains("new column(s) congestion_note joined the output (schema version 2)"),
+        ran.contains("column congestion_note added (schema version 2)")
+            && ran.contains("new column congestion_note joined the output (schema version 2)"),
         "{ran}"
     );
     let show = stdout(&sluice(&["show", file]));
     assert!(
-        show.contains("schema       version 2") && show.contains("congestion_note Utf8"),
+        show.contains("schema       version 2") && show.contains("congestion_note string"),
         "{show}"
     );
     let history = stdout(&sluice(&["history", file]));
@@ -574,6 +589,16 @@ fn progress_bars_on_a_terminal_and_plain_lines_otherwise() {
     let run = at_terminal(&["run", &file]);
     assert!(run.contains("ETA") && run.contains("files"), "{run}");
     assert!(run.contains("batch "), "{run}");
+    // The rate is rounded; the summary starts a line of its own (the bar
+    // is cleared first), not after the bar's last state.
+    assert!(!run.contains(".0501/s") && run.contains("/s ETA"), "{run}");
+    let at = run.find("taxi: committed").expect("a summary");
+    let before = &run[..at];
+    assert!(
+        before.ends_with("\\n") || before.ends_with("\\r") || before.ends_with("\\x1b[2K"),
+        "the summary follows the bar on its line: {}",
+        &run[at.saturating_sub(60)..(at + 20).min(run.len())]
+    );
 
     // Piped: the same commands, plain lines.
     let piped = stdout(&sluice(&gen_args));

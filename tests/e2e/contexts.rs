@@ -220,10 +220,10 @@ async fn corrupt_checkpoint_records_are_named_not_panicked_on() {
     // A pinned type that is not an Arrow type, in a registered spec.
     let key = root.join("out/checkpoint/warm/pipeline.json");
     let text = std::fs::read_to_string(&key).unwrap();
-    let broken = text.replacen("\"Int64\"", "\"Int65\"", 1);
+    let broken = text.replacen("\"bigint\"", "\"bigjnt\"", 1);
     assert_ne!(broken, text);
     std::fs::write(&key, broken).unwrap();
     let e = contexts(root).get("warm").await.unwrap_err();
     assert!(e.to_string().contains("pipeline.json"), "{e}");
-    assert!(e.to_string().contains("Int65"), "{e}");
+    assert!(e.to_string().contains("bigjnt"), "{e}");
 }

@@ -458,8 +458,11 @@ async fn each_write_held(s: Scenario, stale: Stale, meanwhile: Meanwhile) {
         let ctx = paused_context(root, &toml, &pause);
         let held = tokio::spawn(async move {
             match stale {
-                Stale::Run => run(&ctx).await.map(|_| ()),
-                Stale::Reset => admin::reset(&ctx).await.map(|_| ()),
+                // Whether it was stale when it went on: a reset held
+                // before its first write starts when let go, a reset of
+                // the history that followed.
+                Stale::Run => run(&ctx).await.map(|_| true),
+                Stale::Reset => admin::reset(&ctx).await.map(|r| r.finished_by_another),
             }
         });
         tokio::time::timeout(std::time::Duration::from_secs(60), pause.reached.notified())
@@ -484,13 +487,36 @@ async fn each_write_held(s: Scenario, stale: Stale, meanwhile: Meanwhile) {
                     .unwrap_or_else(|e| panic!("{what}: the run after the reset: {e}"));
             }
         }
+        let owner = root.join("out/sink/_sluice/sink.json");
+        let owner_before = std::fs::read(&owner).ok();
         pause.release.notify_one();
-        let late = tokio::time::timeout(std::time::Duration::from_secs(60), held)
-            .await
-            .unwrap_or_else(|_| panic!("{what}: the stale writer never finished"))
-            .unwrap();
+        let late: sluice_engine::Result<bool> =
+            tokio::time::timeout(std::time::Duration::from_secs(60), held)
+                .await
+                .unwrap_or_else(|_| panic!("{what}: the stale writer never finished"))
+                .unwrap();
         if let Err(e) = &late {
             eprintln!("{what}: the stale writer ended with: {e}");
+            // It lost its lease: nothing is broken, so nothing may tell the
+            // user to restore a backup.
+            assert_ne!(
+                e.class(),
+                sluice_engine::ErrorClass::Fatal,
+                "{what}: the stale writer called it broken: {e}"
+            );
+        }
+        // The sink's owner record names the history that followed: a reset
+        // or run resumed late must not replace it (a downstream pipeline
+        // would refuse the sink as another history's).
+        // (A reset held before its first write starts afresh when let go:
+        // a reset of the history that followed, which retires it.)
+        let acted_stale = late.as_ref().is_ok_and(|stale| *stale) || late.is_err();
+        if acted_stale {
+            assert_eq!(
+                std::fs::read(&owner).ok().map(String::from_utf8),
+                owner_before.map(String::from_utf8),
+                "{what}: the stale writer changed the sink's owner record"
+            );
         }
         run(&local())
             .await

@@ -70,7 +70,7 @@ async fn a_column_empty_in_the_first_csv_takes_its_type_from_the_next_file() {
         run(&local_context(&p)).await.unwrap();
         assert_eq!(
             pinned(&p).await,
-            cols(&[("a", "Int64"), ("notes", "Utf8"), ("b", "Utf8")]),
+            cols(&[("a", "bigint"), ("notes", "string"), ("b", "string")]),
             "{case}"
         );
         let expected = duckdb_sql(&format!("SELECT * FROM read_csv(['{f1}', '{f2}'])")).await;
@@ -92,7 +92,10 @@ async fn a_csv_column_empty_everywhere_is_text_and_keeps_later_values() {
     write(root, "1.csv", "a,notes\n1,\n2,\n");
     let p = select_all(root, "csvtext", "csv");
     run(&local_context(&p)).await.unwrap();
-    assert_eq!(pinned(&p).await, cols(&[("a", "Int64"), ("notes", "Utf8")]));
+    assert_eq!(
+        pinned(&p).await,
+        cols(&[("a", "bigint"), ("notes", "string")])
+    );
     write(root, "2.csv", "a,notes\n3,late\n");
     run(&local_context(&p)).await.unwrap();
     let rows = committed_rows(&root.join("out/sink"), "csvtext").await;
@@ -117,7 +120,7 @@ async fn a_zero_byte_first_jsonl_does_not_pin_an_empty_schema() {
         "{\"a\": 1, \"b\": \"x\"}\n{\"a\": 2, \"b\": \"y\"}\n",
     );
     run(&local_context(&p)).await.unwrap();
-    assert_eq!(pinned(&p).await, cols(&[("a", "Int64"), ("b", "Utf8")]));
+    assert_eq!(pinned(&p).await, cols(&[("a", "bigint"), ("b", "string")]));
     assert_eq!(
         committed_rows(&root.join("out/sink"), "jsonzero").await,
         duckdb_sql(&format!("SELECT * FROM read_json('{f2}')")).await
@@ -175,7 +178,7 @@ async fn a_null_typed_parquet_column_takes_its_type_from_the_next_file() {
     let f2 = root.join("input/2.parquet");
     write_parquet(&f2, &values);
     run(&local_context(&p)).await.unwrap();
-    assert_eq!(pinned(&p).await, cols(&[("a", "Int64"), ("x", "Float64")]));
+    assert_eq!(pinned(&p).await, cols(&[("a", "bigint"), ("x", "double")]));
     let rows = committed_rows(&root.join("out/sink"), "pqnull").await;
     assert_eq!(rows, ["1|NULL", "2|NULL", "3|2.5"]);
 }
@@ -238,7 +241,7 @@ async fn a_file_whose_columns_differ_from_the_pinned_schema_is_named_not_read() 
         (
             "float",
             &float,
-            &["column passenger_count is Float64 in the file, pinned Int64"],
+            &["column passenger_count is double in the file, pinned bigint"],
         ),
         (
             "lower",
@@ -342,4 +345,160 @@ max_files_per_batch = 1
             format!("3|{}", base - 2 * 3_600_000_000 + 3_500_000),
         ]
     );
+}
+
+/// The first hour's case (item 3): fixing one column's type meant
+/// declaring every column with Arrow names. `schema_hints` types the named
+/// columns (SQL names) and the rest are inferred: a CSV zip code keeps its
+/// leading zero as text, an amount is an exact decimal, a JSON timestamp
+/// written as text can be windowed. DuckDB, told the same types, is the
+/// oracle.
+#[tokio::test(flavor = "multi_thread")]
+async fn schema_hints_type_the_named_columns_and_infer_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let f1 = write(
+        root,
+        "1.csv",
+        "id,zip,ts,amount\n1,00501,2024-01-01T00:10:00,12.30\n2,10001,2024-01-01T00:20:00,7.05\n\
+         3,02134,2024-01-01T01:05:00,1.10\n",
+    );
+    let toml = r#"name = "hinted"
+[source]
+uri = "input"
+format = "csv"
+table = "t"
+schema_hints = { zip = "string", amount = "DECIMAL(10, 2)" }
+[query]
+sql = "SELECT window.start AS ws, sum(amount) AS total, min(zip) AS z, count(*) AS n FROM t GROUP BY window(ts, '1 hour')"
+[sink]
+uri = "out/sink"
+mode = "complete"
+[checkpoint]
+uri = "out/checkpoint"
+"#;
+    let p = pipeline(root, toml);
+    run(&local_context(&p)).await.unwrap();
+    assert_eq!(
+        pinned(&p).await,
+        cols(&[
+            ("id", "bigint"),
+            ("zip", "string"),
+            ("ts", "timestamp"),
+            ("amount", "decimal(10,2)")
+        ])
+    );
+    let expected = duckdb_sql(&format!(
+        "SELECT time_bucket(INTERVAL 1 hour, ts) AS ws, sum(amount) AS total, min(zip) AS z, \
+         count(*) AS n FROM read_csv('{f1}', types = {{'zip': 'VARCHAR', 'amount': \
+         'DECIMAL(10,2)'}}) GROUP BY 1"
+    ))
+    .await;
+    assert!(
+        expected.iter().any(|r| r.contains("|00501|")),
+        "{expected:?}"
+    );
+    assert!(
+        expected.iter().any(|r| r.contains("|19.35|")),
+        "{expected:?}"
+    );
+    assert_eq!(
+        manifest_rows(&root.join("out/sink"), "hinted", "ws, total, z, n", "").await,
+        expected
+    );
+
+    // JSON text timestamps: inferred as text (the window is refused); a
+    // hint makes them timestamps, and a hinted column no file has yet
+    // joins the schema as nulls (as Auto Loader adds it).
+    let g = write(
+        root,
+        "j/1.jsonl",
+        "{\"ts\": \"2024-01-01T00:10:00\", \"v\": 1}\n{\"ts\": \"2024-01-01T02:00:00.5\", \"v\": 2}\n",
+    );
+    let json = |name: &str, hints: &str| {
+        format!(
+            "name = \"{name}\"\n[source]\nuri = \"input/j\"\nformat = \"jsonl\"\ntable = \"t\"\n\
+             {hints}\n[query]\nsql = \"SELECT window.start AS ws, sum(v) AS s, count(later) AS \
+             l FROM t GROUP BY window(ts, '1 hour')\"\n[sink]\nuri = \"out/{name}\"\nmode = \
+             \"complete\"\n[checkpoint]\nuri = \"out/checkpoint\"\n"
+        )
+    };
+    let e = run(&local_context(&pipeline(
+        root,
+        &json("unhinted", "schema_hints = { later = \"int\" }"),
+    )))
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("is string, not a timestamp")
+            && e.contains("schema_hints = { ts = \"timestamp\" }"),
+        "{e}"
+    );
+    let p = pipeline(
+        root,
+        &json(
+            "jhinted",
+            "schema_hints = { ts = \"timestamp\", later = \"int\" }",
+        ),
+    );
+    run(&local_context(&p)).await.unwrap();
+    let expected = duckdb_sql(&format!(
+        "SELECT time_bucket(INTERVAL 1 hour, ts::TIMESTAMP) AS ws, sum(v)::BIGINT AS s, 0 AS l \
+         FROM read_json('{g}') GROUP BY 1"
+    ))
+    .await;
+    assert_eq!(expected.len(), 2, "{expected:?}");
+    assert_eq!(
+        manifest_rows(&root.join("out/jhinted"), "jhinted", "ws, s, l", "").await,
+        expected
+    );
+
+    // A hint that the pin contradicts is refused, naming both types.
+    let changed = json(
+        "jhinted",
+        "schema_hints = { ts = \"string\", later = \"int\" }",
+    );
+    let e = run(&local_context(&pipeline(root, &changed)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("source.schema_hints.ts = \"string\"") && e.contains("holds ts as timestamp"),
+        "{e}"
+    );
+}
+
+/// Hints are checked when the pipeline file is read: a type that does not
+/// parse names the key and says what to write; hints beside a declared
+/// schema are refused.
+#[test]
+fn a_bad_schema_hint_names_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = |extra: &str| {
+        format!(
+            "name = \"h\"\n[source]\nuri = \"input\"\nformat = \"csv\"\ntable = \"t\"\n{extra}\n\
+             [query]\nsql = \"SELECT * FROM t\"\n[sink]\nuri = \"out/sink\"\n[checkpoint]\nuri = \
+             \"out/checkpoint\"\n"
+        )
+    };
+    let parse = |extra: &str| {
+        let path = dir.path().join("p.toml");
+        std::fs::write(&path, base(extra)).unwrap();
+        sluice_engine::pipeline::Pipeline::load(&path)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let e = parse("schema_hints = { fare = \"duoble\" }").unwrap_err();
+    assert!(
+        e.contains("source.schema_hints.fare = \"duoble\"") && e.contains("double"),
+        "{e}"
+    );
+    let e = parse("schema_hints = { t = \"timestamp(4)\" }").unwrap_err();
+    assert!(e.contains("fractional digits"), "{e}");
+    let e = parse("schema = [{ name = \"a\", type = \"bigint\" }]\nschema_hints = { a = \"int\" }")
+        .unwrap_err();
+    assert!(e.contains("keep one"), "{e}");
+    parse("schema = [{ name = \"a\", type = \"bigint\" }, { name = \"d\", type = \"decimal(10,2)\" }]")
+        .unwrap();
 }

@@ -245,7 +245,7 @@ async fn add_columns_refuses_a_changed_type_and_names_rescue() {
         .to_string();
     assert!(
         err.contains("2.parquet")
-            && err.contains("column a is Float64 in the file, pinned Int64")
+            && err.contains("column a is double in the file, pinned bigint")
             && err.contains("\"rescue\""),
         "{err}"
     );
@@ -599,7 +599,7 @@ async fn add_columns_takes_no_type_from_a_file_without_rows() {
         .into_iter()
         .find(|c| c.name == "z")
         .unwrap();
-    assert_eq!(z.data_type, "Float64");
+    assert_eq!(z.data_type, "double");
 }
 
 /// The review's case: under `rescue`, CSV text in a number column (`3,abc,z`

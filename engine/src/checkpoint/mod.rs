@@ -355,6 +355,31 @@ impl Checkpoint {
             )),
             _ => None,
         };
+        // A run that was stopped while a newer run or `sluice reset` moved
+        // the checkpoint on reads a view that no longer holds: it lost its
+        // lease, nothing is broken.
+        if wrong.is_some()
+            && let Some(c) = control
+            && let Some((now, _)) = self.control().await?
+            && (now.epoch != c.epoch || now.first_batch != c.first_batch || now.resetting)
+        {
+            return Err(Error::Conflict {
+                pipeline: self.pipeline.clone(),
+                message: format!(
+                    "this run (epoch {}) read the checkpoint of batches from {}, which has moved \
+                     on since (epoch {}, batches from {}{}); it stops without writing",
+                    c.epoch,
+                    c.first_batch,
+                    now.epoch,
+                    now.first_batch,
+                    if now.resetting {
+                        ", a `sluice reset` under way"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
         match wrong {
             None => Ok(read),
             Some(wrong) => Err(Error::Checkpoint {

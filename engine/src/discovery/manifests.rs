@@ -97,6 +97,13 @@ pub(crate) async fn read_upstream(
     numbered.sort();
     let mut run = Vec::new();
     for (n, key) in numbered {
+        // Below the cursor or the history's first batch: a retired
+        // manifest (one a stopped run published after `sluice reset`
+        // retired its batch) is never read; a gap above ends the run of
+        // batches.
+        if n < next {
+            continue;
+        }
         if n != next {
             break;
         }

@@ -31,7 +31,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     let started = std::time::Instant::now();
     let started_ms = ctx.now();
     let (control, _) = owned_control(ctx, run.epoch).await?;
-    let off = ctx.planned(batch, "at commit").await?;
+    let off = ctx.planned(batch, run.epoch, "at commit").await?;
     check_plan(ctx, &off, &control)?;
     let gathered = async {
         let results = task_results(ctx, run, batch, &off).await?;

@@ -260,13 +260,27 @@ impl Context {
         }
     }
 
-    pub(crate) async fn planned(&self, batch: u64, when: &str) -> Result<Offsets> {
-        self.checkpoint.offsets(batch).await?.ok_or_else(|| {
-            self.broken(
-                crate::paths::checkpoint::offsets(batch),
-                format!("missing {when}"),
-            )
-        })
+    pub(crate) async fn planned(&self, batch: u64, epoch: u64, when: &str) -> Result<Offsets> {
+        if let Some(off) = self.checkpoint.offsets(batch).await? {
+            return Ok(off);
+        }
+        // Gone because the run of `epoch` lost its lease meanwhile (a newer
+        // run abandoned the batch, or `sluice reset` retired it): it stops;
+        // nothing is broken.
+        let moved = match self.checkpoint.control().await? {
+            None => true,
+            Some((c, _)) => c.epoch != epoch || c.resetting || batch < c.first_batch,
+        };
+        if moved {
+            return Err(self.conflict(format!(
+                "the plan of batch {batch} is gone: the run of epoch {epoch} lost its lease \
+                 (another run took over, or the pipeline was reset); it stops without writing"
+            )));
+        }
+        Err(self.broken(
+            crate::paths::checkpoint::offsets(batch),
+            format!("missing {when}"),
+        ))
     }
 
     pub(crate) fn ttl_ms(&self) -> i64 {

@@ -61,7 +61,11 @@ pub async fn merge(
     let started = std::time::Instant::now();
     let p = &ctx.pipeline;
     let off = ctx
-        .planned(batch, &format!("while run epoch {} merges it", run.epoch))
+        .planned(
+            batch,
+            run.epoch,
+            &format!("while run epoch {} merges it", run.epoch),
+        )
         .await?;
     // Fenced; and the state in force is the last commit's, which for this
     // batch is the one before it (batches commit in order).

@@ -20,6 +20,7 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     let off = ctx
         .planned(
             batch,
+            run.epoch,
             &format!("while run epoch {} operates on it", run.epoch),
         )
         .await?;

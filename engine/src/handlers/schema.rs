@@ -12,6 +12,7 @@ use crate::discovery;
 use crate::error::{Error, Result};
 use crate::operators::SqlOperator;
 use crate::pipeline::schema::{casts_losslessly, columns_of, schema_change, schema_of};
+use crate::pipeline::types::type_name;
 use crate::pipeline::{
     CORRUPT_RECORD, ColumnSpec, DERIVED, DiscoveryMode, Pipeline, RESCUED, SchemaChangePolicy,
 };
@@ -72,6 +73,7 @@ pub(crate) async fn evolve(
     let op = SqlOperator::new(p.clone(), std::sync::Arc::new(Schema::empty()));
     let found = op.file_schemas(&access, inputs).await?;
     let mut added: Vec<Field> = Vec::new();
+    let hints = p.source.hints();
     for (key, schema) in found {
         let Ok(schema) = schema else {
             tracing::warn!(pipeline = %p.name, %key, "schema not read at planning; the task decides");
@@ -84,13 +86,20 @@ pub(crate) async fn evolve(
             {
                 continue;
             }
-            let typed = if p.source.format == crate::pipeline::SourceFormat::Parquet {
+            let hint = hints
+                .iter()
+                .find(|(n, _)| n == f.name())
+                .map(|h| h.1.clone());
+            let typed = if let Some(t) = hint {
+                t
+            } else if p.source.format == crate::pipeline::SourceFormat::Parquet {
                 f.data_type().clone()
             } else {
                 crate::pipeline::schema::text_pin(f.data_type())
             };
             match added.iter_mut().find(|a| a.name() == f.name()) {
                 None => added.push(Field::new(f.name(), typed, true)),
+                Some(_) if hints.iter().any(|(n, _)| n == f.name()) => {}
                 Some(a) => {
                     if !casts_losslessly(f.data_type(), a.data_type())
                         && casts_losslessly(a.data_type(), f.data_type())
@@ -149,11 +158,38 @@ pub(crate) async fn resolve_schema(
         }
         return Ok(Some(declared));
     }
-    if pinned.is_some() {
-        return Ok(pinned);
+    if let Some(pinned) = pinned {
+        check_hints_kept(p, &pinned)?;
+        return Ok(Some(pinned));
     }
     let candidates = discovery::new_inputs(listed, &Index::default(), p.source.discovery);
     infer_schema(ctx, &candidates).await
+}
+
+/// Refuses a schema hint that the pinned schema contradicts: hints type
+/// columns when they are first seen (the first run, or a column joining
+/// under `on_schema_change = "add-columns"`), they do not retype data
+/// already committed.
+fn check_hints_kept(p: &Pipeline, pinned: &Schema) -> Result<()> {
+    for (name, t) in p.source.hints() {
+        let found = match pinned.field_with_name(&name) {
+            Ok(f) if f.data_type() == &t => continue,
+            Ok(f) => format!("holds {name} as {}", type_name(f.data_type())),
+            Err(_) if p.source.on_schema_change == SchemaChangePolicy::AddColumns => continue,
+            Err(_) => format!("has no column {name}"),
+        };
+        return Err(Error::Incompatible {
+            pipeline: p.name.clone(),
+            message: format!(
+                "source.schema_hints.{name} = \"{}\", but the schema pinned at the first run \
+                 {found}: hints type columns when they are first seen. Remove the hint, \
+                 register a new pipeline (new name), or run `sluice reset` on the pipeline file \
+                 to start over",
+                p.source.schema_hints[&name]
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Refuses a change of source format or of discovery mode against the
@@ -164,9 +200,10 @@ fn check_source_kept(was: &Pipeline, p: &Pipeline) -> Result<()> {
         return Err(Error::Incompatible {
             pipeline: p.name.clone(),
             message: format!(
-                "source format changed ({:?} -> {:?}); register a new pipeline (new name) or \
+                "source format changed ({} -> {}); register a new pipeline (new name) or \
                  run `sluice reset` on the pipeline file to start over",
-                was.source.format, p.source.format
+                was.source.format.name(),
+                p.source.format.name()
             ),
         });
     }
@@ -252,6 +289,15 @@ async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<
         }
         return Ok(None);
     };
+    // Schema hints type the named columns; a hinted column no file has
+    // yet joins the schema (as Auto Loader adds it).
+    let hints = p.source.hints();
+    for (name, t) in &hints {
+        match fields.iter_mut().find(|f| f.name() == name) {
+            Some(f) => *f = f.clone().with_data_type(t.clone()),
+            None => fields.push(Field::new(name, t.clone(), true)),
+        }
+    }
     let untyped: Vec<String> = fields
         .iter()
         .filter(|f| f.data_type() == &DataType::Null)
@@ -270,7 +316,7 @@ async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<
                 ),
             });
         }
-        tracing::info!(pipeline = %p.name, columns = %untyped.join(", "), files = read, "columns with no value in the files read are pinned as text (Utf8)");
+        tracing::info!(pipeline = %p.name, columns = %untyped.join(", "), files = read, "columns with no value in the files read are pinned as text (string)");
         for f in fields
             .iter_mut()
             .filter(|f| f.data_type() == &DataType::Null)
@@ -280,7 +326,10 @@ async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<
     }
     // A text source's timestamps are pinned fine enough for later values.
     if p.source.format != crate::pipeline::SourceFormat::Parquet {
-        for f in fields.iter_mut() {
+        for f in fields
+            .iter_mut()
+            .filter(|f| !hints.iter().any(|(n, _)| n == f.name()))
+        {
             let t = crate::pipeline::schema::text_pin(f.data_type());
             *f = f.clone().with_data_type(t);
         }

@@ -84,16 +84,19 @@ impl SqlOperator {
                 types: true,
                 absent_is_null: s.on_schema_change != SchemaChangePolicy::Fail,
                 order: false,
+                reads_text: false,
             }),
             SourceFormat::Jsonl => Some(DriftCheck {
                 types: true,
                 absent_is_null: true,
                 order: false,
+                reads_text: true,
             }),
             SourceFormat::Csv if s.header => Some(DriftCheck {
                 types: false,
                 absent_is_null: false,
                 order: true,
+                reads_text: false,
             }),
             SourceFormat::Csv => None,
         }

@@ -95,8 +95,9 @@ impl EventTimeTable {
             .map_err(|_| format!("[watermark] column = \"{column}\" is not a source column"))?;
         let DataType::Timestamp(unit, tz) = field.data_type() else {
             return Err(format!(
-                "[watermark] column = \"{column}\" is {}, not a timestamp",
-                field.data_type()
+                "[watermark] column = \"{column}\" is {}, not a timestamp: type it with \
+                 source.schema_hints = {{ {column} = \"timestamp\" }} (or in source.schema)",
+                crate::pipeline::types::type_name(field.data_type())
             ));
         };
         if let Some(w) = &window {

@@ -60,18 +60,19 @@ impl SqlOperator {
             self.sql_err(format!(
                 "window({}, ...): the source has no column {}: window(...) takes a timestamp \
                  column of the source by name (a cast or an expression there, or a column of \
-                 a derived table, is not supported); declare the source column's type in \
-                 source.schema",
+                 a derived table, is not supported); type the source column as timestamp with \
+                 source.schema_hints (or in source.schema)",
                 w.column, w.column
             ))
         })?;
         let DataType::Timestamp(_, _) = field.data_type() else {
             return Err(self.sql_err(format!(
-                "window({}, ...): the column is {}, not a timestamp: declare it as \
-                 Timestamp(Microsecond, None) in source.schema (a cast in the query is not \
-                 seen where windows are assigned)",
+                "window({}, ...): the column is {}, not a timestamp: type it as timestamp \
+                 with source.schema_hints = {{ {} = \"timestamp\" }} (or in source.schema; \
+                 a cast in the query is not seen where windows are assigned)",
                 w.column,
-                field.data_type()
+                crate::pipeline::types::type_name(field.data_type()),
+                w.column
             )));
         };
         let mut fields: Vec<Field> = self

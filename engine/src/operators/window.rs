@@ -261,10 +261,11 @@ pub(crate) fn assign(batch: &RecordBatch, spec: &WindowSpec) -> Result<RecordBat
     })?;
     let DataType::Timestamp(unit, tz) = field.data_type() else {
         return Err(ArrowError::InvalidArgumentError(format!(
-            "window({}, ...): the column is {}, not a timestamp: declare it as \
-             Timestamp(Microsecond, None) in source.schema",
+            "window({}, ...): the column is {}, not a timestamp: type it as timestamp \
+             with source.schema_hints = {{ {} = \"timestamp\" }} (or in source.schema)",
             spec.column,
-            field.data_type()
+            crate::pipeline::types::type_name(field.data_type()),
+            spec.column
         )));
     };
     check_unit(spec, unit).map_err(ArrowError::InvalidArgumentError)?;

@@ -12,6 +12,7 @@ use crate::storage::Location;
 
 mod parse;
 pub mod schema;
+pub mod types;
 
 /// File format of the source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,6 +24,17 @@ pub enum SourceFormat {
     Csv,
     /// One JSON object per line.
     Jsonl,
+}
+
+impl SourceFormat {
+    /// The name as written in a pipeline file.
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceFormat::Parquet => "parquet",
+            SourceFormat::Csv => "csv",
+            SourceFormat::Jsonl => "jsonl",
+        }
+    }
 }
 
 /// Whole-file compression of a CSV or JSON Lines source.
@@ -71,8 +83,9 @@ impl DiscoveryMode {
 pub struct ColumnSpec {
     /// Column name.
     pub name: String,
-    /// Arrow type as Arrow prints it: `Int64`, `Float64`, `Utf8`,
-    /// `Timestamp(Microsecond, None)`.
+    /// The type: a SQL name (`bigint`, `double`, `string`, `timestamp`,
+    /// `decimal(10,2)`), or Arrow's (`Int64`, `Utf8View`); see
+    /// [`types`].
     #[serde(rename = "type")]
     pub data_type: String,
     /// Whether nulls may appear (default true).
@@ -191,6 +204,10 @@ pub struct Source {
     pub table: String,
     /// Declared schema, if any (otherwise inferred and pinned).
     pub schema: Option<Vec<ColumnSpec>>,
+    /// Types for some columns of an inferred schema (Auto Loader's schema
+    /// hints): column name -> type name; the other columns are inferred.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub schema_hints: std::collections::BTreeMap<String, String>,
     /// Discovery mode.
     pub discovery: DiscoveryMode,
     /// Ordered mode: how many most recent keys to remember for late arrivals.
@@ -256,6 +273,15 @@ impl Source {
         &self,
     ) -> std::result::Result<Option<SchemaRef>, schema::BadColumn> {
         self.schema.as_deref().map(schema::schema_of).transpose()
+    }
+
+    /// The types `schema_hints` gives, by column name (checked when the
+    /// pipeline file was read).
+    pub(crate) fn hints(&self) -> Vec<(String, datafusion::arrow::datatypes::DataType)> {
+        self.schema_hints
+            .iter()
+            .filter_map(|(name, t)| Some((name.clone(), types::parse_type(t).ok()?)))
+            .collect()
     }
 }
 

@@ -29,6 +29,7 @@ struct SourceFile {
     compression: Option<Compression>,
     table: String,
     schema: Option<Vec<ColumnSpec>>,
+    schema_hints: Option<std::collections::BTreeMap<String, String>>,
     discovery: Option<DiscoveryMode>,
     lookback: Option<u64>,
     reconcile_every: Option<u64>,
@@ -340,7 +341,7 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
         {
             return Err(format!(
                 "source.schema[{i}] (column {}): type Null holds no value, so every value of \
-                 the column would be stored as NULL; declare the column's type (Utf8 for \
+                 the column would be stored as NULL; declare the column's type (string for \
                  text)",
                 f.name()
             ));
@@ -357,12 +358,36 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
             ));
         }
     }
+    let hints = src.schema_hints.clone().unwrap_or_default();
+    if !hints.is_empty() && src.schema.is_some() {
+        return Err(
+            "source.schema_hints types columns of an inferred schema, and source.schema \
+             declares them all: keep one (put the hinted types into source.schema)"
+                .to_string(),
+        );
+    }
+    for (name, t) in &hints {
+        let parsed = super::types::parse_type(t)
+            .map_err(|e| format!("source.schema_hints.{name} = \"{t}\": {e}"))?;
+        if parsed.is_null() {
+            return Err(format!(
+                "source.schema_hints.{name}: type null holds no value; hint the column's type \
+                 (string for text)"
+            ));
+        }
+        if super::DERIVED.contains(&name.as_str()) {
+            return Err(format!(
+                "source.schema_hints names {name}, a column Sluice fills: leave it out"
+            ));
+        }
+    }
     Ok(Source {
         location,
         format: src.format,
         compression: src.compression,
         table: src.table.clone(),
         schema: src.schema.clone(),
+        schema_hints: hints,
         discovery,
         lookback: src.lookback.unwrap_or(100),
         reconcile_every: src

@@ -3,14 +3,14 @@
 //! check of a declared schema against the pinned one.
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
 use super::ColumnSpec;
+use super::types::{parse_type, pin_name, type_name};
 
-/// A column whose type is not an Arrow type.
+/// A column whose type does not parse.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadColumn {
     /// Its position in the list.
@@ -19,7 +19,7 @@ pub struct BadColumn {
     pub name: String,
     /// The type as written.
     pub data_type: String,
-    /// Arrow's complaint.
+    /// What is wrong, and what to write.
     pub message: String,
 }
 
@@ -28,8 +28,7 @@ impl fmt::Display for BadColumn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "[{}] (column {}): type \"{}\" is not an Arrow type ({}); write e.g. Int64, \
-             Float64, Utf8, Timestamp(Microsecond, None)",
+            "[{}] (column {}): type \"{}\": {}",
             self.index, self.name, self.data_type, self.message
         )
     }
@@ -42,11 +41,11 @@ pub(crate) fn schema_of(cols: &[ColumnSpec]) -> Result<SchemaRef, BadColumn> {
         .iter()
         .enumerate()
         .map(|(index, c)| {
-            let t = DataType::from_str(&c.data_type).map_err(|e| BadColumn {
+            let t = parse_type(&c.data_type).map_err(|message| BadColumn {
                 index,
                 name: c.name.clone(),
                 data_type: c.data_type.clone(),
-                message: e.to_string(),
+                message,
             })?;
             Ok(Field::new(&c.name, t, c.nullable))
         })
@@ -55,14 +54,15 @@ pub(crate) fn schema_of(cols: &[ColumnSpec]) -> Result<SchemaRef, BadColumn> {
 }
 
 /// The column list of an Arrow schema (names, types, nullability only:
-/// file metadata does not belong in a pin).
+/// file metadata does not belong in a pin), types by their SQL names where
+/// those read back exactly.
 pub(crate) fn columns_of(schema: &Schema) -> Vec<ColumnSpec> {
     schema
         .fields()
         .iter()
         .map(|f| ColumnSpec {
             name: f.name().clone(),
-            data_type: f.data_type().to_string(),
+            data_type: pin_name(f.data_type()),
             nullable: f.is_nullable(),
         })
         .collect()
@@ -77,8 +77,8 @@ pub(crate) fn schema_change(old: &Schema, new: &Schema) -> Option<String> {
                 return Some(format!(
                     "column {}: {} -> {}",
                     f.name(),
-                    f.data_type(),
-                    n.data_type()
+                    type_name(f.data_type()),
+                    type_name(n.data_type())
                 ));
             }
             _ => {}
@@ -120,7 +120,9 @@ impl fmt::Display for Drift {
         }
         for (name, pinned, found) in &self.retyped {
             parts.push(format!(
-                "column {name} is {found} in the file, pinned {pinned} (the cast would lose data)"
+                "column {name} is {} in the file, pinned {} (the cast would lose data)",
+                type_name(found),
+                type_name(pinned)
             ));
         }
         for name in &self.added {
@@ -147,6 +149,20 @@ pub(crate) struct DriftCheck {
     pub absent_is_null: bool,
     /// The order of the columns matters (CSV is read by position).
     pub order: bool,
+    /// The reader parses text into a pinned number, decimal, date or
+    /// timestamp (JSON: `"2024-01-01T00:10:00"` into a column declared or
+    /// hinted `timestamp`); a value that does not parse is a bad row.
+    pub reads_text: bool,
+}
+
+/// Whether a reader that parses text (JSON's) reads a string value into
+/// `t`.
+fn parsed_from_text(t: &DataType) -> bool {
+    t.is_numeric()
+        || matches!(
+            t,
+            DataType::Timestamp(..) | DataType::Date32 | DataType::Date64
+        )
 }
 
 /// How `file` differs from `pinned`, if it does in a way that matters.
@@ -155,7 +171,13 @@ pub(crate) fn drift(pinned: &Schema, file: &Schema, check: DriftCheck) -> Option
     for p in pinned.fields() {
         match file.field_with_name(p.name()) {
             Ok(f) => {
-                if check.types && !casts_losslessly(f.data_type(), p.data_type()) {
+                let parsed = check.reads_text
+                    && matches!(
+                        f.data_type(),
+                        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+                    )
+                    && parsed_from_text(p.data_type());
+                if check.types && !casts_losslessly(f.data_type(), p.data_type()) && !parsed {
                     d.retyped.push((
                         p.name().clone(),
                         p.data_type().clone(),
@@ -287,11 +309,12 @@ mod tests {
 
     #[test]
     fn a_type_that_does_not_parse_is_named_not_replaced() {
-        let e = schema_of(&[col("a", "Int64"), col("fare", "Flaot64")]).unwrap_err();
+        let e = schema_of(&[col("a", "Int64"), col("fare", "duoble")]).unwrap_err();
         assert_eq!((e.index, e.name.as_str()), (1, "fare"));
         let text = format!("schema{e}");
         assert!(
-            text.starts_with("schema[1] (column fare): type \"Flaot64\""),
+            text.starts_with("schema[1] (column fare): type \"duoble\": unknown type")
+                && text.contains("double"),
             "{text}"
         );
     }
@@ -320,6 +343,7 @@ mod tests {
             types: true,
             absent_is_null: false,
             order: false,
+            reads_text: false,
         };
         // Wider or equal types, and an all-null column, read as pinned.
         let fine = schema(&[
@@ -356,7 +380,7 @@ mod tests {
         );
         let text = d.to_string();
         assert!(
-            text.contains("column passenger_count is Float64 in the file, pinned Int64"),
+            text.contains("column passenger_count is double in the file, pinned bigint"),
             "{text}"
         );
         assert!(text.contains("renamed?"), "{text}");
@@ -365,12 +389,14 @@ mod tests {
             types: false,
             absent_is_null: false,
             order: false,
+            reads_text: false,
         };
         assert_eq!(drift(&pinned, &bad, names).unwrap().retyped, []);
         let json = DriftCheck {
             types: true,
             absent_is_null: true,
             order: false,
+            reads_text: false,
         };
         assert_eq!(drift(&pinned, &bad, json).unwrap().missing, []);
         assert!(!casts_losslessly(&Int64, &Int32));

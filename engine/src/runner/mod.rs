@@ -74,8 +74,10 @@ pub struct BatchReport {
     pub resumed: bool,
 }
 
-/// How a run ended.
+/// How a run ended. As JSON: `{"state": "idle", "reason": "no new data"}`,
+/// `{"state": "done"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", content = "reason", rename_all = "lowercase")]
 pub enum RunEnd {
     /// Nothing to do.
     Idle(String),
@@ -453,10 +455,12 @@ async fn execute_once(
         Ok(_) => Ok(observed),
         Err(failure) => Err(match observed.last_error {
             Some(e) if e.class().name() == failure.error => e,
+            // The failure's own class (a step's error whose record was
+            // replaced by a later step's), else a failure of the machine.
             _ => Error::Run {
                 pipeline: ctx.pipeline.name.clone(),
                 message: failure.to_string(),
-                class: ErrorClass::Fatal,
+                class: ErrorClass::from_name(&failure.error).unwrap_or(ErrorClass::Fatal),
             },
         }),
     }

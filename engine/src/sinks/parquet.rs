@@ -600,10 +600,16 @@ impl ParquetSink {
 
     /// `sluice reset`: record that the sink's output up to `first_batch`
     /// is retired (this pipeline's record with no history), by
-    /// compare-and-swap on what was there, so a reset resumed late cannot
-    /// undo the claim of the history that followed it. `false` when the
-    /// record changed meanwhile.
-    pub(crate) async fn retire(&self, first_batch: u64, checkpoint: &str) -> Result<bool> {
+    /// compare-and-swap on what was there, in place of the history
+    /// `retired` or an older record, so a reset resumed late cannot undo
+    /// the claim of the history that followed it. `false` when another
+    /// record stays.
+    pub(crate) async fn retire(
+        &self,
+        first_batch: u64,
+        retired: &str,
+        checkpoint: &str,
+    ) -> Result<bool> {
         let tomb = SinkOwner {
             pipeline: self.pipeline.clone(),
             history: String::new(),
@@ -612,9 +618,16 @@ impl ParquetSink {
         };
         let mode = match self.owner_tagged().await? {
             Some((o, _)) if o == tomb => return Ok(true),
-            Some((o, _)) if o.history.is_empty() && o.first_batch > first_batch => {
-                return Ok(false);
+            // The history this reset retires (`retired`, its checkpoint's
+            // when the reset began): replaced.
+            Some((o, etag)) if !o.history.is_empty() && o.history == retired => {
+                PutMode::Update(etag)
             }
+            // Another history (or a reset's record) from this reset's first
+            // batch on: recorded after this reset decided its numbers, so
+            // another reset finished first, and a run may have started the
+            // next history. Left as it is.
+            Some((o, _)) if o.first_batch >= first_batch => return Ok(false),
             Some((_, etag)) => PutMode::Update(etag),
             None => PutMode::Create,
         };
@@ -651,10 +664,17 @@ impl ParquetSink {
             })
     }
 
-    /// Read the manifests of all committed batches, in batch order.
+    /// Read the manifests of all committed batches of the sink's history,
+    /// in batch order: from the owner record's first batch (one below it
+    /// is retired: `sluice reset` removed it, or a run stopped past its
+    /// lease published it late).
     pub async fn manifests(&self) -> Result<Vec<Manifest>> {
+        let first = self.owner().await?.map_or(0, |o| o.first_batch);
         let mut out = Vec::new();
         for meta in self.store.list(paths::sink::MANIFEST_PREFIX, None).await? {
+            if paths::sink::manifest_batch(&meta.key).is_some_and(|b| b < first) {
+                continue;
+            }
             if let Some(obj) = self.store.get(&meta.key).await? {
                 let m: Manifest =
                     serde_json::from_slice(&obj.bytes).map_err(|e| Error::Checkpoint {
