@@ -206,17 +206,37 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a tokio runtime starts");
+    let json = matches!(
+        &cli.command,
+        Command::Run { json: true, .. }
+            | Command::Check { json: true, .. }
+            | Command::History { json: true, .. }
+            | Command::Cost { json: true, .. }
+            | Command::Show { json: true, .. }
+    );
     match rt.block_on(dispatch(cli.command)) {
         Ok(code) => code,
         Err(e) => {
             let class = e
                 .downcast_ref::<sluice_engine::Error>()
                 .map(sluice_engine::Error::class);
+            let code = exit::of_error(class);
+            if json {
+                // Scripts read the failure where they read the result.
+                println!(
+                    "{}",
+                    serde_json::json!({"error": {
+                        "class": class.map(|c| c.name()),
+                        "message": format!("{e:#}"),
+                        "exit_code": code,
+                    }})
+                );
+            }
             eprintln!(
                 "error{}: {e:#}",
                 class.map(|c| format!(" [{c}]")).unwrap_or_default()
             );
-            ExitCode::from(exit::of_error(class))
+            ExitCode::from(code)
         }
     }
 }

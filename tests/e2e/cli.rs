@@ -693,3 +693,78 @@ fn check_says_what_it_checked_and_what_it_could_not_yet() {
         "check wrote to the checkpoint"
     );
 }
+
+/// AWS errors say their root cause and what to do, never the SDK's debug
+/// dump (`DispatchFailure(DispatchFailure { ... })`): no region set; an
+/// endpoint that refuses connections. `--json` prints errors as an object
+/// with the class, the message and the exit code.
+#[test]
+fn aws_errors_say_their_root_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.toml");
+    std::fs::write(
+        &file,
+        "name = \"a\"\n[source]\nuri = \"s3://some-bucket/in/\"\nformat = \"csv\"\ntable = \"t\"\n\
+         [query]\nsql = \"SELECT * FROM t\"\n[sink]\nuri = \"s3://some-bucket/out/\"\n\
+         [checkpoint]\nuri = \"s3://some-bucket/ck/\"\n",
+    )
+    .unwrap();
+    let run = |env: &[(&str, &str)], json: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.args(["run", file.to_str().unwrap()]);
+        if json {
+            cmd.arg("--json");
+        }
+        for k in [
+            "AWS_REGION",
+            "AWS_DEFAULT_REGION",
+            "AWS_ENDPOINT_URL",
+            "AWS_PROFILE",
+        ] {
+            cmd.env_remove(k);
+        }
+        cmd.env("AWS_CONFIG_FILE", dir.path().join("none"))
+            .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_EC2_METADATA_DISABLED", "true");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let no_region = run(&[], false);
+    let said = String::from_utf8_lossy(&no_region.stderr);
+    assert!(
+        said.contains("set AWS_REGION") && !said.contains("DispatchFailure"),
+        "{said}"
+    );
+    assert_eq!(
+        no_region.status.code(),
+        Some(1),
+        "a setting to fix, not to retry: {said}"
+    );
+    let refused = run(
+        &[
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ENDPOINT_URL", "http://127.0.0.1:1"),
+        ],
+        true,
+    );
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!said.contains("DispatchFailure"), "{said}");
+    let json: serde_json::Value = serde_json::from_slice(&refused.stdout).unwrap_or_else(|e| {
+        panic!(
+            "--json error: {e}: {}",
+            String::from_utf8_lossy(&refused.stdout)
+        )
+    });
+    assert_eq!(json["error"]["class"], "Sluice.Retryable", "{json}");
+    assert_eq!(json["error"]["exit_code"], 5, "{json}");
+    let message = json["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("Connection refused") && message.contains("is the endpoint reachable"),
+        "{message}"
+    );
+    assert_eq!(refused.status.code(), Some(5));
+}

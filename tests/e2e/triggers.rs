@@ -906,3 +906,58 @@ async fn every_sample_event_leads_to_its_decision() {
         }
     }
 }
+
+/// Your own bucket (`CreateBucket = false`): the template's EventBridge
+/// rule, run by moto's EventBridge with the sample event's shape, delivers
+/// "Object Created" events for new input (under SourcePrefix) and for
+/// committed manifests (under SinkPrefix), and nothing else (how the
+/// trigger reads such an event is checked above, on the same sample).
+#[test]
+fn the_own_bucket_rule_delivers_input_and_manifests_only() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let keys = [
+        "taxi/in/date=2026-11-30/trips-000010.parquet",
+        "curated/taxi/_sluice/manifest/0000000003.json",
+        "elsewhere/trips-000001.parquet",
+        "checkpoints/taxi/control.json",
+    ];
+    let mut child = std::process::Command::new(python())
+        .arg(root.join("tests/e2e/eventbridge_rule.py"))
+        .args([
+            s3_endpoint().as_str(),
+            root.join("template.yaml").to_str().unwrap(),
+            events_dir()
+                .join("eventbridge-s3-object-created.json")
+                .to_str()
+                .unwrap(),
+            "sluice-demo-landing",
+            "taxi/",
+            "curated/",
+        ])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(keys.join("\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let delivered: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(delivered, [keys[1], keys[0]]);
+}

@@ -33,6 +33,7 @@ mod s3;
 pub use counting::CountingStore;
 pub use local::LocalStore;
 pub use memory::MemoryStore;
+pub(crate) use s3::root_cause;
 pub use s3::{S3Config, S3Store};
 
 use std::fmt;

@@ -139,7 +139,7 @@ impl S3Store {
         format!("s3://{}/{}", self.bucket, self.full_key(key))
     }
 
-    fn classify<E: ProvideErrorMetadata + std::fmt::Debug>(
+    fn classify<E: ProvideErrorMetadata + std::error::Error + 'static>(
         &self,
         op: &'static str,
         key: &str,
@@ -152,10 +152,17 @@ impl S3Store {
                 s.err().message().unwrap_or("service error"),
                 s.err().code().unwrap_or("no code")
             ),
-            other => format!("{other:?}"),
+            other => root_cause(other),
         };
         let location = self.location(key);
+        // No region or no credentials: a setting to fix, not a passing
+        // failure.
+        let setting = {
+            let m = message.to_ascii_lowercase();
+            m.contains("region must be set") || m.contains("no credentials")
+        };
         let transient = match e {
+            _ if setting => false,
             SdkError::TimeoutError(_)
             | SdkError::DispatchFailure(_)
             | SdkError::ResponseError(_) => true,
@@ -395,4 +402,35 @@ impl Store for S3Store {
         }
         .counted(self.counter.clone()))
     }
+}
+
+/// What a person needs from an SDK error that is not the service's answer
+/// (no region, no credentials, the endpoint unreachable): the chain of
+/// causes, each said once, and what to do where that is known, never the
+/// SDK's debug dump.
+pub(crate) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut said: Vec<String> = Vec::new();
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        let text = err.to_string();
+        if !text.is_empty() && !said.iter().any(|s| s.contains(&text)) {
+            said.push(text);
+        }
+        next = err.source();
+    }
+    let all = said.join(": ");
+    let lower = all.to_ascii_lowercase();
+    let hint = if lower.contains("region") {
+        "; set AWS_REGION (or a region in your AWS profile)"
+    } else if lower.contains("credential") {
+        "; set AWS credentials (AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+    } else if lower.contains("connection refused")
+        || lower.contains("dns error")
+        || lower.contains("timed out")
+    {
+        "; is the endpoint reachable (AWS_ENDPOINT_URL, network)?"
+    } else {
+        ""
+    };
+    format!("{all}{hint}")
 }

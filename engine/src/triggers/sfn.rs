@@ -93,10 +93,7 @@ where
 {
     Error::Service {
         service: "Step Functions",
-        message: format!(
-            "{op} {target}: {}",
-            aws_sdk_sfn::error::DisplayErrorContext(e)
-        ),
+        message: format!("{op} {target}: {}", crate::storage::root_cause(e)),
         class,
     }
 }
