@@ -27,6 +27,9 @@ use sluice_engine::storage::{Location, S3Config};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Print the result (or the error: class, message, exit code) as JSON on stdout.
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -35,9 +38,6 @@ enum Command {
     Run {
         /// The pipeline file.
         pipeline: PathBuf,
-        /// Print the summary as JSON.
-        #[arg(long)]
-        json: bool,
         /// Notify mode: list the source now to find files whose notification was lost (otherwise every `source.reconcile_every` runs).
         #[arg(long)]
         reconcile: bool,
@@ -51,9 +51,6 @@ enum Command {
     Check {
         /// The pipeline file.
         pipeline: PathBuf,
-        /// Print the report as JSON.
-        #[arg(long)]
-        json: bool,
     },
     /// Start a run on AWS now: claim the lease and start the Step Functions execution `<pipeline>-<epoch>` (or, while a run is going, ask it to look again).
     Refresh {
@@ -110,9 +107,6 @@ enum Command {
         /// How many batches at most.
         #[arg(long, default_value_t = 20)]
         limit: usize,
-        /// Print as JSON.
-        #[arg(long)]
-        json: bool,
     },
     /// What the last batches cost on AWS (Lambda, Step Functions, S3), per batch and per run, the month at an arrival rate, and the always-on Spark job it replaces.
     Cost {
@@ -130,17 +124,11 @@ enum Command {
         /// Project the month at one run every DURATION (e.g. "5 minutes") instead of the observed rate.
         #[arg(long)]
         every: Option<String>,
-        /// Print as JSON.
-        #[arg(long)]
-        json: bool,
     },
     /// Show the last committed batch, totals and what is waiting.
     Show {
         /// The pipeline file.
         pipeline: PathBuf,
-        /// Print as JSON.
-        #[arg(long)]
-        json: bool,
     },
     /// Generate deterministic sample input.
     Gen {
@@ -206,15 +194,8 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a tokio runtime starts");
-    let json = matches!(
-        &cli.command,
-        Command::Run { json: true, .. }
-            | Command::Check { json: true, .. }
-            | Command::History { json: true, .. }
-            | Command::Cost { json: true, .. }
-            | Command::Show { json: true, .. }
-    );
-    match rt.block_on(dispatch(cli.command)) {
+    let json = cli.json;
+    match rt.block_on(dispatch(cli.command, json)) {
         Ok(code) => code,
         Err(e) => {
             let class = e
@@ -274,54 +255,52 @@ mod exit {
     }
 }
 
-async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+async fn dispatch(command: Command, json: bool) -> anyhow::Result<ExitCode> {
     match command {
         Command::Run {
             pipeline,
-            json,
             reconcile,
         } => run(&pipeline, json, reconcile).await,
-        Command::Show { pipeline, json } => show(&pipeline, json).await,
+        Command::Show { pipeline } => show(&pipeline, json).await,
         Command::Refresh {
             pipeline,
             state_machine_arn,
             wait,
-        } => refresh(&pipeline, &state_machine_arn, wait).await,
-        Command::Pause { pipeline } => pause(&pipeline).await,
+        } => refresh(&pipeline, &state_machine_arn, wait, json).await,
+        Command::Pause { pipeline } => pause(&pipeline, json).await,
         Command::RetryQuarantined { pipeline, key } => {
             let ctx = open(&pipeline).await?;
             let keys = admin::retry_quarantined(&ctx, key.as_deref()).await?;
-            println!(
-                "{}: the next run reads {} again: {}",
-                ctx.pipeline.name,
-                count(keys.len() as u64, "quarantined file"),
-                keys.join(", ")
+            emit(
+                json,
+                format!(
+                    "{}: the next run reads {} again: {}",
+                    ctx.pipeline.name,
+                    count(keys.len() as u64, "quarantined file"),
+                    keys.join(", ")
+                ),
+                serde_json::json!({"pipeline": ctx.pipeline.name, "keys": keys}),
             );
             Ok(ExitCode::SUCCESS)
         }
         Command::Resume {
             pipeline,
             state_machine_arn,
-        } => resume(&pipeline, state_machine_arn).await,
+        } => resume(&pipeline, state_machine_arn, json).await,
         Command::Cancel {
             pipeline,
             state_machine_arn,
-        } => cancel(&pipeline, &state_machine_arn).await,
-        Command::Reset { pipeline, yes } => reset(&pipeline, yes).await,
-        Command::History {
-            pipeline,
-            limit,
-            json,
-        } => history(&pipeline, limit, json).await,
-        Command::Register { pipeline } => register(&pipeline).await,
-        Command::Check { pipeline, json } => check(&pipeline, json).await,
+        } => cancel(&pipeline, &state_machine_arn, json).await,
+        Command::Reset { pipeline, yes } => reset(&pipeline, yes, json).await,
+        Command::History { pipeline, limit } => history(&pipeline, limit, json).await,
+        Command::Register { pipeline } => register(&pipeline, json).await,
+        Command::Check { pipeline } => check(&pipeline, json).await,
         Command::Cost {
             pipeline,
             last,
             since,
             prices,
             every,
-            json,
         } => {
             cost::run(
                 &open(&pipeline).await?,
@@ -339,74 +318,96 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             format,
             compression,
             out,
-        } => gen_taxi(&out, files, rows, format, compression),
+        } => gen_taxi(&out, files, rows, format, compression, json),
         Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::BenchPlanning(args) => bench_planning::run(args).await.map(|()| ExitCode::SUCCESS),
     }
 }
 
-async fn pause(path: &Path) -> anyhow::Result<ExitCode> {
+async fn pause(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let ctx = open(path).await?;
     let c = admin::set_paused(&ctx, true).await?;
-    println!(
-        "{}: paused; triggers record requests and start nothing{}",
-        ctx.pipeline.name,
-        if c.status == sluice_engine::checkpoint::RunStatus::Running {
-            " (the run in progress finishes)"
-        } else {
-            ""
-        }
+    let running = c.status == sluice_engine::checkpoint::RunStatus::Running;
+    emit(
+        json,
+        format!(
+            "{}: paused; triggers record requests and start nothing{}",
+            ctx.pipeline.name,
+            if running {
+                " (the run in progress finishes)"
+            } else {
+                ""
+            }
+        ),
+        serde_json::json!({"pipeline": ctx.pipeline.name, "paused": true, "run_in_progress": running}),
     );
     Ok(ExitCode::SUCCESS)
 }
 
-async fn reset(path: &Path, yes: bool) -> anyhow::Result<ExitCode> {
+async fn reset(path: &Path, yes: bool, json: bool) -> anyhow::Result<ExitCode> {
     let ctx = open(path).await?;
     if !yes {
-        eprintln!(
+        anyhow::bail!(
             "{}: `sluice reset` deletes the output in {} (parts and manifests) and the checkpoint \
              in {}; the next run reads every source file again. Run it again with --yes to do so.",
             ctx.pipeline.name,
             ctx.sink.store().describe(),
             ctx.checkpoint.store().describe()
         );
-        return Ok(ExitCode::FAILURE);
     }
     let r = admin::reset(&ctx).await?;
-    if r.finished_by_another {
-        println!(
+    let text = if r.finished_by_another {
+        format!(
             "{}: another `sluice reset` finished this reset while it was stopped; removed {} \
              leftover objects of the retired history from the sink and {} from the \
              checkpoint, and left the history after it as it was.",
             ctx.pipeline.name, r.sink_objects, r.checkpoint_objects
-        );
-        return Ok(ExitCode::SUCCESS);
-    }
-    println!(
-        "{}: reset; removed {} objects from the sink and {} from the checkpoint. The next run \
-         (or `sluice register`, for AWS) starts a new history.",
-        ctx.pipeline.name, r.sink_objects, r.checkpoint_objects
-    );
+        )
+    } else {
+        format!(
+            "{}: reset; removed {} objects from the sink and {} from the checkpoint. The next \
+             run (or `sluice register`, for AWS) starts a new history.",
+            ctx.pipeline.name, r.sink_objects, r.checkpoint_objects
+        )
+    };
+    let mut value = serde_json::to_value(&r)?;
+    value["pipeline"] = ctx.pipeline.name.clone().into();
+    emit(json, text, value);
     Ok(ExitCode::SUCCESS)
 }
 
-async fn resume(path: &Path, state_machine_arn: Option<String>) -> anyhow::Result<ExitCode> {
+async fn resume(
+    path: &Path,
+    state_machine_arn: Option<String>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     let ctx = open(path).await?;
     let c = admin::set_paused(&ctx, false).await?;
     let name = &ctx.pipeline.name;
+    let value = serde_json::json!({"pipeline": name, "paused": false, "requested": c.requested});
     match (c.requested, state_machine_arn) {
         (false, _) => {
-            println!("{name}: resumed; nothing was requested while paused");
+            emit(
+                json,
+                format!("{name}: resumed; nothing was requested while paused"),
+                value,
+            );
             Ok(ExitCode::SUCCESS)
         }
         (true, Some(arn)) => {
-            println!("{name}: resumed; starting the run requested while paused");
-            wake_on_aws(&ctx, &arn, "sluice resume", false).await
+            if !json {
+                println!("{name}: resumed; starting the run requested while paused");
+            }
+            wake_on_aws(&ctx, &arn, "sluice resume", false, json).await
         }
         (true, None) => {
-            println!(
-                "{name}: resumed; a run was requested while paused: start it with \
-                 `sluice run` (local) or pass --state-machine-arn"
+            emit(
+                json,
+                format!(
+                    "{name}: resumed; a run was requested while paused: start it with \
+                     `sluice run` (local) or pass --state-machine-arn"
+                ),
+                value,
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -430,15 +431,23 @@ async fn check(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn register(path: &Path) -> anyhow::Result<ExitCode> {
+async fn register(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let ctx = open(path).await?;
     ctx.check_source_exists()?;
     let record = admin::register(&ctx).await?;
-    println!(
-        "registered pipeline \"{}\" in {} ({} source columns pinned)",
-        record.pipeline.name,
-        ctx.pipeline.checkpoint.display(),
-        record.schema.len()
+    emit(
+        json,
+        format!(
+            "registered pipeline \"{}\" in {} ({} source columns pinned)",
+            record.pipeline.name,
+            ctx.pipeline.checkpoint.display(),
+            record.schema.len()
+        ),
+        serde_json::json!({
+            "pipeline": record.pipeline.name,
+            "checkpoint": ctx.pipeline.checkpoint.display(),
+            "schema": record.schema,
+        }),
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -449,6 +458,7 @@ fn gen_taxi(
     rows: usize,
     format: Format,
     compression: Option<Comp>,
+    json: bool,
 ) -> anyhow::Result<ExitCode> {
     let format = match format {
         Format::Parquet => SourceFormat::Parquet,
@@ -462,16 +472,30 @@ fn gen_taxi(
     if compression.is_some() && format == SourceFormat::Parquet {
         anyhow::bail!("--compression applies to csv and jsonl; Parquet compresses inside the file");
     }
-    let progress = progress::Progress::new(files, "files");
+    let progress = if json {
+        progress::Progress::none()
+    } else {
+        progress::Progress::new(files, "files")
+    };
+    let mut all = Vec::new();
     for _ in 0..files {
         let written = sluice_cli::generator::write_taxi_files(out, 1, rows, format, compression)
             .with_context(|| format!("writing taxi files into {}", out.display()))?;
         for p in &written {
-            progress.line(&p.display().to_string());
+            if !json {
+                progress.line(&p.display().to_string());
+            }
+            all.push(p.display().to_string());
         }
         progress.inc(1);
     }
     progress.finish();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"files": all, "rows_per_file": rows})
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -509,9 +533,14 @@ async fn open_registered(path: &Path) -> anyhow::Result<Context> {
     Ok(ctx)
 }
 
-async fn refresh(path: &Path, state_machine_arn: &str, wait: bool) -> anyhow::Result<ExitCode> {
+async fn refresh(
+    path: &Path,
+    state_machine_arn: &str,
+    wait: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     let ctx = open_registered(path).await?;
-    wake_on_aws(&ctx, state_machine_arn, "sluice refresh", wait).await
+    wake_on_aws(&ctx, state_machine_arn, "sluice refresh", wait, json).await
 }
 
 /// Wake a registered pipeline through the lease protocol, as the trigger
@@ -521,6 +550,7 @@ async fn wake_on_aws(
     state_machine_arn: &str,
     requested_by: &str,
     wait: bool,
+    json: bool,
 ) -> anyhow::Result<ExitCode> {
     use sluice_engine::triggers::{self, Event, StepFunctions, WakeOutcome};
     let name = ctx.pipeline.name.clone();
@@ -534,28 +564,44 @@ async fn wake_on_aws(
         &sfn,
     )
     .await?;
-    let epoch = match &report.woken[&name] {
+    let (epoch, text, mut value) = match &report.woken[&name] {
         WakeOutcome::Held => {
-            println!("{name}: paused; the request is recorded and a run starts on `sluice resume`");
+            emit(
+                json,
+                format!(
+                    "{name}: paused; the request is recorded and a run starts on `sluice resume`"
+                ),
+                serde_json::json!({"pipeline": name, "outcome": "held"}),
+            );
             return Ok(ExitCode::SUCCESS);
         }
         WakeOutcome::Started {
             epoch, execution, ..
-        } => {
-            println!("{name}: started {execution} (epoch {epoch})");
-            *epoch
-        }
+        } => (
+            *epoch,
+            format!("{name}: started {execution} (epoch {epoch})"),
+            serde_json::json!({"pipeline": name, "outcome": "started", "epoch": epoch,
+                "execution": execution}),
+        ),
         WakeOutcome::Requested { epoch } => {
-            println!(
-                "{name}: a run (epoch {epoch}, execution {}) is in progress; it will look for new \
-                 input again before it finishes",
-                sfn.execution_arn(&triggers::execution_name(&name, *epoch))
-            );
-            *epoch
+            let execution = sfn.execution_arn(&triggers::execution_name(&name, *epoch));
+            (
+                *epoch,
+                format!(
+                    "{name}: a run (epoch {epoch}, execution {execution}) is in progress; it will \
+                     look for new input again before it finishes"
+                ),
+                serde_json::json!({"pipeline": name, "outcome": "requested", "epoch": epoch,
+                    "execution": execution}),
+            )
         }
     };
     if !wait {
+        emit(json, text, value);
         return Ok(ExitCode::SUCCESS);
+    }
+    if !json {
+        println!("{text}");
     }
     let end = sfn
         .wait(
@@ -564,6 +610,18 @@ async fn wake_on_aws(
         )
         .await?;
     let committed = committed_by(ctx, epoch).await?;
+    if json {
+        value["status"] = end.status.clone().into();
+        value["error"] = serde_json::json!(end.error);
+        value["cause"] = serde_json::json!(end.cause);
+        value["batches"] = serde_json::to_value(&committed)?;
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(if end.status == "SUCCEEDED" {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     for c in &committed {
         println!(
             "  batch {}: {} files, {} rows in, {} rows out, {} output files",
@@ -612,18 +670,26 @@ async fn committed_by(
     Ok(committed)
 }
 
-async fn cancel(path: &Path, state_machine_arn: &str) -> anyhow::Result<ExitCode> {
+async fn cancel(path: &Path, state_machine_arn: &str, json: bool) -> anyhow::Result<ExitCode> {
     use sluice_engine::checkpoint::RunStatus;
     use sluice_engine::checkpoint::owner::Owner;
     use sluice_engine::triggers::{Executions, StepFunctions};
     let ctx = open_registered(path).await?;
     let name = &ctx.pipeline.name;
     let Some((c, _)) = ctx.checkpoint.control().await? else {
-        println!("{name}: never ran; nothing to cancel");
+        emit(
+            json,
+            format!("{name}: never ran; nothing to cancel"),
+            serde_json::json!({"pipeline": name, "cancelled": false}),
+        );
         return Ok(ExitCode::SUCCESS);
     };
     if c.status != RunStatus::Running {
-        println!("{name}: no run in progress; nothing to cancel");
+        emit(
+            json,
+            format!("{name}: no run in progress; nothing to cancel"),
+            serde_json::json!({"pipeline": name, "cancelled": false}),
+        );
         return Ok(ExitCode::SUCCESS);
     }
     let owner = Owner::parse(c.owner.as_deref().unwrap_or_default());
@@ -636,11 +702,16 @@ async fn cancel(path: &Path, state_machine_arn: &str) -> anyhow::Result<ExitCode
     let sfn = StepFunctions::from_env(state_machine_arn).await;
     sfn.stop(execution, "sluice cancel").await?;
     admin::release_cancelled(&ctx, c.epoch).await?;
-    println!(
-        "{name}: stopped {} and released its lease (epoch {}); the next run resumes any \
-         planned batch, and the stopped run can commit nothing",
-        sfn.execution_arn(execution),
-        c.epoch
+    let arn = sfn.execution_arn(execution);
+    emit(
+        json,
+        format!(
+            "{name}: stopped {arn} and released its lease (epoch {}); the next run resumes any \
+             planned batch, and the stopped run can commit nothing",
+            c.epoch
+        ),
+        serde_json::json!({"pipeline": name, "cancelled": true, "execution": arn,
+            "epoch": c.epoch}),
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -854,10 +925,12 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
             return Ok(ExitCode::from(exit::PAUSED));
         }
         RunEnd::Done => println!(
-            "{name}: committed {}: {}, {}, {rows_in} rows in, {rows_out} rows out in {} ({}){}",
+            "{name}: committed {}: {}, {}, {} in, {} out in {} ({}){}",
             count(summary.batches.len() as u64, "batch"),
             count(files, "file"),
             mib(bytes),
+            count(rows_in, "row"),
+            count(rows_out, "row"),
             duration_ms(summary.millis),
             count(summary.requests.total(), "storage request"),
             if quarantined > 0 {
@@ -896,6 +969,22 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
         ),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A command's result: `text` for a person, or (`--json`) `value` with
+/// the same text as its `message`.
+fn emit(json: bool, text: String, mut value: serde_json::Value) {
+    if json {
+        if let Some(o) = value.as_object_mut() {
+            o.insert("message".into(), text.into());
+        }
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).expect("JSON values serialize")
+        );
+    } else {
+        println!("{text}");
+    }
 }
 
 /// `noun` for `n` of it: `file`, `files`; `batch`, `batches`.
@@ -995,11 +1084,11 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             }
             if let Some(lc) = &status.last_commit {
                 println!(
-                    "  that batch {}, {}, {} rows in, {} rows out, {}{}",
+                    "  that batch {}, {}, {} in, {} out, {}{}",
                     count(lc.files, "file"),
                     mib(lc.bytes_read),
-                    lc.rows_in,
-                    lc.rows_out,
+                    count(lc.rows_in, "row"),
+                    count(lc.rows_out, "row"),
                     count(lc.outputs.len() as u64, "output file"),
                     BadData {
                         files: lc.quarantined.len() as u64,
@@ -1036,12 +1125,12 @@ async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             }
             let t = &c.totals;
             println!(
-                "so far       {}, {}, {}, {} rows in, {} rows out{}",
+                "so far       {}, {}, {}, {} in, {} out{}",
                 count(t.batches, "batch"),
                 count(t.files, "file"),
                 mib(t.bytes),
-                t.rows_in,
-                t.rows_out,
+                count(t.rows_in, "row"),
+                count(t.rows_out, "row"),
                 BadData {
                     files: t.files_quarantined,
                     rows: t.rows_quarantined,

@@ -768,3 +768,72 @@ fn aws_errors_say_their_root_cause() {
     );
     assert_eq!(refused.status.code(), Some(5));
 }
+
+/// `--json` on every command that prints a result (anywhere on the line,
+/// before or after the subcommand): one JSON object on stdout with the
+/// same text as `message`.
+#[test]
+fn every_command_prints_json_when_asked() {
+    let (dir, file) = sample_copy();
+    let file = file.as_str();
+    let data = dir.path().join("data");
+    let json_of = |args: &[&str]| -> serde_json::Value {
+        let out = sluice(args);
+        let text = stdout(&out);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{args:?}: {e}: {text}"))
+    };
+    let generated = json_of(&[
+        "gen",
+        "taxi",
+        "--files",
+        "2",
+        "--rows",
+        "10",
+        "--out",
+        data.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(
+        generated["files"].as_array().unwrap().len(),
+        2,
+        "{generated}"
+    );
+    let registered = json_of(&["--json", "register", file]);
+    assert!(
+        registered["schema"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "fare_amount" && c["type"] == "double"),
+        "{registered}"
+    );
+    let paused = json_of(&["pause", file, "--json"]);
+    assert_eq!(paused["paused"], true, "{paused}");
+    assert!(paused["message"].as_str().unwrap().contains("paused"));
+    let resumed = json_of(&["resume", file, "--json"]);
+    assert_eq!(resumed["paused"], false, "{resumed}");
+    let ran = json_of(&["run", file, "--json"]);
+    assert_eq!(ran["end"]["state"], "done", "{ran}");
+    let idle = json_of(&["run", file, "--json"]);
+    assert_eq!(idle["end"]["state"], "idle", "{idle}");
+    assert_eq!(idle["end"]["reason"], "no new data", "{idle}");
+    // Nothing quarantined: bad input, as an error object on stdout.
+    let retried = sluice(&["retry-quarantined", file, "--json"]);
+    assert_eq!(retried.status.code(), Some(4));
+    let error: serde_json::Value = serde_json::from_slice(&retried.stdout).unwrap();
+    assert_eq!(error["error"]["class"], "Sluice.InvalidInput", "{error}");
+    assert_eq!(error["error"]["exit_code"], 4, "{error}");
+    let reset = json_of(&["reset", file, "--yes", "--json"]);
+    assert!(reset["sink_objects"].as_u64().unwrap() > 0, "{reset}");
+    // Refused: the error object, exit code 1.
+    let refused = sluice(&["reset", file, "--json"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let error: serde_json::Value = serde_json::from_slice(&refused.stdout).unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--yes"),
+        "{error}"
+    );
+}

@@ -502,3 +502,100 @@ fn a_bad_schema_hint_names_its_key() {
     parse("schema = [{ name = \"a\", type = \"bigint\" }, { name = \"d\", type = \"decimal(10,2)\" }]")
         .unwrap();
 }
+
+/// A user's sweep of schema hints: a hint on a CSV column no file has made
+/// every run fail; a hint in another case than the header was not applied
+/// (the zip code lost its zero); JSON numbers could not be hinted int or
+/// decimal; a hint changed after its column joined schema version 2 was
+/// taken silently (leading zeros lost).
+#[tokio::test(flavor = "multi_thread")]
+async fn hints_hold_for_absent_columns_any_case_json_numbers_and_later_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let base = |name: &str, uri: &str, format: &str, extra: &str| {
+        format!(
+            "name = \"{name}\"\n[source]\nuri = \"{uri}\"\nformat = \"{format}\"\ntable = \"t\"\n\
+             {extra}\n[query]\nsql = \"SELECT * FROM t\"\n[sink]\nuri = \"out/{name}\"\n\
+             [checkpoint]\nuri = \"out/checkpoint\"\n"
+        )
+    };
+    // CSV: a hinted column no file has waits; a hint in another case types
+    // the header's column.
+    let f = write(root, "c/1.csv", "id,zip\n1,01234\n2,10001\n");
+    let p = pipeline(
+        root,
+        &base(
+            "hcsv",
+            "input/c",
+            "csv",
+            "schema_hints = { missing = \"double\", ZIP = \"string\" }",
+        ),
+    );
+    run(&local_context(&p)).await.unwrap();
+    run(&local_context(&p)).await.unwrap();
+    assert_eq!(
+        pinned(&p).await,
+        cols(&[("id", "bigint"), ("zip", "string")])
+    );
+    assert_eq!(
+        committed_rows(&root.join("out/hcsv"), "hcsv").await,
+        duckdb_sql(&format!(
+            "SELECT * FROM read_csv('{f}', types = {{'zip': 'VARCHAR'}})"
+        ))
+        .await
+    );
+    // JSON numbers read into hinted int and decimal.
+    let j = write(
+        root,
+        "j/1.jsonl",
+        "{\"id\": 1, \"amount\": 12.5}\n{\"id\": 2, \"amount\": 7}\n",
+    );
+    let p = pipeline(
+        root,
+        &base(
+            "hjson",
+            "input/j",
+            "jsonl",
+            "schema_hints = { id = \"int\", amount = \"decimal(10,2)\" }",
+        ),
+    );
+    run(&local_context(&p)).await.unwrap();
+    assert_eq!(
+        pinned(&p).await,
+        cols(&[("amount", "decimal(10,2)"), ("id", "int")])
+    );
+    assert_eq!(
+        committed_rows(&root.join("out/hjson"), "hjson").await,
+        duckdb_sql(&format!(
+            "SELECT amount, id FROM read_json('{j}', columns = {{'id': 'INTEGER', 'amount': \
+             'DECIMAL(10,2)'}})"
+        ))
+        .await
+    );
+    // A hint changed after its column joined schema version 2 is refused.
+    write(root, "a/1.csv", "id\n1\n");
+    let added = |hint: &str| {
+        base(
+            "hadd",
+            "input/a",
+            "csv",
+            &format!("on_schema_change = \"add-columns\"\nschema_hints = {{ other = \"{hint}\" }}"),
+        )
+    };
+    run(&local_context(&pipeline(root, &added("string"))))
+        .await
+        .unwrap();
+    write(root, "a/2.csv", "id,other\n2,0008\n");
+    run(&local_context(&pipeline(root, &added("string"))))
+        .await
+        .unwrap();
+    write(root, "a/3.csv", "id,other\n3,0009\n");
+    let e = run(&local_context(&pipeline(root, &added("int"))))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("schema version 2 holds it as string") && e.contains("other"),
+        "{e}"
+    );
+}

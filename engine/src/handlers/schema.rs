@@ -66,6 +66,31 @@ pub(crate) async fn evolve(
     inputs: &[InputFile],
 ) -> Result<(SchemaVersion, Vec<String>)> {
     let p = &ctx.pipeline;
+    let hints = p.source.hints();
+    // A hint changed since its column joined a later schema version.
+    for c in &current.columns {
+        if let Some(t) = hinted(&hints, &c.name)
+            && schema_of(std::slice::from_ref(c))
+                .ok()
+                .is_some_and(|s| s.field(0).data_type() != t)
+        {
+            return Err(Error::Incompatible {
+                pipeline: p.name.clone(),
+                message: format!(
+                    "source.schema_hints types {} as {}, but schema version {} holds it as {}: \
+                     hints type columns when they are first seen. Remove the hint, register a \
+                     new pipeline (new name), or run `sluice reset` on the pipeline file to \
+                     start over",
+                    c.name,
+                    type_name(t),
+                    current.version,
+                    crate::pipeline::types::parse_type(&c.data_type)
+                        .map(|t| type_name(&t))
+                        .unwrap_or_else(|_| c.data_type.clone())
+                ),
+            });
+        }
+    }
     if p.source.on_schema_change != SchemaChangePolicy::AddColumns || inputs.is_empty() {
         return Ok((current.clone(), Vec::new()));
     }
@@ -73,7 +98,6 @@ pub(crate) async fn evolve(
     let op = SqlOperator::new(p.clone(), std::sync::Arc::new(Schema::empty()));
     let found = op.file_schemas(&access, inputs).await?;
     let mut added: Vec<Field> = Vec::new();
-    let hints = p.source.hints();
     for (key, schema) in found {
         let Ok(schema) = schema else {
             tracing::warn!(pipeline = %p.name, %key, "schema not read at planning; the task decides");
@@ -86,10 +110,7 @@ pub(crate) async fn evolve(
             {
                 continue;
             }
-            let hint = hints
-                .iter()
-                .find(|(n, _)| n == f.name())
-                .map(|h| h.1.clone());
+            let hint = hinted(&hints, f.name()).cloned();
             let typed = if let Some(t) = hint {
                 t
             } else if p.source.format == crate::pipeline::SourceFormat::Parquet {
@@ -99,7 +120,7 @@ pub(crate) async fn evolve(
             };
             match added.iter_mut().find(|a| a.name() == f.name()) {
                 None => added.push(Field::new(f.name(), typed, true)),
-                Some(_) if hints.iter().any(|(n, _)| n == f.name()) => {}
+                Some(_) if hinted(&hints, f.name()).is_some() => {}
                 Some(a) => {
                     if !casts_losslessly(f.data_type(), a.data_type())
                         && casts_losslessly(a.data_type(), f.data_type())
@@ -166,17 +187,41 @@ pub(crate) async fn resolve_schema(
     infer_schema(ctx, &candidates).await
 }
 
+/// The type `schema_hints` gives `column`: a hint of that exact name, else
+/// one that differs only in case (as Spark matches them).
+fn hinted<'a>(hints: &'a [(String, DataType)], column: &str) -> Option<&'a DataType> {
+    hints
+        .iter()
+        .find(|(n, _)| n == column)
+        .or_else(|| hints.iter().find(|(n, _)| n.eq_ignore_ascii_case(column)))
+        .map(|(_, t)| t)
+}
+
 /// Refuses a schema hint that the pinned schema contradicts: hints type
 /// columns when they are first seen (the first run, or a column joining
 /// under `on_schema_change = "add-columns"`), they do not retype data
 /// already committed.
 fn check_hints_kept(p: &Pipeline, pinned: &Schema) -> Result<()> {
     for (name, t) in p.source.hints() {
-        let found = match pinned.field_with_name(&name) {
+        let column = pinned
+            .fields()
+            .iter()
+            .find(|f| f.name() == &name)
+            .or_else(|| {
+                pinned
+                    .fields()
+                    .iter()
+                    .find(|f| f.name().eq_ignore_ascii_case(&name))
+            })
+            .map(|f| Ok(f.as_ref()))
+            .unwrap_or(Err(()));
+        let found = match column {
             Ok(f) if f.data_type() == &t => continue,
             Ok(f) => format!("holds {name} as {}", type_name(f.data_type())),
-            Err(_) if p.source.on_schema_change == SchemaChangePolicy::AddColumns => continue,
-            Err(_) => format!("has no column {name}"),
+            // Not seen yet: typed when a file brings it (a CSV column
+            // joins under `add-columns`; otherwise the file is refused
+            // as a schema change, naming the column).
+            Err(()) => continue,
         };
         return Err(Error::Incompatible {
             pipeline: p.name.clone(),
@@ -289,13 +334,27 @@ async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<
         }
         return Ok(None);
     };
-    // Schema hints type the named columns; a hinted column no file has
-    // yet joins the schema (as Auto Loader adds it).
+    // Schema hints type the named columns (matched as written, else in
+    // any case); a hinted column no file has yet joins the schema where a
+    // missing column reads as null (JSON; Parquet unless the policy is
+    // `fail`), as Auto Loader adds it. In CSV, read by position, it waits
+    // for a file that has it (under `add-columns`).
     let hints = p.source.hints();
+    let absent_is_null = match p.source.format {
+        crate::pipeline::SourceFormat::Jsonl => true,
+        crate::pipeline::SourceFormat::Parquet => {
+            p.source.on_schema_change != SchemaChangePolicy::Fail
+        }
+        crate::pipeline::SourceFormat::Csv => false,
+    };
+    for f in fields.iter_mut() {
+        if let Some(t) = hinted(&hints, f.name()) {
+            *f = f.clone().with_data_type(t.clone());
+        }
+    }
     for (name, t) in &hints {
-        match fields.iter_mut().find(|f| f.name() == name) {
-            Some(f) => *f = f.clone().with_data_type(t.clone()),
-            None => fields.push(Field::new(name, t.clone(), true)),
+        if absent_is_null && !fields.iter().any(|f| f.name().eq_ignore_ascii_case(name)) {
+            fields.push(Field::new(name, t.clone(), true));
         }
     }
     let untyped: Vec<String> = fields
@@ -328,7 +387,7 @@ async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<
     if p.source.format != crate::pipeline::SourceFormat::Parquet {
         for f in fields
             .iter_mut()
-            .filter(|f| !hints.iter().any(|(n, _)| n == f.name()))
+            .filter(|f| hinted(&hints, f.name()).is_none())
         {
             let t = crate::pipeline::schema::text_pin(f.data_type());
             *f = f.clone().with_data_type(t);

@@ -173,6 +173,18 @@ impl SqlOperator {
         // `_rescued` and `_corrupt_record` are filled, never read from a file.
         let pinned = self.file_schema();
         let policy = self.pipeline.source.on_schema_change;
+        // The columns the pipeline file types (declared, or hinted in any
+        // case): JSON values are read into their types.
+        let source = &self.pipeline.source;
+        let hints = source.hints();
+        let user_typed: Vec<String> = pinned
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|n| {
+                source.schema.is_some() || hints.iter().any(|(h, _)| h.eq_ignore_ascii_case(n))
+            })
+            .collect();
         let mut checked = Checked::default();
         for (i, (_, schema, facts)) in found.into_iter().enumerate() {
             let schema = match schema {
@@ -217,7 +229,7 @@ impl SqlOperator {
                         .field_with_name(p.name())
                         .is_ok_and(|f| !is_text(f.data_type()) && f.data_type() != &DataType::Null)
             });
-            let Some(d) = drift(&pinned, &schema, check) else {
+            let Some(d) = drift(&pinned, &schema, check, &user_typed) else {
                 if to_text && self.pipeline.source.format != SourceFormat::Csv {
                     checked.adapted.push((files[i], schema));
                 }

@@ -149,34 +149,48 @@ pub(crate) struct DriftCheck {
     pub absent_is_null: bool,
     /// The order of the columns matters (CSV is read by position).
     pub order: bool,
-    /// The reader parses text into a pinned number, decimal, date or
-    /// timestamp (JSON: `"2024-01-01T00:10:00"` into a column declared or
-    /// hinted `timestamp`); a value that does not parse is a bad row.
+    /// The reader parses text into a pinned decimal, date or timestamp
+    /// (JSON: `"2024-01-01T00:10:00"` into a column declared or hinted
+    /// `timestamp`); a value that does not parse is a bad row.
     pub reads_text: bool,
 }
 
 /// Whether a reader that parses text (JSON's) reads a string value into
-/// `t`.
+/// `t`: the types JSON inference never gives, so only a declared or hinted
+/// column has them. (Text in a column of inferred numbers stays drift: the
+/// schema-change policy decides, `rescue` keeps the text.)
 fn parsed_from_text(t: &DataType) -> bool {
-    t.is_numeric()
-        || matches!(
-            t,
-            DataType::Timestamp(..) | DataType::Date32 | DataType::Date64
-        )
+    matches!(
+        t,
+        DataType::Timestamp(..)
+            | DataType::Date32
+            | DataType::Date64
+            | DataType::Decimal128(..)
+            | DataType::Decimal256(..)
+    )
 }
 
 /// How `file` differs from `pinned`, if it does in a way that matters.
-pub(crate) fn drift(pinned: &Schema, file: &Schema, check: DriftCheck) -> Option<Drift> {
+/// `user_typed`: the pinned columns whose type the pipeline file gives
+/// (`source.schema`, or `schema_hints`): a reader that parses values
+/// (`check.reads_text`, JSON) reads the file's values into that type, and
+/// a value that does not fit is a bad row, not a schema change.
+pub(crate) fn drift(
+    pinned: &Schema,
+    file: &Schema,
+    check: DriftCheck,
+    user_typed: &[String],
+) -> Option<Drift> {
     let mut d = Drift::default();
     for p in pinned.fields() {
         match file.field_with_name(p.name()) {
             Ok(f) => {
                 let parsed = check.reads_text
-                    && matches!(
-                        f.data_type(),
-                        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-                    )
-                    && parsed_from_text(p.data_type());
+                    && (user_typed.iter().any(|n| n == p.name())
+                        || matches!(
+                            f.data_type(),
+                            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+                        ) && parsed_from_text(p.data_type()));
                 if check.types && !casts_losslessly(f.data_type(), p.data_type()) && !parsed {
                     d.retyped.push((
                         p.name().clone(),
@@ -355,7 +369,7 @@ mod tests {
                 Timestamp(datafusion::arrow::datatypes::TimeUnit::Millisecond, None),
             ),
         ]);
-        assert_eq!(drift(&pinned, &fine, all), None);
+        assert_eq!(drift(&pinned, &fine, all, &[]), None);
         let bad = schema(&[
             ("pulocationid", Int64),
             ("passenger_count", Float64),
@@ -365,7 +379,7 @@ mod tests {
             ),
             ("tip", Float64),
         ]);
-        let d = drift(&pinned, &bad, all).unwrap();
+        let d = drift(&pinned, &bad, all, &[]).unwrap();
         assert_eq!(
             d.missing,
             [
@@ -391,14 +405,14 @@ mod tests {
             order: false,
             reads_text: false,
         };
-        assert_eq!(drift(&pinned, &bad, names).unwrap().retyped, []);
+        assert_eq!(drift(&pinned, &bad, names, &[]).unwrap().retyped, []);
         let json = DriftCheck {
             types: true,
             absent_is_null: true,
             order: false,
             reads_text: false,
         };
-        assert_eq!(drift(&pinned, &bad, json).unwrap().missing, []);
+        assert_eq!(drift(&pinned, &bad, json, &[]).unwrap().missing, []);
         assert!(!casts_losslessly(&Int64, &Int32));
         assert!(!casts_losslessly(&Utf8, &Int64));
         assert!(casts_losslessly(&UInt32, &Int64));
