@@ -599,3 +599,32 @@ async fn hints_hold_for_absent_columns_any_case_json_numbers_and_later_versions(
         "{e}"
     );
 }
+
+/// The sweep's worst case: a JSONL file read apart (a number in a column
+/// hinted `string`) had another column's text `"1e2"`, hinted
+/// `decimal(10,2)`, stored as NULL with no count. A value the cast cannot
+/// hold is now an error naming the file and the column; nothing is
+/// committed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_value_that_does_not_fit_a_hint_is_never_a_silent_null() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    write(
+        root,
+        "a.jsonl",
+        "{\"id\":1,\"amount\":12.345,\"zip\":\"01234\"}\n{\"id\":2,\"amount\":\"0.10\",\"zip\":1234}\n\
+         {\"id\":4,\"amount\":\"1e2\",\"zip\":\"x\"}\n",
+    );
+    let toml = "name = \"nonull\"\n[source]\nuri = \"input\"\nformat = \"jsonl\"\ntable = \"t\"\n\
+                schema_hints = { amount = \"decimal(10,2)\", zip = \"string\" }\n[query]\nsql = \
+                \"SELECT * FROM t\"\n[sink]\nuri = \"out/sink\"\n[checkpoint]\nuri = \
+                \"out/checkpoint\"\n";
+    let p = pipeline(root, toml);
+    let e = run(&local_context(&p)).await.unwrap_err().to_string();
+    assert!(e.contains("a.jsonl") && e.contains("amount"), "{e}");
+    assert!(
+        committed_rows(&root.join("out/sink"), "nonull")
+            .await
+            .is_empty()
+    );
+}

@@ -240,8 +240,24 @@ fn adapt(
         let column = match batch.column_by_name(f.name()) {
             None => new_null_array(f.data_type(), n),
             Some(c) if c.data_type() == f.data_type() => c.clone(),
+            // Not `safe`: a value the cast cannot hold is an error naming
+            // it, never a silent NULL (text "1e2" into a decimal).
             Some(c) if !rescue || casts_losslessly(c.data_type(), f.data_type()) => {
-                cast_with_options(c, f.data_type(), &CastOptions::default())?
+                cast_with_options(
+                    c,
+                    f.data_type(),
+                    &CastOptions {
+                        safe: false,
+                        ..Default::default()
+                    },
+                )
+                .map_err(|e| {
+                    ArrowError::CastError(format!(
+                        "column {}: {e}; fix the value, or set source.on_schema_change = \
+                         \"rescue\" to keep what does not fit in _rescued",
+                        f.name()
+                    ))
+                })?
             }
             Some(c) => {
                 let (kept, lost) = split_lossy(c, f.data_type())?;
