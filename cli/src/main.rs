@@ -201,7 +201,11 @@ fn main() -> ExitCode {
             let class = e
                 .downcast_ref::<sluice_engine::Error>()
                 .map(sluice_engine::Error::class);
-            let code = exit::of_error(class);
+            let code = if e.downcast_ref::<Usage>().is_some() {
+                exit::USAGE
+            } else {
+                exit::of_error(class)
+            };
             if json {
                 // Scripts read the failure where they read the result.
                 println!(
@@ -222,6 +226,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// A command line that is wrong in a way clap does not see (reset without
+/// --yes, --last 0): exit code 2, as clap's own.
+#[derive(Debug)]
+struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
 /// The exit codes of `sluice` (README: "Exit codes").
 mod exit {
     use sluice_engine::ErrorClass;
@@ -232,8 +249,7 @@ mod exit {
     /// A failure that running again will not fix by itself
     /// (`Sluice.Fatal`): read the message.
     pub const FATAL: u8 = 1;
-    /// The command line is wrong (clap's code).
-    #[allow(dead_code)]
+    /// The command line is wrong (clap's code, and [`super::Usage`]).
     pub const USAGE: u8 = 2;
     /// The pipeline is paused: nothing started; the request is recorded
     /// and `sluice resume` starts it.
@@ -302,6 +318,9 @@ async fn dispatch(command: Command, json: bool) -> anyhow::Result<ExitCode> {
             prices,
             every,
         } => {
+            if last == 0 {
+                return Err(Usage("--last 0 prices no batch: give 1 or more".into()).into());
+            }
             cost::run(
                 &open(&pipeline).await?,
                 cost::Window { last, since },
@@ -347,13 +366,14 @@ async fn pause(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
 async fn reset(path: &Path, yes: bool, json: bool) -> anyhow::Result<ExitCode> {
     let ctx = open(path).await?;
     if !yes {
-        anyhow::bail!(
+        return Err(Usage(format!(
             "{}: `sluice reset` deletes the output in {} (parts and manifests) and the checkpoint \
              in {}; the next run reads every source file again. Run it again with --yes to do so.",
             ctx.pipeline.name,
             ctx.sink.store().describe(),
             ctx.checkpoint.store().describe()
-        );
+        ))
+        .into());
     }
     let r = admin::reset(&ctx).await?;
     let text = if r.finished_by_another {

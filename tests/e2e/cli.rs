@@ -825,9 +825,12 @@ fn every_command_prints_json_when_asked() {
     assert_eq!(error["error"]["exit_code"], 4, "{error}");
     let reset = json_of(&["reset", file, "--yes", "--json"]);
     assert!(reset["sink_objects"].as_u64().unwrap() > 0, "{reset}");
-    // Refused: the error object, exit code 1.
+    // Refused (the command line lacks --yes): the error object, exit code
+    // 2 as for any wrong command line; `cost --last 0` likewise.
+    let last0 = sluice(&["cost", file, "--last", "0"]);
+    assert_eq!(last0.status.code(), Some(2));
     let refused = sluice(&["reset", file, "--json"]);
-    assert_eq!(refused.status.code(), Some(1));
+    assert_eq!(refused.status.code(), Some(2));
     let error: serde_json::Value = serde_json::from_slice(&refused.stdout).unwrap();
     assert!(
         error["error"]["message"]
