@@ -140,36 +140,29 @@ impl PartitionStream for FilePartition {
         let key = file.key.clone();
         let to = target.clone();
         let opened = async move {
-            if op.pipeline.source.format == SourceFormat::Jsonl {
+            let stream = if op.pipeline.source.format == SourceFormat::Jsonl {
                 // Read here rather than by DataFusion's JSON scan, whose
                 // reader cannot take a number or boolean into a text column.
-                let stream = read_jsonl(&op, &access, &file, read).await?;
-                return Ok(stream
-                    .map(move |b| {
-                        let b = b?;
-                        let (out, rescued) = adapt(&b, &to, rescue, &key)?;
-                        tally.rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
-                        tally.rescued.fetch_add(rescued, Ordering::Relaxed);
-                        Ok(out)
-                    })
-                    .boxed());
-            }
-            let table = BatchTable {
-                schema: read,
-                format: SqlOperator::format(&op.pipeline),
-                url: access.url.clone(),
-                files: vec![
-                    datafusion::datasource::listing::PartitionedFile::new_from_meta(
-                        SqlOperator::object_meta(&access, &file),
-                    ),
-                ],
-                partitions: 1,
+                read_jsonl(&op, &access, &file, read).await?
+            } else {
+                let table = BatchTable {
+                    schema: read,
+                    format: SqlOperator::format(&op.pipeline),
+                    url: access.url.clone(),
+                    files: vec![
+                        datafusion::datasource::listing::PartitionedFile::new_from_meta(
+                            SqlOperator::object_meta(&access, &file),
+                        ),
+                    ],
+                    partitions: 1,
+                };
+                let session = op.scan_session(&access);
+                session
+                    .read_table(Arc::new(table))?
+                    .execute_stream()
+                    .await?
+                    .boxed()
             };
-            let session = op.scan_session(&access);
-            let stream = session
-                .read_table(Arc::new(table))?
-                .execute_stream()
-                .await?;
             Ok::<_, datafusion::error::DataFusionError>(
                 stream
                     .map(move |b| {
