@@ -154,8 +154,9 @@ pub async fn run(
     );
     match (r.interval_s, r.runs_per_month, r.month) {
         (Some(s), Some(n), Some(m)) => println!(
-            "month         {} at one run every {s:.0} s ({}): {n:.0} runs",
+            "month         {} at one run every {} ({}): {n:.0} runs",
             dollars(m),
+            crate::text::duration_ms((s * 1000.0).round() as u64),
             r.interval_from
         ),
         _ => println!(
@@ -172,8 +173,8 @@ pub async fn run(
     );
     if let Some(k) = r.break_even_runs_per_hour {
         println!(
-            "break-even    {k:.0} runs an hour (one every {:.1} s): below that rate Sluice costs less",
-            3600.0 / k
+            "break-even    {k:.0} runs an hour (one every {}): below that rate Sluice costs less",
+            crate::text::duration_ms((3_600_000.0 / k).round() as u64)
         );
     }
     Ok(ExitCode::SUCCESS)

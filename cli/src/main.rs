@@ -6,6 +6,7 @@ mod bench_planning;
 mod bench_window;
 mod cost;
 mod progress;
+mod text;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -17,6 +18,7 @@ use sluice_engine::handlers::Context;
 use sluice_engine::pipeline::{Compression, Pipeline, SourceFormat};
 use sluice_engine::runner::{self, RunEnd};
 use sluice_engine::storage::{Location, S3Config};
+use text::{count, duration_ms, duration_s, noun};
 
 #[derive(Parser)]
 #[command(
@@ -177,7 +179,10 @@ enum Comp {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
@@ -224,6 +229,25 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// clap's own refusal of a command line (or its --help and --version):
+/// with `--json` anywhere on the line, the error object goes to stdout
+/// as every other error's does.
+fn usage_error(e: clap::Error) -> ExitCode {
+    let code = e.exit_code();
+    if code != 0 && std::env::args_os().any(|a| a == "--json") {
+        println!(
+            "{}",
+            serde_json::json!({"error": {
+                "class": null,
+                "message": e.to_string().trim().trim_start_matches("error: "),
+                "exit_code": exit::USAGE,
+            }})
+        );
+    }
+    let _ = e.print();
+    ExitCode::from(u8::try_from(code).unwrap_or(exit::USAGE))
 }
 
 /// A command line that is wrong in a way clap does not see (reset without
@@ -1004,41 +1028,6 @@ fn emit(json: bool, text: String, mut value: serde_json::Value) {
         );
     } else {
         println!("{text}");
-    }
-}
-
-/// `noun` for `n` of it: `file`, `files`; `batch`, `batches`.
-fn noun(n: u64, noun: &str) -> String {
-    if n == 1 {
-        noun.to_string()
-    } else if noun.ends_with("ch") || noun.ends_with('s') {
-        format!("{noun}es")
-    } else {
-        format!("{noun}s")
-    }
-}
-
-/// `1 file`, `2 files`.
-fn count(n: u64, what: &str) -> String {
-    format!("{n} {}", noun(n, what))
-}
-
-/// A duration for a person: `67 ms`, `4.2 s`, `34m 20s`, `2h 5m`.
-fn duration_ms(ms: u64) -> String {
-    match ms {
-        0..1_000 => format!("{ms} ms"),
-        1_000..60_000 => format!("{:.1} s", ms as f64 / 1000.0),
-        _ => duration_s(ms / 1000),
-    }
-}
-
-/// Whole seconds for a person: `45s`, `34m 20s`, `2h 5m`, `3d 4h`.
-fn duration_s(s: u64) -> String {
-    match s {
-        0..60 => format!("{s}s"),
-        60..3_600 => format!("{}m {}s", s / 60, s % 60),
-        3_600..86_400 => format!("{}h {}m", s / 3_600, s % 3_600 / 60),
-        _ => format!("{}d {}h", s / 86_400, s % 86_400 / 3_600),
     }
 }
 

@@ -132,11 +132,35 @@ pub async fn check(ctx: &Context) -> Result<CheckReport> {
                 .push(format!("source schema ({} columns)", schema.fields().len()));
             report.checked.push("query.sql against it".into());
         }
-        None => report.not_yet.push(format!(
-            "the source schema and the query: no input file under {} to infer the schema from, \
-             and no source.schema declared (declare it to check the query now)",
-            p.source.location.display()
-        )),
+        None => {
+            let waiting = format!(
+                "no input file under {} to infer the schema from, and no source.schema declared \
+                 (declare it to check everything now)",
+                p.source.location.display()
+            );
+            match crate::handlers::check_against_hints(ctx, control.as_ref()).await? {
+                crate::handlers::HintCheck::Planned(n) => {
+                    report.checked.push(format!(
+                        "query.sql against the {n} hinted column{} alone",
+                        if n == 1 { "" } else { "s" }
+                    ));
+                    report
+                        .not_yet
+                        .push(format!("the rest of the source schema: {waiting}"));
+                }
+                crate::handlers::HintCheck::Waits(missing) => {
+                    report.checked.push(
+                        "query.sql's syntax and tables (planned against the hinted columns \
+                         alone)"
+                            .into(),
+                    );
+                    report.not_yet.push(format!(
+                        "the source schema and the query's columns: {waiting}; query.sql names \
+                         a column no hint covers ({missing})"
+                    ));
+                }
+            }
+        }
     }
     crate::handlers::check_sink_ownership(ctx, control.as_ref()).await?;
     report.checked.push(format!(

@@ -13,11 +13,11 @@ use crate::support::*;
 
 /// The bad lines put into the second file: (text, what the reason names).
 const BAD: [(&[u8], &str); 5] = [
-    (b"x,2024-01-01T00:00:00,2024-01-01T00:08:00,4,0.33,1,N,257,165,4,7.83,1.0,0.5,0.0,0.0,1.0,10.33,0.0", "column VendorID: \"x\" is not Int64"),
+    (b"x,2024-01-01T00:00:00,2024-01-01T00:08:00,4,0.33,1,N,257,165,4,7.83,1.0,0.5,0.0,0.0,1.0,10.33,0.0", "column VendorID: \"x\" is not bigint"),
     (b"1,2024-01-01T00:00:00,2024-01-01T00:08:00,4", "4 fields, expected 18"),
     (b"1,2024-01-01T00:00:00,2024-01-01T00:08:00,4,0.33,1,N,257,165,4,7.83,1.0,0.5,0.0,0.0,1.0,10.33,0.0,9,9", "20 fields, expected 18"),
     (b"2,2024-01-01T00:00:00,2024-01-01T00:08:00,4,5.5,1,\xff\xfe,257,165,4,7.83,1.0,0.5,0.0,0.0,1.0,10.33,0.0", "invalid UTF-8"),
-    (b"2,2024-01-01T00:00:00,2024-01-01T00:08:00,4,abc,1,N,257,165,4,7.83,1.0,0.5,0.0,0.0,1.0,10.33,0.0", "column trip_distance: \"abc\" is not Float64"),
+    (b"2,2024-01-01T00:00:00,2024-01-01T00:08:00,4,abc,1,N,257,165,4,7.83,1.0,0.5,0.0,0.0,1.0,10.33,0.0", "column trip_distance: \"abc\" is not double"),
 ];
 
 /// Two taxi files of `rows` rows in `format` under `root/input`, and copies
@@ -142,6 +142,25 @@ async fn quarantine_keeps_every_good_row_and_names_every_bad_one() {
             "line {line}: want \"{want}\" in \"{reason}\""
         );
     }
+}
+
+/// Under `fail`, the error names the file's first bad line as an editor
+/// counts it (the header is line 1) and its column by name and SQL type.
+/// The reader's own error said "for column 0 at line 2": counted from the
+/// first row after the header, the column by position, Arrow's type.
+#[tokio::test(flavor = "multi_thread")]
+async fn fail_names_the_first_bad_line_as_an_editor_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (_, key, lines) = csv_with_bad_rows(root);
+    let p = pipeline(root, &toml("fail"));
+    let e = run(&local_context(&p)).await.unwrap_err().to_string();
+    let want = format!(
+        "input {key}: line {}: column VendorID: \"x\" is not bigint (the line: x,2024-01-01T00:00:00,",
+        lines[0]
+    );
+    assert!(e.contains(&want), "want {want:?} in {e:?}");
+    assert!(e.contains("fix or replace the file"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -271,6 +290,26 @@ async fn jsonl_bad_lines_are_quarantined_and_good_ones_kept() {
     assert_eq!(committed_rows(&sink, "jrows").await, expected);
     let got: Vec<u64> = quarantined_rows(&sink).iter().map(|r| r.1).collect();
     assert_eq!(got, [3, 6, last]);
+    // The reasons say the field and its SQL type, or where the line stops
+    // being JSON (Arrow's said "failed to parse "x" as Int64").
+    let reasons: Vec<String> = quarantined_rows(&sink).into_iter().map(|r| r.2).collect();
+    assert!(reasons[0].starts_with("not valid JSON: "), "{reasons:?}");
+    assert_eq!(reasons[1], "field VendorID: \"x\" is not bigint");
+    assert!(reasons[2].contains("at column"), "{reasons:?}");
+
+    // Under `fail`, the error names the first bad line and its reason.
+    let failing = pipeline_toml("jfail", "jsonl", "", "max_files_per_batch = 1")
+        .replace("out/sink", "out/jfail");
+    let e = run(&local_context(&pipeline(root, &failing)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(
+            "line 3: not valid JSON: expected ident at column 2 (the line: not json at all)"
+        ),
+        "{e}"
+    );
 }
 
 /// `corrupt_record = true` under `on_bad_row = "null"` (Spark's

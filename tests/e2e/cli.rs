@@ -478,6 +478,11 @@ fn cost_prices_the_recorded_usage() {
         table.contains("break-even") && table.contains("free tier not included"),
         "{table}"
     );
+    // Durations read as durations: "every 5m 0s", not "every 300 s".
+    assert!(
+        table.contains("at one run every 5m 0s (") && !table.contains("300 s"),
+        "{table}"
+    );
     // The first hour's case: runs made back to back were projected as
     // "one run every 0 s" ($22,304.68 a month). Too few runs, or runs back
     // to back, project nothing and say to pass --every.
@@ -657,6 +662,52 @@ fn check_says_what_it_checked_and_what_it_could_not_yet() {
     assert!(
         said.contains("not checked yet: the source schema and the query")
             && said.contains("declare it"),
+        "{said}"
+    );
+    // Hints that cover the query: planned at once, the join refused by
+    // `check` and by `run`, with nothing written.
+    let hinted = write(
+        "hinted.toml",
+        &base
+            .replace(SQL, "SELECT a.x FROM trips a JOIN trips b ON a.x = b.x")
+            .replace(
+                "table = \"trips\"",
+                "table = \"trips\"\nschema_hints = { x = \"bigint\" }",
+            )
+            .replace("out/sink", "out/hinted"),
+    );
+    for cmd in ["check", "run"] {
+        let out = sluice(&[cmd, &hinted]);
+        assert_eq!(out.status.code(), Some(4), "{cmd}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("joins"),
+            "{cmd}: {out:?}"
+        );
+    }
+    // A syntax error needs no column at all.
+    let typo = write(
+        "syntax.toml",
+        &base
+            .replace(SQL, "SELEC x FROM trips")
+            .replace("out/sink", "out/syntax"),
+    );
+    let out = sluice(&["check", &typo]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    // A hinted query that plans: checked, the rest of the schema waits.
+    let covered = write(
+        "covered.toml",
+        &base
+            .replace(SQL, "SELECT x + 1 AS y FROM trips WHERE x > 0")
+            .replace(
+                "table = \"trips\"",
+                "table = \"trips\"\nschema_hints = { x = \"bigint\" }",
+            )
+            .replace("out/sink", "out/covered"),
+    );
+    let said = stdout(&sluice(&["check", &covered]));
+    assert!(
+        said.contains("query.sql against the 1 hinted column alone")
+            && said.contains("not checked yet: the rest of the source schema"),
         "{said}"
     );
     let ran = stdout(&sluice(&["run", &join]));
@@ -839,4 +890,28 @@ fn every_command_prints_json_when_asked() {
             .contains("--yes"),
         "{error}"
     );
+    // clap's own refusals carry the error object too, wherever --json is.
+    let unknown = sluice(&["--json", "run", file, "--bogus"]);
+    assert_eq!(unknown.status.code(), Some(2));
+    let error: serde_json::Value = serde_json::from_slice(&unknown.stdout).unwrap();
+    assert_eq!(error["error"]["exit_code"], 2, "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("--bogus") && !message.contains('\u{1b}'),
+        "{error}"
+    );
+    let missing = sluice(&["show", "--json"]);
+    assert_eq!(missing.status.code(), Some(2));
+    let error: serde_json::Value = serde_json::from_slice(&missing.stdout).unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("<PIPELINE>"),
+        "{error}"
+    );
+    // --help is not an error: no object, exit code 0.
+    let help = sluice(&["run", "--help", "--json"]);
+    assert_eq!(help.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&help.stdout).contains("Usage"));
 }

@@ -501,6 +501,22 @@ fn a_bad_schema_hint_names_its_key() {
     assert!(e.contains("keep one"), "{e}");
     parse("schema = [{ name = \"a\", type = \"bigint\" }, { name = \"d\", type = \"decimal(10,2)\" }]")
         .unwrap();
+    // CSV holds text: a nested or binary type passed the pipeline file and
+    // then failed every read blaming the file. Refused here, naming the key.
+    let e = parse("schema_hints = { b = \"binary\" }").unwrap_err();
+    assert!(
+        e.contains("source.schema_hints.b = \"binary\"") && e.contains("use string"),
+        "{e}"
+    );
+    let e = parse("schema_hints = { s = \"struct<a: int>\" }").unwrap_err();
+    assert!(e.contains("cannot be read as struct<a: int>"), "{e}");
+    let e = parse(
+        "schema = [{ name = \"a\", type = \"bigint\" }, { name = \"l\", type = \"array<int>\" }]",
+    )
+    .unwrap_err();
+    assert!(e.contains("source.schema[1] (column l)"), "{e}");
+    parse("schema_hints = { t = \"timestamp\", d = \"date\", b = \"boolean\", x = \"time\" }")
+        .unwrap();
 }
 
 /// A user's sweep of schema hints: a hint on a CSV column no file has made

@@ -37,7 +37,7 @@ pub use payloads::{
     RunState, TaskAck, TaskList, TaskRequest,
 };
 pub use plan::plan;
-pub(crate) use schema::{arrow_of, in_force, resolve_schema};
+pub(crate) use schema::{HintCheck, arrow_of, check_against_hints, in_force, resolve_schema};
 
 use crate::error::{ErrorClass, Result};
 use commit::settle;

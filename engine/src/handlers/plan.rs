@@ -330,6 +330,9 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     };
     // Resolve the schema and check the SQL before writing anything.
     let Some((schema, recorded)) = checked_schema(ctx, control, &looked.listed).await? else {
+        // What can be checked without a file is: a query that cannot run
+        // whatever the columns (a join, a syntax error) is refused now.
+        super::check_against_hints(ctx, control).await?;
         return Ok(idle(
             "no input files yet, and no source.schema declared: the query is checked once the \
              first file arrives (declare source.schema to check it now; `sluice check` says \

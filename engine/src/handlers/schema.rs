@@ -573,3 +573,49 @@ mod tests {
         assert_eq!(csv_timestamps(text, false, b',', &found), ["a"]);
     }
 }
+
+/// What planning the query against the hinted columns alone found, before
+/// any file gave the schema.
+pub(crate) enum HintCheck {
+    /// It plans: the hints cover every column it names (this many hints).
+    Planned(usize),
+    /// It names a column no hint covers (the planner's first line): the
+    /// rest waits for the first file.
+    Waits(String),
+}
+
+/// With no file yet and no declared schema, plan the query against the
+/// hinted columns alone (none without hints): what does not depend on the
+/// columns still to come (its syntax, its tables and joins, the hinted
+/// columns' types) is refused now, as a run with files would refuse it.
+pub(crate) async fn check_against_hints(
+    ctx: &Context,
+    control: Option<&Control>,
+) -> Result<HintCheck> {
+    let p = &ctx.pipeline;
+    let hinted = Schema::new(
+        p.source
+            .hints()
+            .into_iter()
+            .map(|(name, t)| Field::new(name, t, true))
+            .collect::<Vec<_>>(),
+    );
+    let n = hinted.fields().len();
+    let reading = in_force(p, control, &hinted);
+    let reading = arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?;
+    match SqlOperator::new(p.clone(), reading).check().await {
+        Ok(_) => Ok(HintCheck::Planned(n)),
+        // DataFusion's "No field named", or Sluice's own "has no column"
+        // (a window's time column): only a column the schema lacks yet.
+        Err(e)
+            if ["No field named", "has no column"]
+                .iter()
+                .any(|m| e.to_string().contains(m)) =>
+        {
+            Ok(HintCheck::Waits(
+                e.to_string().lines().next().unwrap_or_default().to_string(),
+            ))
+        }
+        Err(e) => Err(e),
+    }
+}

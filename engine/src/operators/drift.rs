@@ -295,7 +295,15 @@ impl SqlOperator {
     }
 
     /// A file whose schema cannot be read at all.
-    pub(super) fn unreadable(&self, batch: u64, f: &InputFile, e: impl std::fmt::Display) -> Error {
+    /// (A CSV or JSON Lines file names its first bad line, counted as an
+    /// editor counts it.)
+    pub(super) async fn unreadable(
+        &self,
+        access: &ScanAccess,
+        batch: u64,
+        f: &InputFile,
+        e: impl std::fmt::Display,
+    ) -> Error {
         let e = e.to_string();
         let message = if e.to_lowercase().contains("precondition") {
             "replaced since the batch was planned (it no longer has the planned ETag), so it is \
@@ -303,10 +311,11 @@ impl SqlOperator {
              version"
                 .to_string()
         } else {
-            format!(
-                "{}; fix or replace the file (same key), then run again",
-                e.trim()
-            )
+            let why = match self.first_bad_row(access, f).await {
+                Some(line) => line,
+                None => e.trim().to_string(),
+            };
+            format!("{why}; fix or replace the file (same key), then run again")
         };
         Error::Input {
             pipeline: self.pipeline.name.clone(),

@@ -701,7 +701,7 @@ impl SqlOperator {
                     match self.salvage(access, f).await? {
                         Some(s) => salvaged.push(((*f).clone(), s)),
                         None if quarantine => set_aside(f, reason.clone()),
-                        None => return Err(self.unreadable(batch, f, reason)),
+                        None => return Err(self.unreadable(access, batch, f, reason).await),
                     }
                 }
                 for (f, found) in &checked.adapted {
@@ -835,6 +835,41 @@ impl SqlOperator {
                 std::io::Read::read_to_end(&mut r, &mut text).map_err(|e| e.to_string())
             });
         Ok(Some(decoded.map(|_| text)))
+    }
+
+    /// The first row of CSV or JSON Lines file `f` that does not read, as
+    /// a person finds it: `line 4: column id: "zz" is not bigint (raw:
+    /// zz,3)`, the line counted in the file as an editor counts it (the
+    /// reader's own error counts from the first row after the header and
+    /// names the column by position and Arrow type). `None` for Parquet,
+    /// or when reading row by row finds nothing wrong.
+    pub(super) async fn first_bad_row(&self, access: &ScanAccess, f: &InputFile) -> Option<String> {
+        let s = &self.pipeline.source;
+        let Ok(Some(Ok(text))) = self.read_text(access, f).await else {
+            return None;
+        };
+        let schema = Arc::new(self.file_schema());
+        let read = match s.format {
+            SourceFormat::Parquet => return None,
+            SourceFormat::Csv => salvage::csv(
+                &f.key,
+                &text,
+                &schema,
+                s.header,
+                s.delimiter,
+                BadRowPolicy::Quarantine,
+            ),
+            SourceFormat::Jsonl => salvage::jsonl(&f.key, &text, &schema, BadRowPolicy::Quarantine),
+        };
+        let bad = read.ok()?.bad.into_iter().next()?;
+        let mut raw = bad.raw;
+        if raw.chars().count() > 200 {
+            raw = raw.chars().take(200).collect::<String>() + "...";
+        }
+        Some(format!(
+            "line {}: {} (the line: {raw})",
+            bad.line, bad.reason
+        ))
     }
 
     /// Under `on_bad_row = "quarantine" | "null"`, read a CSV or JSON Lines
@@ -1026,7 +1061,7 @@ impl SqlOperator {
                     });
                     adapted.retain(|(a, _)| a.key != f.key);
                 }
-                Some((f, reason)) => return Err(self.unreadable(batch, &f, reason)),
+                Some((f, reason)) => return Err(self.unreadable(access, batch, &f, reason).await),
                 None => return Err(self.attribute(batch, task, None, e)),
             }
         }
@@ -1073,7 +1108,9 @@ impl SqlOperator {
                     ),
                     _ => format!(
                         "{}; fix or replace the file (same key), then run again",
-                        e.to_string().trim()
+                        self.first_bad_row(access, f)
+                            .await
+                            .unwrap_or_else(|| e.to_string().trim().to_string())
                     ),
                 };
                 return Some(Culprit {

@@ -13,9 +13,14 @@
 //! JSON line that does not parse at all has no fields to keep and is
 //! quarantined either way).
 
-use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, StringArray};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, BooleanArray, Decimal128Array, Decimal256Array, RecordBatch, StringArray,
+};
+use datafusion::arrow::compute::kernels::cast_utils::parse_decimal;
 use datafusion::arrow::compute::{CastOptions, cast_with_options, filter_record_batch};
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, Decimal128Type, Decimal256Type, SchemaRef};
 use datafusion::arrow::json::ReaderBuilder;
 
 use crate::pipeline::BadRowPolicy;
@@ -199,17 +204,45 @@ fn typed(
     for (c, values) in cols.iter().enumerate() {
         let field = schema.field(c);
         let text_col = StringArray::from(values.clone());
-        let typed = cast_with_options(&text_col, field.data_type(), &safe)
-            .map_err(|e| format!("column {}: {e}", field.name()))?;
+        let typed = match field.data_type() {
+            // As the CSV reader parses them (`1e2` is 100), not as a
+            // cast from text would (which refuses exponents).
+            DataType::Decimal128(p, sc) => {
+                let parsed: Decimal128Array = values
+                    .iter()
+                    .map(|v| {
+                        v.as_deref()
+                            .and_then(|v| parse_decimal::<Decimal128Type>(v, *p, *sc).ok())
+                    })
+                    .collect();
+                Arc::new(
+                    parsed
+                        .with_precision_and_scale(*p, *sc)
+                        .map_err(|e| format!("column {}: {e}", field.name()))?,
+                ) as ArrayRef
+            }
+            DataType::Decimal256(p, sc) => {
+                let parsed: Decimal256Array = values
+                    .iter()
+                    .map(|v| {
+                        v.as_deref()
+                            .and_then(|v| parse_decimal::<Decimal256Type>(v, *p, *sc).ok())
+                    })
+                    .collect();
+                Arc::new(
+                    parsed
+                        .with_precision_and_scale(*p, *sc)
+                        .map_err(|e| format!("column {}: {e}", field.name()))?,
+                ) as ArrayRef
+            }
+            other => cast_with_options(&text_col, other, &safe)
+                .map_err(|e| format!("column {}: {e}", field.name()))?,
+        };
         for (r, v) in values.iter().enumerate() {
             if let Some(v) = v
                 && typed.is_null(r)
             {
-                row_reasons[r].push(format!(
-                    "column {}: \"{v}\" is not {}",
-                    field.name(),
-                    field.data_type()
-                ));
+                row_reasons[r].push(not_of_type("column", field, v));
             }
         }
         arrays.push(typed);
@@ -282,17 +315,29 @@ pub(super) fn jsonl(
                     continue;
                 }
                 Ok(_) => "not one JSON object".to_string(),
-                Err(e) => e,
+                Err(e) => match serde_json::from_slice::<serde_json::Value>(raw_line) {
+                    Err(json) => not_json(&json),
+                    Ok(serde_json::Value::Object(_)) => e,
+                    Ok(_) => "not a JSON object".to_string(),
+                },
             },
         };
+        let fields = bad_fields(raw_line, schema, &decode);
         if policy == BadRowPolicy::Null
-            && let Some((b, n)) = nulled_fields(raw_line, schema, &decode)
+            && let Some((b, n)) = fields
+                .as_ref()
+                .and_then(|f| f.row.clone().map(|b| (b, f.bad.len())))
         {
-            nulled += n;
+            nulled += n as u64;
             good.push(b);
             corrupt.push(Some(raw));
             continue;
         }
+        // Say which fields, with the SQL type each is not.
+        let reason = match fields {
+            Some(f) if !f.bad.is_empty() => f.bad.join("; "),
+            _ => reason,
+        };
         bad.push(BadRow {
             key: key.to_string(),
             line,
@@ -313,33 +358,61 @@ pub(super) fn jsonl(
 /// Decodes one JSON line into a one-row batch.
 type Decode<'a> = dyn Fn(&[u8]) -> Result<Option<RecordBatch>, String> + 'a;
 
-/// A JSON line whose object parses, with each field that does not decode
-/// as its column's type made null: the row and how many fields were nulled.
-fn nulled_fields(raw: &[u8], schema: &SchemaRef, decode: &Decode) -> Option<(RecordBatch, u64)> {
+/// A JSON line whose object parses: each field that does not decode as
+/// its column's type (`field fare: "abc" is not decimal(10,2)`), and the
+/// row with those fields made null (if it then decodes).
+struct BadFields {
+    bad: Vec<String>,
+    row: Option<RecordBatch>,
+}
+
+fn bad_fields(raw: &[u8], schema: &SchemaRef, decode: &Decode) -> Option<BadFields> {
     let serde_json::Value::Object(mut map) = serde_json::from_slice(raw).ok()? else {
         return None;
     };
-    let mut n = 0;
+    let mut bad = Vec::new();
     for f in schema.fields() {
         let Some(v) = map.get(f.name()) else {
             continue;
         };
         let alone = serde_json::json!({ f.name(): v }).to_string();
         if decode(alone.as_bytes()).is_err() {
+            let written = match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            bad.push(not_of_type("field", f, &written));
             map.insert(f.name().clone(), serde_json::Value::Null);
-            n += 1;
         }
     }
     let fixed = serde_json::Value::Object(map).to_string();
-    let b = decode(fixed.as_bytes()).ok().flatten()?;
-    (b.num_rows() == 1).then_some((b, n))
+    let row = decode(fixed.as_bytes())
+        .ok()
+        .flatten()
+        .filter(|b| b.num_rows() == 1);
+    Some(BadFields { bad, row })
+}
+
+/// `column fare: "abc" is not decimal(10,2)`: the SQL type name, as
+/// `show` prints it.
+fn not_of_type(what: &str, field: &datafusion::arrow::datatypes::Field, value: &str) -> String {
+    let ty = crate::pipeline::types::type_name(field.data_type());
+    format!("{what} {}: \"{value}\" is not {ty}", field.name())
+}
+
+/// A line that is not JSON at all: serde's reason and the column.
+fn not_json(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let what = text
+        .rsplit_once(" at line ")
+        .map_or(text.as_str(), |(w, _)| w);
+    format!("not valid JSON: {what} at column {}", e.column())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
-    use std::sync::Arc;
+    use datafusion::arrow::datatypes::{Field, Schema};
 
     fn schema() -> SchemaRef {
         Arc::new(Schema::new(vec![
@@ -365,7 +438,7 @@ mod tests {
         let lines: Vec<u64> = s.bad.iter().map(|b| b.line).collect();
         assert_eq!(lines, [3, 4, 5, 6, 7]);
         assert!(
-            s.bad[0].reason.contains("column id: \"x\" is not Int64"),
+            s.bad[0].reason.contains("column id: \"x\" is not bigint"),
             "{:?}",
             s.bad[0]
         );
@@ -402,6 +475,14 @@ mod tests {
         let q = jsonl("k.jsonl", text, &schema(), BadRowPolicy::Quarantine).unwrap();
         assert_eq!(q.batch.num_rows(), 2);
         assert_eq!(q.bad.iter().map(|b| b.line).collect::<Vec<_>>(), [2, 3]);
+        // Reasons a person reads: the field and its SQL type (not Arrow's
+        // "Json error: whilst decoding field 'id': failed to parse "x" as
+        // Int64"), and where a line stops being JSON.
+        assert_eq!(q.bad[0].reason, "field id: \"x\" is not bigint");
+        assert_eq!(
+            q.bad[1].reason,
+            "not valid JSON: expected ident at column 2"
+        );
         let n = jsonl("k.jsonl", text, &schema(), BadRowPolicy::Null).unwrap();
         assert_eq!(n.batch.num_rows(), 3);
         assert_eq!(n.bad.iter().map(|b| b.line).collect::<Vec<_>>(), [3]);
@@ -413,6 +494,38 @@ mod tests {
                 Some("{\"id\":\"x\",\"name\":\"b\"}".to_string()),
                 None
             ]
+        );
+    }
+
+    /// The row-by-row read types values as the file reader does: a CSV
+    /// decimal with an exponent (`1e2`) is 100.00 there (as in DuckDB), so
+    /// it is here too, not a bad row; one too wide for its precision is
+    /// bad, named with the SQL type.
+    #[test]
+    fn csv_decimals_read_as_the_reader_reads_them() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("fare", DataType::Decimal128(10, 2), true),
+        ]));
+        let text = b"id,fare\n1,1e2\n2,1.5E-1\n3,12345678901.5\n4,-2.50\n";
+        let s = csv("k.csv", text, &schema, true, b',', BadRowPolicy::Quarantine).unwrap();
+        let fares = s
+            .batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<Decimal128Array>()
+            .unwrap();
+        assert_eq!(
+            (0..fares.len())
+                .map(|i| fares.value_as_string(i))
+                .collect::<Vec<_>>(),
+            ["100.00", "0.15", "-2.50"]
+        );
+        assert_eq!(s.bad.len(), 1);
+        assert_eq!(s.bad[0].line, 4);
+        assert_eq!(
+            s.bad[0].reason,
+            "column fare: \"12345678901.5\" is not decimal(10,2)"
         );
     }
 }

@@ -407,7 +407,7 @@ impl SqlOperator {
         let scan = self.scan_session(&access);
         let checked = self.check_drift(&scan, &access, batch, &refs).await?;
         if let Some((f, reason)) = checked.unreadable.first() {
-            return Err(self.unreadable(batch, f, reason));
+            return Err(self.unreadable(&access, batch, f, reason).await);
         }
         if let Some((f, _)) = checked.adapted.first() {
             return Err(crate::error::Error::Input {

@@ -346,6 +346,19 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
                 f.name()
             ));
         }
+        if src.format == SourceFormat::Csv
+            && let Some((i, f)) = declared
+                .fields()
+                .iter()
+                .enumerate()
+                .find(|(_, f)| !super::types::csv_readable(f.data_type()))
+        {
+            return Err(format!(
+                "source.schema[{i}] (column {}): {}",
+                f.name(),
+                super::types::not_csv_readable(f.data_type())
+            ));
+        }
         if let Some(c) = cols
             .iter()
             .find(|c| super::DERIVED.contains(&c.name.as_str()))
@@ -373,6 +386,12 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
             return Err(format!(
                 "source.schema_hints.{name}: type null holds no value; hint the column's type \
                  (string for text)"
+            ));
+        }
+        if src.format == SourceFormat::Csv && !super::types::csv_readable(&parsed) {
+            return Err(format!(
+                "source.schema_hints.{name} = \"{t}\": {}",
+                super::types::not_csv_readable(&parsed)
             ));
         }
         if super::DERIVED.contains(&name.as_str()) {
