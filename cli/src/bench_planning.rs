@@ -17,7 +17,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use clap::Args;
 use sluice_engine::checkpoint::{
-    Control, FORMAT_VERSION, Index, KeyClaim, PipelineRecord, RunStatus,
+    Control, FORMAT_VERSION, Index, IndexKeep, KeyClaim, PipelineRecord, RunStatus,
 };
 use sluice_engine::handlers::{self, Context, PlanOutcome, RunState};
 use sluice_engine::paths::checkpoint as ck;
@@ -119,7 +119,12 @@ async fn build(mode: DiscoveryMode, history: u64, new: u64, warm: bool) -> anyho
     );
     match mode {
         DiscoveryMode::List | DiscoveryMode::Ordered => {
-            let index = Index::default().apply(control.epoch, &processed, mode, p.source.lookback);
+            let keep = if mode == DiscoveryMode::Ordered {
+                IndexKeep::Recent(p.source.lookback)
+            } else {
+                IndexKeep::Every
+            };
+            let index = Index::default().apply(control.epoch, &processed, keep);
             control.listing = index.listing();
             ctx.checkpoint.swap_index(0, &index, None).await?;
         }

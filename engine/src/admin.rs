@@ -9,10 +9,10 @@ use crate::discovery;
 use crate::error::{Error, Result};
 use crate::handlers::{Context, resolve_schema, swap_control, update_control};
 use crate::operators::SqlOperator;
+use crate::pipeline::ColumnSpec;
 use crate::pipeline::schema::columns_of;
-use crate::pipeline::{ColumnSpec, DiscoveryMode};
+use crate::storage::PutMode;
 use crate::storage::fanout::delete_all;
-use crate::storage::{ObjectMeta, PutMode};
 
 /// Register the pipeline: resolve its source schema (declared, pinned, or
 /// inferred from the first input file), check its SQL against it, and write
@@ -306,42 +306,9 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         Some(n) => ctx.checkpoint.commit(n).await?,
         None => None,
     };
-    let mut skipped = Vec::new();
-    let waiting: Vec<ObjectMeta> = if ctx.pipeline.source.discovery == DiscoveryMode::Manifests {
-        // The files of the source sink's manifests after the cursor.
-        let (index, _) = ctx.checkpoint.index_of(control.as_ref()).await?;
-        discovery::read_upstream(
-            ctx.source.as_ref(),
-            &ctx.pipeline.name,
-            index.start_after.as_deref(),
-        )
-        .await?
-        .listed()
-    } else if ctx.pipeline.source.discovery == DiscoveryMode::Notify {
-        // Notified files; duplicates of committed keys are counted too.
-        discovery::inbox_files(&discovery::read_inbox(ctx.checkpoint.store().as_ref()).await?)
-    } else {
-        let (index, _) = ctx.checkpoint.index_of(control.as_ref()).await?;
-        let (listed, unreadable) = discovery::list_readable(
-            ctx.source.as_ref(),
-            &ctx.pipeline.source,
-            index.start_after.as_deref(),
-        )
+    let (waiting, skipped) = discovery::Source::of(&ctx.pipeline)
+        .waiting(ctx, control.as_ref())
         .await?;
-        skipped = unreadable;
-        let unnamed = ctx.source.unnamed().await?;
-        skipped.extend(
-            unnamed
-                .into_iter()
-                .filter(|n| ctx.pipeline.source.is_input(n))
-                .map(|n| format!("{n:?}")),
-        );
-        let fresh = discovery::new_inputs(&listed, &index, ctx.pipeline.source.discovery);
-        fresh
-            .into_iter()
-            .map(crate::checkpoint::InputFile::into_meta)
-            .collect()
-    };
     let schema = match ctx.checkpoint.pipeline_record().await? {
         Some(r) => Some(r.schema),
         None => ctx.pipeline.source.schema.clone(),

@@ -23,8 +23,8 @@ mod records;
 
 pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};
 pub use records::{
-    Commit, Control, Durations, FORMAT_VERSION, FunctionUsage, Index, InputFile, KeyClaim,
-    ListingState, Manifest, Offsets, OutputFile, PipelineRecord, Quarantined, RunStatus,
+    Commit, Control, Durations, FORMAT_VERSION, FunctionUsage, Index, IndexKeep, InputFile,
+    KeyClaim, ListingState, Manifest, Offsets, OutputFile, PipelineRecord, Quarantined, RunStatus,
     SchemaVersion, SinkOwner, SourceCursor, StatefulState, TaskPlan, Totals, Usage,
 };
 

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::pipeline::{ColumnSpec, DiscoveryMode, Pipeline};
+use crate::pipeline::{ColumnSpec, Pipeline};
 use crate::storage::RequestCounts;
 
 /// Version of the checkpoint format this build writes and reads.
@@ -620,6 +620,20 @@ pub struct Manifest {
     pub complete: bool,
 }
 
+/// What an [`Index`] keeps of the keys its batches processed (the source
+/// kind decides: `discovery::Source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexKeep {
+    /// Every key (`list`).
+    Every,
+    /// The most recent this many; the largest evicted is the cursor
+    /// (`ordered`).
+    Recent(u64),
+    /// Only the last key, as the cursor (`manifests`: the last manifest
+    /// read).
+    Last,
+}
+
 /// `index/processed.json`: processed input keys. In `list` mode all of them;
 /// in `ordered` mode the most recent `lookback`, with the largest key evicted
 /// from the window as the cursor later listings start after.
@@ -638,17 +652,11 @@ pub struct Index {
 impl Index {
     /// The index after batch `batch` processed `new_keys`. Idempotent: an
     /// index already through `batch` is returned unchanged.
-    pub fn apply(
-        &self,
-        batch: u64,
-        new_keys: &[String],
-        mode: DiscoveryMode,
-        lookback: u64,
-    ) -> Index {
+    pub fn apply(&self, batch: u64, new_keys: &[String], keep: IndexKeep) -> Index {
         if self.through_batch.is_some_and(|t| t >= batch) {
             return self.clone();
         }
-        if mode == DiscoveryMode::Manifests {
+        if keep == IndexKeep::Last {
             // The keys are the manifests read: only the last one is kept.
             return Index {
                 format_version: FORMAT_VERSION,
@@ -662,7 +670,9 @@ impl Index {
         keys.sort();
         keys.dedup();
         let mut start_after = self.start_after.clone();
-        if mode == DiscoveryMode::Ordered && keys.len() as u64 > lookback {
+        if let IndexKeep::Recent(lookback) = keep
+            && keys.len() as u64 > lookback
+        {
             let evict = keys.len() - lookback as usize;
             let evicted = keys.drain(..evict).next_back();
             if evicted.as_ref() > start_after.as_ref() {
@@ -713,23 +723,23 @@ mod tests {
 
     #[test]
     fn index_list_mode_keeps_everything_and_is_idempotent() {
-        let i = Index::default().apply(0, &keys(&["b", "a"]), DiscoveryMode::List, 1);
+        let i = Index::default().apply(0, &keys(&["b", "a"]), IndexKeep::Every);
         assert_eq!(i.keys, keys(&["a", "b"]));
-        let j = i.apply(1, &keys(&["c"]), DiscoveryMode::List, 1);
+        let j = i.apply(1, &keys(&["c"]), IndexKeep::Every);
         assert_eq!(j.keys, keys(&["a", "b", "c"]));
-        assert_eq!(j.apply(1, &keys(&["z"]), DiscoveryMode::List, 1), j);
+        assert_eq!(j.apply(1, &keys(&["z"]), IndexKeep::Every), j);
         assert_eq!(j.start_after, None);
     }
 
     #[test]
     fn index_ordered_mode_keeps_a_window() {
-        let i = Index::default().apply(0, &keys(&["a", "b", "c"]), DiscoveryMode::Ordered, 2);
+        let i = Index::default().apply(0, &keys(&["a", "b", "c"]), IndexKeep::Recent(2));
         assert_eq!(i.keys, keys(&["b", "c"]));
         assert_eq!(i.start_after.as_deref(), Some("a"));
-        let j = i.apply(1, &keys(&["d", "e"]), DiscoveryMode::Ordered, 2);
+        let j = i.apply(1, &keys(&["d", "e"]), IndexKeep::Recent(2));
         assert_eq!(j.keys, keys(&["d", "e"]));
         assert_eq!(j.start_after.as_deref(), Some("c"));
-        let z = Index::default().apply(0, &keys(&["a"]), DiscoveryMode::Ordered, 0);
+        let z = Index::default().apply(0, &keys(&["a"]), IndexKeep::Recent(0));
         assert!(z.keys.is_empty());
         assert_eq!(z.start_after.as_deref(), Some("a"));
     }

@@ -16,15 +16,20 @@
 //!
 //! `manifests` mode reads another Sluice pipeline's sink through its
 //! manifests, with the manifest number as the offset.
+//!
+//! [`Source`] is the seam: the steps ask it, and only it (and the pipeline
+//! file's parser) knows the kinds.
 
 mod listing;
 mod manifests;
 mod notify;
+mod source;
 
 pub(crate) use listing::{list_inputs, list_readable, listing_state, new_inputs};
 pub(crate) use manifests::{Upstream, check_history, read_upstream};
 pub use notify::{ClaimStep, InboxEntry, decide_key_claim, read_inbox, record_notified};
 pub(crate) use notify::{claim_key, inbox_files, reconcile_due, settle_claims, unnotified};
+pub(crate) use source::{Freshness, Look, Seen, Source};
 
 #[cfg(test)]
 mod tests {

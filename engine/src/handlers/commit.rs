@@ -10,7 +10,6 @@ use crate::discovery;
 use crate::error::{Error, ErrorClass, Result};
 use crate::operators::TaskResult;
 use crate::paths;
-use crate::pipeline::DiscoveryMode;
 use crate::storage::RequestCounts;
 
 /// Commit step: collect the task results, check the outputs, stage the
@@ -445,33 +444,9 @@ pub(super) async fn finish_commit(
         .filter(|k| paths::epoch_of(k).is_none_or(|e| e <= run.epoch))
         .collect();
     crate::storage::fanout::delete_all(work, done).await?;
-    let first = control.first_batch;
-    let listing = if p.source.discovery == DiscoveryMode::Notify {
-        discovery::settle_claims(ctx.checkpoint.store(), first, record).await?;
-        None
-    } else {
-        let (index, etag) = ctx.checkpoint.index_of(Some(control)).await?;
-        // `manifests` mode's offset is the last source manifest read.
-        let keys = match &record.source {
-            Some(cursor) => std::slice::from_ref(&cursor.manifest),
-            None => record.input_keys.as_slice(),
-        };
-        let next = index.apply(record.batch, keys, p.source.discovery, p.source.lookback);
-        if next != index
-            && !ctx
-                .checkpoint
-                .swap_index(first, &next, etag.as_deref())
-                .await?
-        {
-            return Err(ctx.conflict(format!(
-                "{} changed while this run advanced it past batch {}: another run holds the \
-                 lease; this run stops without writing",
-                paths::checkpoint::index(first),
-                record.batch
-            )));
-        }
-        Some(next.listing())
-    };
+    let listing = discovery::Source::of(p)
+        .settle(ctx, control, record)
+        .await?;
     // What goes once control names this batch: records below the
     // retention floor, and state files the batch's state no longer names.
     // Listed now so the control write can count their deletes.

@@ -3,8 +3,6 @@
 //! the run looks) and write the plans of all its batches, create-only,
 //! before any output exists.
 
-use std::collections::HashMap;
-
 use datafusion::arrow::datatypes::SchemaRef;
 
 use super::commit::{Charge, finish_commit};
@@ -16,16 +14,12 @@ use super::ownership::{self, SinkCheck};
 use super::payloads::{BatchRef, PlanOutcome, RunState, TaskList};
 use super::schema::{evolve, in_force, resolve_schema};
 use crate::checkpoint::owner::Owner;
-use crate::checkpoint::{
-    self, Claim, Control, Index, InputFile, Offsets, PipelineRecord, RunStatus,
-};
-use crate::discovery::{self, InboxEntry};
+use crate::checkpoint::{self, Claim, Control, Offsets, PipelineRecord, RunStatus};
+use crate::discovery::{Look, Seen, Source};
 use crate::error::{Error, Result};
 use crate::operators::SqlOperator;
-use crate::pipeline::DiscoveryMode;
 use crate::pipeline::schema::columns_of;
 use crate::planning;
-use crate::storage::fanout::{concurrently, delete_all};
 use crate::storage::{ObjectMeta, PutMode, RequestCounts};
 
 /// Plan step. Without a run: check for new input cheaply (one control read
@@ -321,7 +315,15 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         Ok(take) => take,
         Err(outcome) => return Ok(*outcome),
     };
-    let looked = match look(ctx, control).await? {
+    let source = Source::of(p);
+    // (Files `sluice retry-quarantined` asked for are work too.)
+    let settled = control.is_some_and(|c| {
+        c.status == RunStatus::Idle
+            && c.spec_hash == p.spec_hash()
+            && c.retry.is_empty()
+            && !closing_owed(p, c, ctx.now())
+    });
+    let looked = match source.look(ctx, control, settled).await? {
         Look::Idle => {
             ctx.metric(|| crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None));
             return Ok(idle("no new data"));
@@ -347,18 +349,13 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     // Without a dead run to recover, look for new input before writing
     // anything: processed files deleted from the source, or a changed spec,
     // change the listing without making work. (Notify mode looked above.)
-    let mut index = None;
     // Work without new input: files asked for again, or a batch that
     // closes windows (a stateful query's watermark moved).
     let owed = control.is_some_and(|c| !c.retry.is_empty() || closing_owed(p, c, ctx.now()));
-    if !recover && looked.inbox.is_none() {
-        let (i, _) = ctx.checkpoint.index_of(control).await?;
-        if !owed && discovery::new_inputs(&looked.listed, &i, p.source.discovery).is_empty() {
-            ctx.metric(|| crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None));
-            return Ok(idle("no new data"));
-        }
-        index = Some(i);
-    }
+    let Some(seen) = source.pending(ctx, control, looked, recover, owed).await? else {
+        ctx.metric(|| crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None));
+        return Ok(idle("no new data"));
+    };
     // Before anything is written: is the sink this checkpoint's?
     let sink = ownership::check_sink(ctx, control).await?;
     let next = checkpoint::claimed(control, epoch, &ctx.owner, now, "");
@@ -406,14 +403,6 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         owned_control(ctx, epoch).await?.0
     } else {
         next
-    };
-    let seen = match (index, looked.inbox, looked.upstream) {
-        (Some(_), _, Some(upstream)) => Seen::Manifests(upstream),
-        (Some(i), _, None) => Seen::Listing(i, looked.listed),
-        (None, Some(entries), _) => {
-            Seen::Inbox(entries, looked.listed_source.then_some(looked.listed))
-        }
-        (None, None, _) => Seen::Nothing,
     };
     discover_and_plan(ctx, run, &control, seen, clock).await
 }
@@ -500,103 +489,6 @@ fn may_claim(
             heartbeat_age_s: heartbeat_age_ms / 1000,
         })),
     }
-}
-
-/// What a run's first look at its input found.
-enum Look {
-    /// Nothing new, for sure: no write is needed.
-    Idle,
-    /// Maybe something.
-    Maybe(Looked),
-}
-
-/// What the first look read, handed on so discovery need not read it again.
-struct Looked {
-    /// Input files (`list`/`ordered`: after the cursor; `notify`: the
-    /// notified files, or the whole source when reconciling).
-    listed: Vec<ObjectMeta>,
-    /// `notify`: the inbox.
-    inbox: Option<Vec<InboxEntry>>,
-    /// `notify`: `listed` is a listing of the source (a reconciliation).
-    listed_source: bool,
-    /// `manifests`: the source sink's manifests after the cursor (`listed`
-    /// holds their files).
-    upstream: Option<discovery::Upstream>,
-}
-
-/// The idle check: an idle pipeline with the registered spec and a listing
-/// equal to the processed one (notify: an empty inbox, and no
-/// reconciliation due) has nothing to do: one read and one listing.
-async fn look(ctx: &Context, control: Option<&Control>) -> Result<Look> {
-    let p = &ctx.pipeline;
-    // (Files `sluice retry-quarantined` asked for are work too.)
-    let settled = control.is_some_and(|c| {
-        c.status == RunStatus::Idle
-            && c.spec_hash == p.spec_hash()
-            && c.retry.is_empty()
-            && !closing_owed(p, c, ctx.now())
-    });
-    if p.source.discovery == DiscoveryMode::Notify {
-        let entries = discovery::read_inbox(ctx.checkpoint.store().as_ref()).await?;
-        let epoch = control.map_or(1, |c| c.epoch + 1);
-        let due =
-            ctx.reconcile || discovery::reconcile_due(control, epoch, p.source.reconcile_every);
-        if settled && entries.is_empty() && !due {
-            return Ok(Look::Idle);
-        }
-        // The schema is inferred from a notified file, or any file when
-        // this run lists the source anyway.
-        let listed = if due {
-            discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?
-        } else {
-            discovery::inbox_files(&entries)
-        };
-        return Ok(Look::Maybe(Looked {
-            listed,
-            inbox: Some(entries),
-            listed_source: due,
-            upstream: None,
-        }));
-    }
-    if p.source.discovery == DiscoveryMode::Manifests {
-        let upstream =
-            read_upstream(ctx, control.and_then(|c| c.listing.start_after.as_deref())).await?;
-        discovery::check_history(
-            &p.name,
-            control.and_then(|c| c.source_history.as_deref()),
-            &upstream,
-        )?;
-        let listed = upstream.listed();
-        if settled && listed.is_empty() {
-            return Ok(Look::Idle);
-        }
-        return Ok(Look::Maybe(Looked {
-            listed,
-            inbox: None,
-            listed_source: false,
-            upstream: Some(upstream),
-        }));
-    }
-    let start_after = control.and_then(|c| c.listing.start_after.clone());
-    let listed =
-        discovery::list_inputs(ctx.source.as_ref(), &p.source, start_after.as_deref()).await?;
-    if let Some(c) = control
-        && settled
-        && discovery::listing_state(start_after, &listed) == c.listing
-    {
-        return Ok(Look::Idle);
-    }
-    Ok(Look::Maybe(Looked {
-        listed,
-        inbox: None,
-        listed_source: false,
-        upstream: None,
-    }))
-}
-
-/// `manifests` mode: the source sink's manifests after `start_after`.
-async fn read_upstream(ctx: &Context, start_after: Option<&str>) -> Result<discovery::Upstream> {
-    discovery::read_upstream(ctx.source.as_ref(), &ctx.pipeline.name, start_after).await
 }
 
 /// Whether `pipeline.json` holds the spec a run plans under.
@@ -687,280 +579,6 @@ async fn resume_planned(
     Ok(off)
 }
 
-/// What a run already read before it discovers.
-enum Seen {
-    /// Nothing: discovery reads what it needs.
-    Nothing,
-    /// `list`/`ordered`: the index and the source listing after its cursor.
-    Listing(Index, Vec<ObjectMeta>),
-    /// `notify`: the inbox, and the source listing if one was made (a
-    /// reconciliation uses it instead of listing again).
-    Inbox(Vec<InboxEntry>, Option<Vec<ObjectMeta>>),
-    /// `manifests`: the source sink's manifests after the cursor.
-    Manifests(discovery::Upstream),
-}
-
-/// New input, in processing order, and (notify) the inbox entries of each
-/// of its keys.
-struct Fresh {
-    inputs: Vec<InputFile>,
-    entries: HashMap<String, Vec<String>>,
-    /// Notify mode: more entries wait than one discovery takes.
-    more: bool,
-    /// `manifests` mode: what the inputs came from.
-    upstream: Option<discovery::Upstream>,
-}
-
-/// Find the input no batch has taken. `list`/`ordered`: diff a listing
-/// against the index. `notify`: the inbox, after a reconciliation listing
-/// when one is due (`reconcile` allows it in this discovery), each key
-/// claimed for this run.
-async fn find_new(
-    ctx: &Context,
-    run: &RunState,
-    control: &Control,
-    seen: Seen,
-    reconcile: bool,
-) -> Result<Fresh> {
-    let mut found = find_new_input(ctx, run, control, seen, reconcile).await?;
-    // Files `sluice retry-quarantined` asked for come first.
-    let retry = retry_inputs(ctx, run, control, &found.inputs).await?;
-    if !retry.is_empty() {
-        found.inputs.splice(0..0, retry);
-    }
-    Ok(found)
-}
-
-/// The input files named by `control.retry` (`sluice retry-quarantined`)
-/// that `fresh` does not hold, as they are now (one listing each); a key
-/// gone from the source is dropped from the request with a warning.
-async fn retry_inputs(
-    ctx: &Context,
-    run: &RunState,
-    control: &Control,
-    fresh: &[InputFile],
-) -> Result<Vec<InputFile>> {
-    let mut out = Vec::new();
-    let mut gone = Vec::new();
-    for key in &control.retry {
-        if fresh.iter().any(|f| &f.key == key) {
-            continue;
-        }
-        let found = ctx.source.list(key, None).await?;
-        match found.into_iter().find(|m| &m.key == key) {
-            Some(m) => out.push(InputFile {
-                key: m.key,
-                size: m.size,
-                etag: m.etag,
-                modified_ms: m.last_modified.map(|t| t.timestamp_millis()),
-            }),
-            None => {
-                tracing::warn!(pipeline = %ctx.pipeline.name, %key, "a file asked for again is gone from the source; dropped");
-                gone.push(key.clone());
-            }
-        }
-    }
-    if !gone.is_empty() {
-        update_control(ctx, run.epoch, &|c| c.retry.retain(|k| !gone.contains(k))).await?;
-    }
-    Ok(out)
-}
-
-/// [`find_new`] without the files asked for again.
-async fn find_new_input(
-    ctx: &Context,
-    run: &RunState,
-    control: &Control,
-    seen: Seen,
-    reconcile: bool,
-) -> Result<Fresh> {
-    let p = &ctx.pipeline;
-    if p.source.discovery == DiscoveryMode::Manifests {
-        let upstream = match seen {
-            Seen::Manifests(u) => u,
-            _ => {
-                let (index, _) = ctx.checkpoint.index_of(Some(control)).await?;
-                let upstream = read_upstream(ctx, index.start_after.as_deref()).await?;
-                discovery::check_history(&p.name, control.source_history.as_deref(), &upstream)?;
-                upstream
-            }
-        };
-        return Ok(Fresh {
-            inputs: upstream.inputs(),
-            entries: Default::default(),
-            more: false,
-            upstream: Some(upstream),
-        });
-    }
-    if p.source.discovery != DiscoveryMode::Notify {
-        return listed_new(ctx, control, seen).await;
-    }
-    let store = ctx.checkpoint.store().as_ref();
-    let (mut entries, source) = match seen {
-        Seen::Inbox(e, source) => (e, source),
-        _ => (discovery::read_inbox(store).await?, None),
-    };
-    let asked = ctx.reconcile && control.reconciled_epoch != Some(run.epoch);
-    if reconcile
-        && (asked || discovery::reconcile_due(Some(control), run.epoch, p.source.reconcile_every))
-    {
-        entries.extend(reconcile_inbox(ctx, run, control.first_batch, &entries, source).await?);
-    }
-    // One discovery claims at most what one execution commits: a backlog
-    // (an outage, a long pause) is taken in slices, not claimed all at once
-    // inside one Plan step.
-    let mut files = discovery::inbox_files(&entries);
-    let cap = p
-        .limits
-        .max_files_per_batch
-        .saturating_mul(p.limits.max_batches_per_execution) as usize;
-    let more = files.len() > cap;
-    files.truncate(cap);
-    let mut by_key: HashMap<String, Vec<String>> = Default::default();
-    for e in entries {
-        by_key.entry(e.key).or_default().push(e.entry);
-    }
-    let (inputs, duplicates) =
-        claim_files(ctx, control.first_batch, run.epoch, files, &mut by_key).await?;
-    if !duplicates.is_empty() {
-        tracing::info!(pipeline = %p.name, entries = duplicates.len(), "notifications of keys already committed; consumed without processing");
-        delete_all(ctx.checkpoint.store(), duplicates).await?;
-    }
-    Ok(Fresh {
-        inputs,
-        entries: by_key,
-        more,
-        upstream: None,
-    })
-}
-
-/// List and index modes: the listed files the index has not seen (`seen`
-/// may already hold the run's listing).
-async fn listed_new(ctx: &Context, control: &Control, seen: Seen) -> Result<Fresh> {
-    let p = &ctx.pipeline;
-    let (index, listed) = match seen {
-        Seen::Listing(i, l) => (i, l),
-        _ => {
-            let (index, _) = ctx.checkpoint.index_of(Some(control)).await?;
-            let listed = discovery::list_inputs(
-                ctx.source.as_ref(),
-                &p.source,
-                index.start_after.as_deref(),
-            )
-            .await?;
-            (index, listed)
-        }
-    };
-    Ok(Fresh {
-        inputs: discovery::new_inputs(&listed, &index, p.source.discovery),
-        entries: Default::default(),
-        more: false,
-        upstream: None,
-    })
-}
-
-/// Claims each inbox file for this run's epoch. Returns the files claimed
-/// (the run's inputs) and the inbox entries of keys claimed before (already
-/// committed: their entries are consumed, the files not processed again);
-/// those keys leave `by_key`.
-async fn claim_files(
-    ctx: &Context,
-    first: u64,
-    epoch: u64,
-    files: Vec<ObjectMeta>,
-    by_key: &mut HashMap<String, Vec<String>>,
-) -> Result<(Vec<InputFile>, Vec<String>)> {
-    let p = &ctx.pipeline;
-    let claimed = concurrently(files.iter().map(|f| f.key.clone()).collect(), |k| {
-        let store = ctx.checkpoint.store().clone();
-        let pipeline = p.name.clone();
-        async move { discovery::claim_key(&store, &pipeline, first, &k, epoch).await }
-    })
-    .await?;
-    let mut inputs = Vec::new();
-    let mut duplicates = Vec::new();
-    for (f, fresh) in files.into_iter().zip(claimed) {
-        if fresh {
-            inputs.push(InputFile {
-                key: f.key,
-                size: f.size,
-                etag: None,
-                modified_ms: None,
-            });
-        } else {
-            duplicates.extend(by_key.remove(&f.key).unwrap_or_default());
-        }
-    }
-    Ok((inputs, duplicates))
-}
-
-/// Notify mode's reconciliation: list the source (unless `source` is that
-/// listing already) and the claims, record the source files that have
-/// neither a claim nor an inbox entry as inbox entries (so a crash after
-/// this loses nothing), note the epoch in control, and return the new
-/// entries.
-async fn reconcile_inbox(
-    ctx: &Context,
-    run: &RunState,
-    first: u64,
-    inbox: &[InboxEntry],
-    source: Option<Vec<ObjectMeta>>,
-) -> Result<Vec<InboxEntry>> {
-    let p = &ctx.pipeline;
-    let store = ctx.checkpoint.store().as_ref();
-    let source = match source {
-        Some(s) => s,
-        None => discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?,
-    };
-    let claims = store
-        .list(&crate::paths::checkpoint::claims_prefix(first), None)
-        .await?;
-    let lost = discovery::unnotified(&source, &claims, inbox, first);
-    let objects: Vec<(String, u64)> = lost.iter().map(|m| (m.key.clone(), m.size)).collect();
-    discovery::record_notified(ctx.checkpoint.store(), objects).await?;
-    let epoch = run.epoch;
-    update_control(ctx, epoch, &|c| c.reconciled_epoch = Some(epoch)).await?;
-    tracing::info!(pipeline = %p.name, source_files = source.len(), claims = claims.len(), unnotified = lost.len(), "reconciled the inbox with a source listing");
-    Ok(lost
-        .into_iter()
-        .map(|m| InboxEntry {
-            entry: crate::paths::checkpoint::inbox_entry(&m.key, m.size),
-            key: m.key,
-            size: m.size,
-            arrived: m.last_modified,
-        })
-        .collect())
-}
-
-/// The new input in batches within the limits: whole upstream manifests
-/// (each batch with its cursor) in `manifests` mode, files otherwise.
-fn split_batches(
-    fresh: &[InputFile],
-    upstream: Option<&discovery::Upstream>,
-    limits: &crate::pipeline::Limits,
-) -> Vec<(Vec<InputFile>, Option<checkpoint::SourceCursor>)> {
-    match upstream {
-        Some(u) => {
-            let manifests: Vec<(String, Vec<InputFile>)> = u
-                .manifests
-                .iter()
-                .map(|m| (m.key.clone(), m.files.clone()))
-                .collect();
-            planning::split_manifests(&manifests, limits)
-                .into_iter()
-                .map(|(inputs, manifest)| {
-                    let history = u.history.clone();
-                    (inputs, Some(checkpoint::SourceCursor { manifest, history }))
-                })
-                .collect()
-        }
-        None => planning::split_batches(fresh, limits)
-            .into_iter()
-            .map(|b| (b, None))
-            .collect(),
-    }
-}
-
 /// Discover new input (AvailableNow: what is there now) and write the plans
 /// of all its batches, create-only, before any output exists.
 async fn discover_and_plan(
@@ -971,33 +589,15 @@ async fn discover_and_plan(
     clock: &PlanClock,
 ) -> Result<PlanOutcome> {
     let p = &ctx.pipeline;
-    // Notify mode keeps no index to check control against (list, ordered
-    // and manifests discovery check it when they read theirs): the last
-    // commit control names must exist.
-    if p.source.discovery == DiscoveryMode::Notify
-        && let Some(last) = control.last_committed
-        && ctx.checkpoint.commit(last).await?.is_none()
-    {
-        return Err(ctx.broken(
-            crate::paths::checkpoint::CONTROL.into(),
-            format!(
-                "says batches up to {last} are committed, but {} does not exist: the record was \
-                 edited by hand. Restore it from a backup, or start over with `sluice reset` on \
-                 the pipeline file",
-                crate::paths::checkpoint::commit(last)
-            ),
-        ));
-    }
+    let source = Source::of(p);
+    source.check_checkpoint(ctx, control).await?;
     let mut seen = Some(seen);
     let mut first_look = true;
-    let Fresh {
-        inputs: fresh,
-        entries,
-        more,
-        upstream,
-    } = loop {
+    let fresh = loop {
         let seen = seen.take().unwrap_or(Seen::Nothing);
-        let found = find_new(ctx, &run, control, seen, first_look).await?;
+        let found = source
+            .find_new(ctx, run.epoch, control, seen, first_look)
+            .await?;
         first_look = false;
         run.discovered = true;
         if !found.inputs.is_empty() {
@@ -1016,7 +616,7 @@ async fn discover_and_plan(
             return Ok(PlanOutcome::Done { run });
         }
     };
-    if more {
+    if fresh.more {
         // What this slice left in the inbox is discovered at the end of the
         // run (or by the execution that continues it).
         update_control(ctx, run.epoch, &|c| c.requested = true).await?;
@@ -1028,7 +628,7 @@ async fn discover_and_plan(
     let first = control.next_batch();
     let now = ctx.now();
     let mut plans = Vec::new();
-    let batches = split_batches(&fresh, upstream.as_ref(), &p.limits);
+    let batches = source.batches(&fresh, &p.limits);
     // Each batch reads with the schema the batches before it leave
     // (`add-columns` may add columns at any of them).
     let mut schema = in_force(p, Some(control), ctx.schema().await?.as_ref());
@@ -1036,10 +636,7 @@ async fn discover_and_plan(
         let (read_with, added_columns) = evolve(ctx, &schema, &inputs).await?;
         schema = read_with;
         let tasks = planning::split_tasks(&inputs, p.limits.max_bytes_per_task);
-        let consumed = inputs
-            .iter()
-            .flat_map(|f| entries.get(&f.key).cloned().unwrap_or_default())
-            .collect();
+        let consumed = fresh.consumed(&inputs);
         plans.push(Offsets {
             format_version: checkpoint::FORMAT_VERSION,
             batch: first + i as u64,
@@ -1067,7 +664,7 @@ async fn discover_and_plan(
     for off in &plans {
         ctx.checkpoint.create_offsets(off).await?;
     }
-    tracing::info!(pipeline = %p.name, files = fresh.len(), batches = plans.len(), "planned new input");
+    tracing::info!(pipeline = %p.name, files = fresh.inputs.len(), batches = plans.len(), "planned new input");
     ctx.metric(|| {
         let inputs = plans.iter().flat_map(|o| o.inputs.iter());
         let oldest = inputs.clone().filter_map(|i| i.modified_ms).min();

@@ -13,9 +13,7 @@ use crate::error::{Error, Result};
 use crate::operators::SqlOperator;
 use crate::pipeline::schema::{casts_losslessly, columns_of, schema_change, schema_of};
 use crate::pipeline::types::type_name;
-use crate::pipeline::{
-    CORRUPT_RECORD, ColumnSpec, DERIVED, DiscoveryMode, Pipeline, RESCUED, SchemaChangePolicy,
-};
+use crate::pipeline::{CORRUPT_RECORD, ColumnSpec, DERIVED, Pipeline, RESCUED, SchemaChangePolicy};
 use crate::storage::ObjectMeta;
 
 /// The schema a new batch reads with: the version `control` holds (once
@@ -252,7 +250,7 @@ fn check_source_kept(was: &Pipeline, p: &Pipeline) -> Result<()> {
             ),
         });
     }
-    if let Some(message) = discovery_change(was.source.discovery, p.source.discovery) {
+    if let Some(message) = crate::discovery::Source::of(p).change_from(was.source.discovery) {
         return Err(Error::Incompatible {
             pipeline: p.name.clone(),
             message,
@@ -521,59 +519,6 @@ async fn infer_file_as_read(ctx: &Context, file: &InputFile) -> Result<SchemaRef
         })
 }
 
-/// Why a change of discovery mode would process files again, if it would.
-/// `list` keeps every processed key and `ordered` a window of them, in
-/// `index/processed.json`; `notify` keeps one claim per key under
-/// `index/keys/`. Only `list` -> `ordered` keeps what the new mode needs.
-fn discovery_change(old: DiscoveryMode, new: DiscoveryMode) -> Option<String> {
-    use DiscoveryMode::{List, Manifests, Notify, Ordered};
-    let why = match (old, new) {
-        (a, b) if a == b => return None,
-        (List, Ordered) => return None,
-        (Manifests, _) => "manifests mode records a manifest number, not processed files",
-        (_, Manifests) => "the checkpoint holds no manifest number to start after",
-        (Ordered, List) => "the processed-file index only holds the ordered lookback window",
-        (Notify, _) => "notify mode records processed files as claims, not in the index",
-        (_, Notify) => "the processed-file index holds no notify claims",
-        _ => unreachable!("all pairs covered"),
-    };
-    Some(format!(
-        "discovery changed from {} to {}: {why}, so the new mode would process older files \
-         again; keep discovery = \"{}\", or run `sluice reset` on the pipeline file to start over",
-        old.name(),
-        new.name(),
-        old.name()
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The first hour's case: `sluice gen taxi --format csv` writes pickup
-    /// times with and without fractions; the reader's inference made the
-    /// column text. Hand-checked columns: `a` mixes whole and fractional
-    /// seconds (a timestamp); `b` mixes a word in (text); `c` is a number;
-    /// `d` is empty (left to the empty-column rule).
-    #[test]
-    fn csv_timestamps_of_mixed_precision_are_timestamps() {
-        let found = Schema::new(vec![
-            Field::new("a", DataType::Utf8, true),
-            Field::new("b", DataType::Utf8, true),
-            Field::new("c", DataType::Int64, true),
-            Field::new("d", DataType::Utf8, true),
-        ]);
-        let text = b"a,b,c,d\n2024-01-01T02:00:00,x,1,\n2024-01-01T02:00:01.800,2024-01-01T00:00:00,2,\n,2024-01-01 00:00:00.5+02:00,3,\n";
-        assert_eq!(csv_timestamps(text, true, b',', &found), ["a"]);
-        // Offsets and a space for the T are timestamps too.
-        let text = b"a,b,c,d\n2024-01-01T02:00:00,2024-01-01 00:00:00,1,\n2024-01-01T02:00:01.800,2024-01-01T00:00:00.25+01:00,2,\n";
-        assert_eq!(csv_timestamps(text, true, b',', &found), ["a", "b"]);
-        // Without a header, by position.
-        let text = b"2024-01-01T02:00:00,x,1,\n";
-        assert_eq!(csv_timestamps(text, false, b',', &found), ["a"]);
-    }
-}
-
 /// What planning the query against the hinted columns alone found, before
 /// any file gave the schema.
 pub(crate) enum HintCheck {
@@ -617,5 +562,33 @@ pub(crate) async fn check_against_hints(
             ))
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first hour's case: `sluice gen taxi --format csv` writes pickup
+    /// times with and without fractions; the reader's inference made the
+    /// column text. Hand-checked columns: `a` mixes whole and fractional
+    /// seconds (a timestamp); `b` mixes a word in (text); `c` is a number;
+    /// `d` is empty (left to the empty-column rule).
+    #[test]
+    fn csv_timestamps_of_mixed_precision_are_timestamps() {
+        let found = Schema::new(vec![
+            Field::new("a", DataType::Utf8, true),
+            Field::new("b", DataType::Utf8, true),
+            Field::new("c", DataType::Int64, true),
+            Field::new("d", DataType::Utf8, true),
+        ]);
+        let text = b"a,b,c,d\n2024-01-01T02:00:00,x,1,\n2024-01-01T02:00:01.800,2024-01-01T00:00:00,2,\n,2024-01-01 00:00:00.5+02:00,3,\n";
+        assert_eq!(csv_timestamps(text, true, b',', &found), ["a"]);
+        // Offsets and a space for the T are timestamps too.
+        let text = b"a,b,c,d\n2024-01-01T02:00:00,2024-01-01 00:00:00,1,\n2024-01-01T02:00:01.800,2024-01-01T00:00:00.25+01:00,2,\n";
+        assert_eq!(csv_timestamps(text, true, b',', &found), ["a", "b"]);
+        // Without a header, by position.
+        let text = b"2024-01-01T02:00:00,x,1,\n";
+        assert_eq!(csv_timestamps(text, false, b',', &found), ["a"]);
     }
 }

@@ -37,10 +37,10 @@ use datafusion::physical_plan::{
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::checkpoint::{InputFile, OutputFile, Quarantined, TaskPlan};
+use crate::discovery::{Freshness, Source};
 use crate::error::{Error, ErrorClass, Result};
 use crate::pipeline::{
-    BadFilePolicy, BadRowPolicy, CORRUPT_RECORD, Compression, DiscoveryMode, Pipeline,
-    SourceFormat, derived_count,
+    BadFilePolicy, BadRowPolicy, CORRUPT_RECORD, Compression, Pipeline, SourceFormat, derived_count,
 };
 use crate::sinks::ParquetSink;
 use crate::storage::{RequestCounts, ScanAccess, Store};
@@ -437,7 +437,7 @@ impl SqlOperator {
             }
         }
         if let Some(InputFile { key, .. }) = changed.first()
-            && self.pipeline.source.discovery == DiscoveryMode::Ordered
+            && Source::of(&self.pipeline).freshness() == (Freshness::Listed { strict: true })
         {
             return Err(Error::Input {
                 pipeline: self.pipeline.name.clone(),
@@ -614,8 +614,8 @@ impl SqlOperator {
                 .collect()
         };
         let owned = || planned.iter().map(|f| (*f).clone()).collect::<Vec<_>>();
-        match self.pipeline.source.discovery {
-            DiscoveryMode::Notify => {
+        match Source::of(&self.pipeline).freshness() {
+            Freshness::Notified => {
                 let current = self.current_sizes(access, batch, planned).await?;
                 let deferred = if local {
                     self.changed_since_notified(batch, planned, &current)
@@ -624,9 +624,8 @@ impl SqlOperator {
                 };
                 Ok((keep(current, &deferred), deferred, Vec::new()))
             }
-            // A source sink's published parts never change: no check.
-            DiscoveryMode::Manifests => Ok((owned(), Vec::new(), Vec::new())),
-            _ if local => {
+            Freshness::Immutable => Ok((owned(), Vec::new(), Vec::new())),
+            Freshness::Listed { .. } if local => {
                 let (deferred, gone) = self
                     .changed_since_listed(access, batch, task, planned)
                     .await?;
@@ -636,7 +635,7 @@ impl SqlOperator {
                     .collect();
                 Ok((files, deferred, gone))
             }
-            _ => Ok((owned(), Vec::new(), Vec::new())),
+            Freshness::Listed { .. } => Ok((owned(), Vec::new(), Vec::new())),
         }
     }
 

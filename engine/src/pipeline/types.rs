@@ -329,6 +329,31 @@ impl Parser<'_> {
     }
 }
 
+/// Whether a CSV column can be read as `t`: CSV holds text, and its
+/// reader parses numbers, decimals, booleans, dates, times, timestamps
+/// and text; nested and binary types it cannot.
+pub fn csv_readable(t: &DataType) -> bool {
+    use DataType::*;
+    match t {
+        Boolean | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float16
+        | Float32 | Float64 | Decimal32(..) | Decimal64(..) | Decimal128(..) | Decimal256(..)
+        | Date32 | Date64 | Timestamp(..) | Utf8 | Utf8View | Null => true,
+        Time32(u) => matches!(u, TimeUnit::Second | TimeUnit::Millisecond),
+        Time64(u) => matches!(u, TimeUnit::Microsecond | TimeUnit::Nanosecond),
+        Dictionary(k, v) => k.is_integer() && **v == Utf8,
+        _ => false,
+    }
+}
+
+/// The refusal of type `t` for a CSV column: what to use instead.
+pub fn not_csv_readable(t: &DataType) -> String {
+    format!(
+        "a CSV column holds text and cannot be read as {}: use string (and parse it in \
+         query.sql), or a number, decimal, boolean, date, time or timestamp type",
+        type_name(t)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,29 +474,4 @@ mod tests {
         let paris = Timestamp(TimeUnit::Second, Some("Europe/Paris".into()));
         assert_eq!(parse_type(&pin_name(&paris)), Ok(paris));
     }
-}
-
-/// Whether a CSV column can be read as `t`: CSV holds text, and its
-/// reader parses numbers, decimals, booleans, dates, times, timestamps
-/// and text; nested and binary types it cannot.
-pub fn csv_readable(t: &DataType) -> bool {
-    use DataType::*;
-    match t {
-        Boolean | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float16
-        | Float32 | Float64 | Decimal32(..) | Decimal64(..) | Decimal128(..) | Decimal256(..)
-        | Date32 | Date64 | Timestamp(..) | Utf8 | Utf8View | Null => true,
-        Time32(u) => matches!(u, TimeUnit::Second | TimeUnit::Millisecond),
-        Time64(u) => matches!(u, TimeUnit::Microsecond | TimeUnit::Nanosecond),
-        Dictionary(k, v) => k.is_integer() && **v == Utf8,
-        _ => false,
-    }
-}
-
-/// The refusal of type `t` for a CSV column: what to use instead.
-pub fn not_csv_readable(t: &DataType) -> String {
-    format!(
-        "a CSV column holds text and cannot be read as {}: use string (and parse it in \
-         query.sql), or a number, decimal, boolean, date, time or timestamp type",
-        type_name(t)
-    )
 }

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::handlers::Context;
-use crate::pipeline::{DiscoveryMode, Pipeline};
+use crate::pipeline::Pipeline;
 use crate::storage::RequestCounts;
 
 /// Notify mode: record the objects of `event` that are input files of the
@@ -43,7 +43,7 @@ async fn record_inbox(ctx: &Context, event: &Event) -> Result<()> {
     let Event::Objects { objects, .. } = event else {
         return Ok(());
     };
-    if p.source.discovery != DiscoveryMode::Notify {
+    if !crate::discovery::Source::of(p).keeps_inbox() {
         return Ok(());
     }
     let files: Vec<(String, u64)> = objects

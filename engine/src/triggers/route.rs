@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 use super::events::{Event, ObjectRef, refused};
 use crate::error::Result;
 use crate::paths::is_plain_key;
-use crate::pipeline::{DiscoveryMode, Pipeline};
+use crate::pipeline::Pipeline;
 use crate::storage::Location;
 
 /// Whether the created object `o` wakes `p`: an input file, or, for a
 /// pipeline reading another's sink (`manifests` discovery), a manifest.
 pub(crate) fn concerns(p: &Pipeline, o: &ObjectRef) -> bool {
-    if p.source.discovery == DiscoveryMode::Manifests {
+    if crate::discovery::Source::of(p).wakes_on_manifests() {
         return source_key(p, o).is_some_and(|k| crate::paths::sink::manifest_batch(k).is_some());
     }
     input_key(p, o).is_some()
