@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::{self, Commit, Control, PipelineRecord, RunStatus};
 use crate::discovery;
 use crate::error::{Error, Result};
-use crate::handlers::{Context, resolve_schema, swap_control, update_control};
+use crate::handlers::{Context, resolve_schema};
 use crate::operators::SqlOperator;
 use crate::pipeline::ColumnSpec;
 use crate::pipeline::schema::columns_of;
@@ -195,23 +195,24 @@ pub async fn history(ctx: &Context, limit: usize) -> Result<Vec<Commit>> {
 /// paused pipeline's triggers record `requested` and start nothing; a run
 /// already going finishes. Returns the record written.
 pub async fn set_paused(ctx: &Context, paused: bool) -> Result<Control> {
-    swap_control(ctx, |read| {
-        if read.is_some_and(|c| c.resetting) {
-            return Err(Error::Run {
-                pipeline: ctx.pipeline.name.clone(),
-                message: "a `sluice reset` is under way (or was interrupted); run it again to \
+    ctx.checkpoint
+        .change_control(|read| {
+            if read.is_some_and(|c| c.resetting) {
+                return Err(Error::Run {
+                    pipeline: ctx.pipeline.name.clone(),
+                    message: "a `sluice reset` is under way (or was interrupted); run it again to \
                           finish it"
-                    .into(),
-                class: crate::error::ErrorClass::InvalidInput,
-            });
-        }
-        let mut next = read
-            .cloned()
-            .unwrap_or_else(|| Control::new(ctx.pipeline.spec_hash()));
-        next.paused = paused;
-        Ok((next.clone(), next))
-    })
-    .await
+                        .into(),
+                    class: crate::error::ErrorClass::InvalidInput,
+                });
+            }
+            let mut next = read
+                .cloned()
+                .unwrap_or_else(|| Control::new(ctx.pipeline.spec_hash()));
+            next.paused = paused;
+            Ok((next.clone(), next))
+        })
+        .await
 }
 
 /// Ask the next run to read quarantined input files again (`sluice
@@ -222,28 +223,29 @@ pub async fn set_paused(ctx: &Context, paused: bool) -> Result<Control> {
 /// processed once (or set aside again if still unreadable). Returns the
 /// keys asked for.
 pub async fn retry_quarantined(ctx: &Context, key: Option<&str>) -> Result<Vec<String>> {
-    swap_control(ctx, |read| {
-        let Some(c) = read else {
-            return Err(nothing_quarantined(ctx, key));
-        };
-        let mut next = c.clone();
-        let (asked, kept): (Vec<_>, Vec<_>) = next
-            .quarantined
-            .into_iter()
-            .partition(|q| key.is_none_or(|k| q.key == k));
-        if asked.is_empty() {
-            return Err(nothing_quarantined(ctx, key));
-        }
-        next.quarantined = kept;
-        let keys: Vec<String> = asked.into_iter().map(|q| q.key).collect();
-        for k in &keys {
-            if !next.retry.contains(k) {
-                next.retry.push(k.clone());
+    ctx.checkpoint
+        .change_control(|read| {
+            let Some(c) = read else {
+                return Err(nothing_quarantined(ctx, key));
+            };
+            let mut next = c.clone();
+            let (asked, kept): (Vec<_>, Vec<_>) = next
+                .quarantined
+                .into_iter()
+                .partition(|q| key.is_none_or(|k| q.key == k));
+            if asked.is_empty() {
+                return Err(nothing_quarantined(ctx, key));
             }
-        }
-        Ok((next, keys))
-    })
-    .await
+            next.quarantined = kept;
+            let keys: Vec<String> = asked.into_iter().map(|q| q.key).collect();
+            for k in &keys {
+                if !next.retry.contains(k) {
+                    next.retry.push(k.clone());
+                }
+            }
+            Ok((next, keys))
+        })
+        .await
 }
 
 fn nothing_quarantined(ctx: &Context, key: Option<&str>) -> Error {
@@ -265,12 +267,13 @@ fn nothing_quarantined(ctx: &Context, key: Option<&str>) -> Error {
 /// run resumes the planned batch.
 pub async fn release_cancelled(ctx: &Context, epoch: u64) -> Result<Control> {
     let now = ctx.now();
-    update_control(ctx, epoch, &|c| {
-        c.status = RunStatus::Idle;
-        c.resume = true;
-        c.heartbeat_ms = Some(now);
-    })
-    .await
+    ctx.checkpoint
+        .update_control(epoch, &|c| {
+            c.status = RunStatus::Idle;
+            c.resume = true;
+            c.heartbeat_ms = Some(now);
+        })
+        .await
 }
 
 /// What `sluice show` prints: the checkpoint's state and what is waiting.
@@ -307,7 +310,7 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         None => None,
     };
     let (waiting, skipped) = discovery::Source::of(&ctx.pipeline)
-        .waiting(ctx, control.as_ref())
+        .waiting(&ctx.scope(), control.as_ref())
         .await?;
     let schema = match ctx.checkpoint.pipeline_record().await? {
         Some(r) => Some(r.schema),
@@ -368,7 +371,7 @@ pub async fn reset(ctx: &Context) -> Result<ResetReport> {
     let ttl = ctx.ttl_ms();
     let sink = ctx.sink.store();
     let store = ctx.checkpoint.store();
-    let marked = swap_control(ctx, |read| {
+    let marked = ctx.checkpoint.change_control(|read| {
         if let Some(c) = read
             && !c.resetting
         {
@@ -412,15 +415,16 @@ pub async fn reset(ctx: &Context) -> Result<ResetReport> {
         .max()
         .map_or(0, |n| n + 1);
     let marked = if used > marked.first_batch {
-        swap_control(ctx, |read| match read {
-            Some(c) if c.resetting && c.epoch == marked.epoch => {
-                let mut next = c.clone();
-                next.first_batch = next.first_batch.max(used);
-                Ok((next.clone(), next))
-            }
-            _ => Err(taken_over(ctx)),
-        })
-        .await?
+        ctx.checkpoint
+            .change_control(|read| match read {
+                Some(c) if c.resetting && c.epoch == marked.epoch => {
+                    let mut next = c.clone();
+                    next.first_batch = next.first_batch.max(used);
+                    Ok((next.clone(), next))
+                }
+                _ => Err(taken_over(ctx)),
+            })
+            .await?
     } else {
         marked
     };
@@ -483,18 +487,20 @@ pub async fn reset(ctx: &Context) -> Result<ResetReport> {
         report.checkpoint_objects += 1;
     }
     let spec = ctx.pipeline.spec_hash();
-    let done = swap_control(ctx, |read| match read {
-        Some(c) if c.resetting && c.epoch == marked.epoch => {
-            let mut next = Control::new(spec.clone());
-            next.epoch = c.epoch;
-            next.first_batch = first;
-            Ok((next, true))
-        }
-        // Finished by another `sluice reset` meanwhile.
-        Some(c) if !c.resetting && c.first_batch >= first => Ok((c.clone(), false)),
-        _ => Err(taken_over(ctx)),
-    })
-    .await?;
+    let done = ctx
+        .checkpoint
+        .change_control(|read| match read {
+            Some(c) if c.resetting && c.epoch == marked.epoch => {
+                let mut next = Control::new(spec.clone());
+                next.epoch = c.epoch;
+                next.first_batch = first;
+                Ok((next, true))
+            }
+            // Finished by another `sluice reset` meanwhile.
+            Some(c) if !c.resetting && c.first_batch >= first => Ok((c.clone(), false)),
+            _ => Err(taken_over(ctx)),
+        })
+        .await?;
     if !done {
         tracing::info!(pipeline = %ctx.pipeline.name, "another reset finished this one");
         report.finished_by_another = true;

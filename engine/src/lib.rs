@@ -67,16 +67,16 @@ mod layering {
         ("pipeline", 3),
         ("checkpoint", 4),
         ("cost", 5),
-        ("discovery", 5),
         ("planning", 5),
         ("sinks", 5),
+        ("discovery", 6),
         ("metrics", 6),
-        ("operators", 6),
-        ("handlers", 7),
-        ("admin", 8),
-        ("triggers", 8),
-        ("runner", 9),
-        ("functions", 9),
+        ("operators", 7),
+        ("handlers", 8),
+        ("admin", 9),
+        ("triggers", 9),
+        ("runner", 10),
+        ("functions", 10),
     ];
 
     fn layer(module: &str) -> u32 {

@@ -1,6 +1,7 @@
 //! Every change to `control.json`, through one compare-and-swap loop
-//! ([`Checkpoint::retry_control`]): read, decide, write if nothing changed
-//! in between, else read and decide again. Runs, commands (`pause`,
+//! ([`Checkpoint::attempts`], and [`Checkpoint::change_control`] over it):
+//! read, decide, write if nothing changed in between, else read and decide
+//! again. Runs, commands (`pause`,
 //! `reset`, ...) and triggers all write through it; the decisions
 //! themselves are the lease protocol's pure functions (`lease`).
 
@@ -11,28 +12,57 @@ use crate::error::{Error, Result};
 /// the writer gives up (another writer kept changing it in between).
 pub const CONTROL_TRIES: usize = 16;
 
-impl Checkpoint {
-    /// The compare-and-swap loop on `control.json`: read it, and let
-    /// `attempt` decide and write with [`Checkpoint::swap_control`] against
-    /// the etag read (`None` for an absent record), returning `Some` once
-    /// done or `None` when another writer changed it first; then read and
-    /// decide again, up to [`CONTROL_TRIES`] times. `Ok(None)` when it
-    /// kept changing. `attempt` may do I/O between its decision and its
-    /// write (a trigger asks Step Functions about the run holding the
-    /// lease) and after it (starting the run it claimed).
-    pub async fn retry_control<T>(
-        &self,
-        mut attempt: impl AsyncFnMut(Option<&Control>, Option<&str>) -> Result<Option<T>>,
-    ) -> Result<Option<T>> {
-        for _ in 0..CONTROL_TRIES {
-            let read = self.control().await?;
-            let control = read.as_ref().map(|(c, _)| c);
-            let etag = read.as_ref().map(|(_, e)| e.as_str());
-            if let Some(done) = attempt(control, etag).await? {
-                return Ok(Some(done));
-            }
+/// One reading of `control.json` for an attempt at changing it: the
+/// record (absent: `None`) and the etag a compare-and-swap expects.
+pub struct ControlRead {
+    read: Option<(Control, String)>,
+}
+
+impl ControlRead {
+    /// The record read (`None`: there is none yet).
+    pub fn control(&self) -> Option<&Control> {
+        self.read.as_ref().map(|(c, _)| c)
+    }
+
+    /// What a compare-and-swap against this reading expects (`None`:
+    /// create).
+    pub fn etag(&self) -> Option<&str> {
+        self.read.as_ref().map(|(_, e)| e.as_str())
+    }
+}
+
+/// The attempts of one change of `control.json`: each reads the record
+/// afresh, decides, and writes with [`Checkpoint::swap_control`] against
+/// that reading; a write that loses the race to another writer (a
+/// trigger, a command, a run) makes the next attempt. At most
+/// [`CONTROL_TRIES`].
+pub struct Attempts {
+    left: usize,
+}
+
+impl Attempts {
+    /// Read `control.json` for the next attempt; `None` once every attempt
+    /// lost its race (another writer kept changing it).
+    pub async fn next(&mut self, checkpoint: &Checkpoint) -> Result<Option<ControlRead>> {
+        if self.left == 0 {
+            return Ok(None);
         }
-        Ok(None)
+        self.left -= 1;
+        Ok(Some(ControlRead {
+            read: checkpoint.control().await?,
+        }))
+    }
+}
+
+impl Checkpoint {
+    /// The compare-and-swap loop on `control.json`, for a writer whose
+    /// decision does I/O (a trigger asks Step Functions about the run
+    /// holding the lease, and starts the run it claimed):
+    /// `while let Some(read) = attempts.next(checkpoint).await? { ... }`.
+    pub fn attempts(&self) -> Attempts {
+        Attempts {
+            left: CONTROL_TRIES,
+        }
     }
 
     /// Change `control.json` by a decision that needs no I/O: `decide`
@@ -43,13 +73,14 @@ impl Checkpoint {
         &self,
         mut decide: impl FnMut(Option<&Control>) -> Result<(Control, T)>,
     ) -> Result<T> {
-        let done = self
-            .retry_control(async |read, etag| {
-                let (next, value) = decide(read)?;
-                Ok(self.swap_control(&next, etag).await?.map(|_| value))
-            })
-            .await?;
-        done.ok_or_else(|| self.conflict("control.json keeps changing under this run; it stops"))
+        let mut attempts = self.attempts();
+        while let Some(read) = attempts.next(self).await? {
+            let (next, value) = decide(read.control())?;
+            if self.swap_control(&next, read.etag()).await?.is_some() {
+                return Ok(value);
+            }
+        }
+        Err(self.conflict("control.json keeps changing under this run; it stops"))
     }
 
     /// `control` if the run with `epoch` still holds the lease in it; a

@@ -17,10 +17,12 @@ use crate::error::{Error, Result};
 use crate::paths;
 use crate::storage::{PutMode, PutOutcome, Store};
 
+mod control;
 mod lease;
 pub mod owner;
 mod records;
 
+pub use control::{Attempts, CONTROL_TRIES, ControlRead};
 pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};
 pub use records::{
     Commit, Control, Durations, FORMAT_VERSION, FunctionUsage, Index, IndexKeep, InputFile,

@@ -287,6 +287,76 @@ impl Control {
     pub fn next_batch(&self) -> u64 {
         self.last_committed.map_or(self.first_batch, |n| n + 1)
     }
+
+    /// Whether control already records batch `batch` (or a later one) as
+    /// committed.
+    pub fn records(&self, batch: u64) -> bool {
+        self.last_committed.is_some_and(|l| l >= batch)
+    }
+
+    /// Record the commit `record` (its source settled into `listing`, for
+    /// kinds that keep one) at `now_ms` under the spec `spec_hash`: the
+    /// last committed batch, the source cursor, the files asked for again
+    /// or set aside, the totals, the stateful state and the schema version
+    /// in force from the next batch on. Idempotent: a batch already
+    /// recorded changes nothing.
+    pub fn record_commit(
+        &mut self,
+        record: &Commit,
+        listing: Option<&ListingState>,
+        now_ms: i64,
+        spec_hash: &str,
+    ) {
+        if self.records(record.batch) {
+            return;
+        }
+        self.last_committed = Some(record.batch);
+        self.last_commit_ms = Some(record.committed_ms);
+        if let Some(l) = listing {
+            self.listing = l.clone();
+        }
+        if let Some(cursor) = &record.source {
+            self.source_history = cursor.history.clone();
+        }
+        self.retry.retain(|k| !record.input_keys.contains(k));
+        self.quarantined
+            .retain(|q| !record.input_keys.contains(&q.key));
+        self.quarantined.extend(record.quarantined.iter().cloned());
+        self.heartbeat_ms = Some(now_ms);
+        self.spec_hash = spec_hash.to_string();
+        self.totals.add(record);
+        if let Some(s) = &record.stateful {
+            self.stateful = Some(s.clone());
+        }
+        // Columns this batch added are in force from the next batch on.
+        if let Some(s) = &record.schema
+            && self
+                .schema
+                .as_ref()
+                .is_none_or(|now| now.version < s.version)
+        {
+            self.schema = Some(s.clone());
+        }
+    }
+}
+
+impl Totals {
+    /// Add what the committed batch `record` read, wrote, set aside and
+    /// repaired.
+    pub fn add(&mut self, record: &Commit) {
+        self.batches += 1;
+        self.files += record.files;
+        self.bytes += record.bytes_read;
+        self.rows_in += record.rows_in;
+        self.rows_out += record.rows_out;
+        self.files_quarantined += record.quarantined.len() as u64;
+        self.rows_quarantined += record.rejected.iter().map(|r| r.rows).sum::<u64>();
+        self.nulled_fields += record.nulled_fields;
+        self.rescued_fields += record.rescued_fields;
+        if let Some(s) = &record.stateful {
+            self.late_rows += s.late_rows;
+        }
+    }
 }
 
 /// `offsets/N.json`: the plan of one batch.
@@ -719,6 +789,90 @@ mod tests {
 
     fn keys(ks: &[&str]) -> Vec<String> {
         ks.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// A commit record of batch `batch` read from JSON as the committer
+    /// writes it: 2 files, one quarantined, rows 10 in and 7 out.
+    fn commit_of(batch: u64, extra: serde_json::Value) -> Commit {
+        let mut v = serde_json::json!({
+            "format_version": FORMAT_VERSION,
+            "batch": batch,
+            "epoch": 3,
+            "history": "h",
+            "committed_ms": 1_000 + batch as i64,
+            "files": 2,
+            "bytes_read": 300,
+            "rows_in": 10,
+            "rows_out": 7,
+            "outputs": [],
+            "durations": serde_json::to_value(Durations::default()).unwrap(),
+            "requests": serde_json::to_value(RequestCounts::default()).unwrap(),
+            "input_keys": ["a", "b"],
+            "quarantined": [{"key": "b", "size": 5, "batch": batch, "reason": "not Parquet"}],
+            "rejected": [{"key": "q", "rows": 2, "bytes": 9}],
+            "nulled_fields": 4,
+        });
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// The control update after a commit, field by field, hand-computed:
+    /// the cursor, the asked-for and quarantined files, the totals; the
+    /// same record again changes nothing; a schema version only moves up.
+    #[test]
+    fn control_records_a_commit_once() {
+        let mut c = Control::new("old".into());
+        c.retry = vec!["a".into(), "z".into()];
+        c.quarantined = vec![Quarantined {
+            key: "a".into(),
+            size: 1,
+            batch: 0,
+            reason: "bad".into(),
+        }];
+        let listing = ListingState::of(Some("k".into()), ["k", "l"].into_iter());
+        let record = commit_of(
+            0,
+            serde_json::json!({"schema": {"version": 2, "columns": []}}),
+        );
+        c.record_commit(&record, Some(&listing), 77, "new");
+        assert_eq!(c.last_committed, Some(0));
+        assert_eq!(c.last_commit_ms, Some(1_000));
+        assert_eq!(c.heartbeat_ms, Some(77));
+        assert_eq!(c.spec_hash, "new");
+        assert_eq!(c.listing, listing);
+        assert_eq!(c.retry, ["z"]);
+        assert_eq!(
+            c.quarantined
+                .iter()
+                .map(|q| q.key.as_str())
+                .collect::<Vec<_>>(),
+            ["b"]
+        );
+        let t = &c.totals;
+        assert_eq!(
+            (t.batches, t.files, t.bytes, t.rows_in, t.rows_out),
+            (1, 2, 300, 10, 7)
+        );
+        assert_eq!(
+            (t.files_quarantined, t.rows_quarantined, t.nulled_fields),
+            (1, 2, 4)
+        );
+        assert_eq!(c.schema.as_ref().map(|s| s.version), Some(2));
+        let once = c.clone();
+        c.record_commit(&record, None, 99, "other");
+        assert_eq!(c, once, "recording a batch twice changes nothing");
+        assert!(c.records(0) && !c.records(1));
+        // A later batch under an older schema version keeps the newer one.
+        let later = commit_of(
+            1,
+            serde_json::json!({"schema": {"version": 1, "columns": []}}),
+        );
+        c.record_commit(&later, None, 100, "new");
+        assert_eq!(c.schema.as_ref().map(|s| s.version), Some(2));
+        assert_eq!(c.totals.batches, 2);
+        assert_eq!(c.listing, listing, "no listing given: the cursor stays");
     }
 
     #[test]

@@ -21,13 +21,47 @@
 use std::collections::HashMap;
 
 use super::{InboxEntry, Upstream};
-use crate::checkpoint::{self, Commit, Control, Index, InputFile, ListingState, SourceCursor};
-use crate::error::Result;
-use crate::handlers::{Context, update_control};
+use std::sync::Arc;
+
+use crate::checkpoint::{
+    self, Checkpoint, Commit, Control, Index, InputFile, ListingState, SourceCursor,
+};
+use crate::error::{Error, Result};
 use crate::pipeline::{DiscoveryMode, Limits, Pipeline};
 use crate::planning;
-use crate::storage::ObjectMeta;
 use crate::storage::fanout::{concurrently, delete_all};
+use crate::storage::{ObjectMeta, Store};
+
+/// What a source is asked through: the pipeline, the store its source is
+/// read from, and its checkpoint (the handlers' context, seen from here).
+pub(crate) struct Scope<'a> {
+    /// The pipeline.
+    pub pipeline: &'a Pipeline,
+    /// Where its source is read from.
+    pub source: &'a Arc<dyn Store>,
+    /// Its checkpoint.
+    pub checkpoint: &'a Checkpoint,
+    /// `notify`: reconcile in this run whether or not it is due (`sluice
+    /// run --reconcile`).
+    pub reconcile: bool,
+}
+
+impl Scope<'_> {
+    fn conflict(&self, message: String) -> Error {
+        Error::Conflict {
+            pipeline: self.pipeline.name.clone(),
+            message,
+        }
+    }
+
+    fn broken(&self, key: String, message: String) -> Error {
+        Error::Checkpoint {
+            pipeline: self.pipeline.name.clone(),
+            key,
+            message,
+        }
+    }
+}
 
 /// A pipeline's source, by kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +169,7 @@ impl Source {
     /// read and one listing.
     pub(crate) async fn look(
         self,
-        ctx: &Context,
+        ctx: &Scope<'_>,
         control: Option<&Control>,
         settled: bool,
     ) -> Result<Look> {
@@ -210,7 +244,7 @@ impl Source {
     /// (whose inbox is its news), always go on.
     pub(crate) async fn pending(
         self,
-        ctx: &Context,
+        ctx: &Scope<'_>,
         control: Option<&Control>,
         looked: Looked,
         recover: bool,
@@ -248,7 +282,7 @@ impl Source {
     /// source keeps no index to check control against (`notify`: the last
     /// commit control names must exist; the other kinds check it when they
     /// read their index).
-    pub(crate) async fn check_checkpoint(self, ctx: &Context, control: &Control) -> Result<()> {
+    pub(crate) async fn check_checkpoint(self, ctx: &Scope<'_>, control: &Control) -> Result<()> {
         if let Source::Notify { .. } = self
             && let Some(last) = control.last_committed
             && ctx.checkpoint.commit(last).await?.is_none()
@@ -274,7 +308,7 @@ impl Source {
     /// manifests after the cursor.
     pub(crate) async fn find_new(
         self,
-        ctx: &Context,
+        ctx: &Scope<'_>,
         epoch: u64,
         control: &Control,
         seen: Seen,
@@ -293,7 +327,7 @@ impl Source {
     /// [`Self::find_new`] without the files asked for again.
     async fn find_new_input(
         self,
-        ctx: &Context,
+        ctx: &Scope<'_>,
         epoch: u64,
         control: &Control,
         seen: Seen,
@@ -367,7 +401,7 @@ impl Source {
 
     /// List and index modes: the listed files the index has not seen
     /// (`seen` may already hold the run's listing).
-    async fn listed_new(self, ctx: &Context, control: &Control, seen: Seen) -> Result<Fresh> {
+    async fn listed_new(self, ctx: &Scope<'_>, control: &Control, seen: Seen) -> Result<Fresh> {
         let p = &ctx.pipeline;
         let (index, listed) = match seen {
             Seen::Listing(i, l) => (i, l),
@@ -438,7 +472,7 @@ impl Source {
     /// (`None` for `notify`, which keeps none).
     pub(crate) async fn settle(
         self,
-        ctx: &Context,
+        ctx: &Scope<'_>,
         control: &Control,
         record: &Commit,
     ) -> Result<Option<ListingState>> {
@@ -480,7 +514,7 @@ impl Source {
     /// lead nowhere (`list`/`ordered`). One listing.
     pub(crate) async fn waiting(
         self,
-        ctx: &Context,
+        ctx: &Scope<'_>,
         control: Option<&Control>,
     ) -> Result<(Vec<ObjectMeta>, Vec<String>)> {
         match self {
@@ -564,7 +598,7 @@ impl Source {
 }
 
 /// `manifests` mode: the source sink's manifests after `start_after`.
-async fn read_upstream(ctx: &Context, start_after: Option<&str>) -> Result<Upstream> {
+async fn read_upstream(ctx: &Scope<'_>, start_after: Option<&str>) -> Result<Upstream> {
     super::read_upstream(ctx.source.as_ref(), &ctx.pipeline.name, start_after).await
 }
 
@@ -572,7 +606,7 @@ async fn read_upstream(ctx: &Context, start_after: Option<&str>) -> Result<Upstr
 /// that `fresh` does not hold, as they are now (one listing each); a key
 /// gone from the source is dropped from the request with a warning.
 async fn retry_inputs(
-    ctx: &Context,
+    ctx: &Scope<'_>,
     epoch: u64,
     control: &Control,
     fresh: &[InputFile],
@@ -598,7 +632,9 @@ async fn retry_inputs(
         }
     }
     if !gone.is_empty() {
-        update_control(ctx, epoch, &|c| c.retry.retain(|k| !gone.contains(k))).await?;
+        ctx.checkpoint
+            .update_control(epoch, &|c| c.retry.retain(|k| !gone.contains(k)))
+            .await?;
     }
     Ok(out)
 }
@@ -608,7 +644,7 @@ async fn retry_inputs(
 /// committed: their entries are consumed, the files not processed again);
 /// those keys leave `by_key`.
 async fn claim_files(
-    ctx: &Context,
+    ctx: &Scope<'_>,
     first: u64,
     epoch: u64,
     files: Vec<ObjectMeta>,
@@ -644,7 +680,7 @@ async fn claim_files(
 /// this loses nothing), note the epoch in control, and return the new
 /// entries.
 async fn reconcile_inbox(
-    ctx: &Context,
+    ctx: &Scope<'_>,
     epoch: u64,
     first: u64,
     inbox: &[InboxEntry],
@@ -662,7 +698,9 @@ async fn reconcile_inbox(
     let lost = super::unnotified(&source, &claims, inbox, first);
     let objects: Vec<(String, u64)> = lost.iter().map(|m| (m.key.clone(), m.size)).collect();
     super::record_notified(ctx.checkpoint.store(), objects).await?;
-    update_control(ctx, epoch, &|c| c.reconciled_epoch = Some(epoch)).await?;
+    ctx.checkpoint
+        .update_control(epoch, &|c| c.reconciled_epoch = Some(epoch))
+        .await?;
     tracing::info!(pipeline = %p.name, source_files = source.len(), claims = claims.len(), unnotified = lost.len(), "reconciled the inbox with a source listing");
     Ok(lost
         .into_iter()

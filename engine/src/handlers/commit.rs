@@ -3,7 +3,7 @@
 //! after a refused input, drop the batch's plan (`abandon`, `settle`).
 
 use super::context::Context;
-use super::lease::{owned_control, release, update_control};
+use super::lease::release;
 use super::payloads::{Refusal, RunState};
 use crate::checkpoint::{self, Commit, Durations, FunctionUsage, Manifest, RunStatus, Usage};
 use crate::discovery;
@@ -29,7 +29,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     ctx.check_spec(run)?;
     let started = std::time::Instant::now();
     let started_ms = ctx.now();
-    let (control, _) = owned_control(ctx, run.epoch).await?;
+    let (control, _) = ctx.checkpoint.owned_control(run.epoch).await?;
     let off = ctx.planned(batch, run.epoch, "at commit").await?;
     check_plan(ctx, &off, &control)?;
     let gathered = async {
@@ -71,7 +71,7 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     // The last check: from here on this run writes its record and copies
     // what it staged above; a reset removes those, a newer run finds the
     // record (or makes its own).
-    owned_control(ctx, run.epoch).await?;
+    ctx.checkpoint.owned_control(run.epoch).await?;
     record.durations.commit_ms = super::usage::billed_ms(started);
     record.usage = batch_usage(run, &off, &results, merged.as_ref(), &record);
     // Planner, tasks and this committer (its context counts this
@@ -311,10 +311,10 @@ async fn merge_results(
     control: &crate::checkpoint::Control,
     results: &[TaskResult],
 ) -> Result<Option<Merged>> {
-    let Some(shape) = super::plan::stateful_shape(ctx, off).await? else {
+    let Some(shape) = super::state::stateful_shape(ctx, off).await? else {
         return Ok(None);
     };
-    let partitions = super::plan::state_partitions(ctx);
+    let partitions = super::state::state_partitions(ctx);
     let before = control.stateful.clone().unwrap_or_default();
     let mut state = Vec::with_capacity(partitions.len());
     let mut outputs = Vec::new();
@@ -445,7 +445,7 @@ pub(super) async fn finish_commit(
         .collect();
     crate::storage::fanout::delete_all(work, done).await?;
     let listing = discovery::Source::of(p)
-        .settle(ctx, control, record)
+        .settle(&ctx.scope(), control, record)
         .await?;
     // What goes once control names this batch: records below the
     // retention floor, and state files the batch's state no longer names.
@@ -462,53 +462,23 @@ pub(super) async fn finish_commit(
     };
     let now = ctx.now();
     let spec_hash = p.spec_hash();
-    let c = update_control(ctx, run.epoch, &|c| {
-        if c.last_committed.is_some_and(|l| l >= record.batch) {
-            return;
-        }
-        if charge == Charge::AfterCommit {
-            // Everything since the record, this write and the deletes to
-            // come.
-            let mut spent = ctx.counts().since(&started);
-            spent.put_update += 1;
-            spent.delete += (pruned.len() + stale.len()) as u64;
-            c.totals.after_commits = c.totals.after_commits.plus(&spent);
-        }
-        c.last_committed = Some(record.batch);
-        c.last_commit_ms = Some(record.committed_ms);
-        if let Some(l) = &listing {
-            c.listing = l.clone();
-        }
-        if let Some(cursor) = &record.source {
-            c.source_history = cursor.history.clone();
-        }
-        c.retry.retain(|k| !record.input_keys.contains(k));
-        c.quarantined
-            .retain(|q| !record.input_keys.contains(&q.key));
-        c.quarantined.extend(record.quarantined.iter().cloned());
-        c.heartbeat_ms = Some(now);
-        c.spec_hash = spec_hash.clone();
-        c.totals.batches += 1;
-        c.totals.files += record.files;
-        c.totals.bytes += record.bytes_read;
-        c.totals.rows_in += record.rows_in;
-        c.totals.rows_out += record.rows_out;
-        c.totals.files_quarantined += record.quarantined.len() as u64;
-        c.totals.rows_quarantined += record.rejected.iter().map(|r| r.rows).sum::<u64>();
-        c.totals.nulled_fields += record.nulled_fields;
-        c.totals.rescued_fields += record.rescued_fields;
-        if let Some(s) = &record.stateful {
-            c.totals.late_rows += s.late_rows;
-            c.stateful = Some(s.clone());
-        }
-        // Columns this batch added are in force from the next batch on.
-        if let Some(s) = &record.schema
-            && c.schema.as_ref().is_none_or(|now| now.version < s.version)
-        {
-            c.schema = Some(s.clone());
-        }
-    })
-    .await?;
+    let c = ctx
+        .checkpoint
+        .update_control(run.epoch, &|c| {
+            if c.records(record.batch) {
+                return;
+            }
+            if charge == Charge::AfterCommit {
+                // Everything since the record, this write and the deletes
+                // to come.
+                let mut spent = ctx.counts().since(&started);
+                spent.put_update += 1;
+                spent.delete += (pruned.len() + stale.len()) as u64;
+                c.totals.after_commits = c.totals.after_commits.plus(&spent);
+            }
+            c.record_commit(record, listing.as_ref(), now, &spec_hash);
+        })
+        .await?;
     if c.last_committed == Some(record.batch) {
         // Oldest first, so a crash leaves a suffix of records.
         for key in pruned {
@@ -549,7 +519,7 @@ async fn stale_state(
 /// last lease check: a run stopped past its lease cannot delete a plan a
 /// newer run wrote since.
 pub(crate) async fn abandon(ctx: &Context, run: &RunState, batch: u64) -> Result<()> {
-    let (control, _) = owned_control(ctx, run.epoch).await?;
+    let (control, _) = ctx.checkpoint.owned_control(run.epoch).await?;
     let planned = ctx
         .checkpoint
         .store()
@@ -570,7 +540,7 @@ pub(crate) async fn abandon(ctx: &Context, run: &RunState, batch: u64) -> Result
         }
     }
     ctx.sink.remove_staged_from(batch, run.epoch).await?;
-    owned_control(ctx, run.epoch).await?;
+    ctx.checkpoint.owned_control(run.epoch).await?;
     for (n, etag) in plans {
         ctx.checkpoint.delete_offsets_if(n, &etag).await?;
     }

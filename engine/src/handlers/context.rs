@@ -245,6 +245,16 @@ impl Context {
         (self.clock)()
     }
 
+    /// What the source seam is asked through.
+    pub(crate) fn scope(&self) -> crate::discovery::Scope<'_> {
+        crate::discovery::Scope {
+            pipeline: &self.pipeline,
+            source: &self.source,
+            checkpoint: &self.checkpoint,
+            reconcile: self.reconcile,
+        }
+    }
+
     pub(crate) fn conflict(&self, message: String) -> Error {
         Error::Conflict {
             pipeline: self.pipeline.name.clone(),

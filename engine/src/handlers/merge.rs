@@ -12,7 +12,6 @@
 use serde::{Deserialize, Serialize};
 
 use super::context::Context;
-use super::lease::owned_control;
 use super::payloads::RunState;
 use crate::checkpoint::OutputFile;
 use crate::error::{Error, ErrorClass, Result};
@@ -69,7 +68,7 @@ pub async fn merge(
         .await?;
     // Fenced; and the state in force is the last commit's, which for this
     // batch is the one before it (batches commit in order).
-    let (control, _) = owned_control(ctx, run.epoch).await?;
+    let (control, _) = ctx.checkpoint.owned_control(run.epoch).await?;
     super::commit::check_plan(ctx, &off, &control)?;
     if control.next_batch() != batch {
         return Err(ctx.broken(

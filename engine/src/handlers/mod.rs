@@ -22,13 +22,13 @@ mod ownership;
 mod payloads;
 mod plan;
 mod schema;
+mod state;
 pub(crate) mod usage;
 
 pub(crate) use commit::abandon;
 pub use commit::commit;
 pub use context::{Context, Contexts};
 pub use lease::{heartbeat, release};
-pub(crate) use lease::{swap_control, update_control};
 pub use merge::{MergeResult, StateSize, merge, restore_state};
 pub use operate::operate;
 pub(crate) use ownership::check_sink_ownership;

@@ -3,7 +3,6 @@
 //! it.
 
 use super::context::Context;
-use super::lease::owned_control;
 use super::payloads::{Refusal, RunState, TaskRequest};
 use crate::checkpoint::Control;
 use crate::error::{Error, Result};
@@ -33,7 +32,7 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     // Fenced: a run that lost its lease writes nothing more. (What a task
     // of such a run still writes after this check stays staged, and is
     // never published: the commit publishes only what its record names.)
-    let (control, etag) = owned_control(ctx, run.epoch).await?;
+    let (control, etag) = ctx.checkpoint.owned_control(run.epoch).await?;
     super::commit::check_plan(ctx, &off, &control)?;
     beat_if_due(ctx, &control, &etag).await?;
     // The plan names the schema its batch reads with (plans of older

@@ -7,12 +7,11 @@ use datafusion::arrow::datatypes::SchemaRef;
 
 use super::commit::{Charge, finish_commit};
 use super::context::Context;
-use super::lease::{
-    continue_run, owned_control, release, release_idle, swap_control, update_control,
-};
+use super::lease::{continue_run, release, release_idle};
 use super::ownership::{self, SinkCheck};
 use super::payloads::{BatchRef, PlanOutcome, RunState, TaskList};
 use super::schema::{evolve, in_force, resolve_schema};
+use super::state::{check_state_shape, closing_owed, current_watermark, merges};
 use crate::checkpoint::owner::Owner;
 use crate::checkpoint::{self, Claim, Control, Offsets, PipelineRecord, RunStatus};
 use crate::discovery::{Look, Seen, Source};
@@ -43,7 +42,7 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
             } else {
                 ctx.check_spec(&run)?;
             }
-            let (mut control, _) = owned_control(ctx, run.epoch).await?;
+            let (mut control, _) = ctx.checkpoint.owned_control(run.epoch).await?;
             if first {
                 own_sink(ctx, &run, &control).await?;
             }
@@ -69,7 +68,7 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
                 if let Some(off) = resume_planned(ctx, &run, &control).await? {
                     return batch_outcome(ctx, run, &off).await;
                 }
-                control = owned_control(ctx, run.epoch).await?.0;
+                control = ctx.checkpoint.owned_control(run.epoch).await?.0;
             }
             discover_and_plan(ctx, run, &control, Seen::Nothing, &clock).await
         }
@@ -143,95 +142,6 @@ pub(crate) fn batch_events(tasks: u64, distributed: bool, merges: u64) -> u64 {
     30 + operate + merge
 }
 
-/// The state partitions a batch's merges cover: all of them for a
-/// stateful query, none for a row-by-row one.
-pub(super) async fn merges(ctx: &Context, off: &Offsets) -> Result<Vec<u32>> {
-    Ok(match stateful_shape(ctx, off).await? {
-        Some(_) => state_partitions(ctx),
-        None => Vec::new(),
-    })
-}
-
-/// Every state partition of the pipeline.
-pub(super) fn state_partitions(ctx: &Context) -> Vec<u32> {
-    (0..ctx.pipeline.limits.state_partitions.max(1)).collect()
-}
-
-/// The stateful shape of the query a batch runs
-/// ([`crate::operators::StatefulQuery::shape`]); `None` for a row-by-row
-/// query.
-pub(super) async fn stateful_shape(ctx: &Context, off: &Offsets) -> Result<Option<String>> {
-    let schema = match &off.schema {
-        Some(v) => super::schema::arrow_of(ctx, v, crate::paths::checkpoint::offsets(off.batch))?,
-        None => ctx.schema().await?,
-    };
-    let op = SqlOperator::new(ctx.pipeline.clone(), schema);
-    Ok(op
-        .stateful()
-        .await?
-        .map(|q| q.shape(ctx.pipeline.limits.state_partitions.max(1))))
-}
-
-/// A stateful query whose shape is not the one its state was built under
-/// is refused while that state exists.
-async fn check_state_shape(ctx: &Context, control: &Control) -> Result<()> {
-    let Some(s) = &control.stateful else {
-        return Ok(());
-    };
-    if s.state.iter().all(Option::is_none) {
-        return Ok(());
-    }
-    let schema = ctx.schema().await?;
-    let reading = in_force(&ctx.pipeline, Some(control), schema.as_ref());
-    let op = SqlOperator::new(
-        ctx.pipeline.clone(),
-        super::schema::arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?,
-    );
-    let now = op
-        .stateful()
-        .await?
-        .map(|q| q.shape(ctx.pipeline.limits.state_partitions.max(1)));
-    if now.as_deref() != Some(s.shape.as_str()) {
-        return Err(Error::Incompatible {
-            pipeline: ctx.pipeline.name.clone(),
-            message: "the query's aggregate, keys, window, watermark column, sink.mode or \
-                      limits.state_partitions changed while state built under the old ones \
-                      exists: merging it would give wrong answers. Restore them, or run \
-                      `sluice reset` on the pipeline file to start over"
-                .into(),
-        });
-    }
-    Ok(())
-}
-
-/// The watermark a stateful query's state is under now: the committed
-/// one, advanced to the wall clock minus `wallclock_bound` if set.
-fn current_watermark(p: &crate::pipeline::Pipeline, control: &Control, now_ms: i64) -> Option<i64> {
-    let w = p.watermark.as_ref()?;
-    let committed = control.stateful.as_ref().and_then(|s| s.watermark_us);
-    let clock = w
-        .wallclock_bound_us
-        .map(|b| now_ms.saturating_mul(1000).saturating_sub(b));
-    committed.max(clock).filter(|_| control.stateful.is_some())
-}
-
-/// Whether a stateful query owes a batch with no input: the watermark
-/// (committed, or advanced by the wall clock) has reached the end of a
-/// window still in the state. Append and update modes only: complete mode
-/// keeps every window and writes them all with each batch.
-fn closing_owed(p: &crate::pipeline::Pipeline, control: &Control, now_ms: i64) -> bool {
-    let Some(s) = &control.stateful else {
-        return false;
-    };
-    if p.output_mode == crate::pipeline::OutputMode::Complete {
-        return false;
-    }
-    match (current_watermark(p, control, now_ms), s.next_close_us) {
-        (Some(now), Some(end)) => now >= end,
-        _ => false,
-    }
-}
-
 /// After a run's last batch of a stateful query over windows: when the
 /// watermark that batch committed has moved past the one its merges
 /// closed windows with, plan one more batch with no input, whose merges
@@ -249,12 +159,13 @@ async fn trailing_batch(
     // windows with it, so its tasks and merges read it from control.
     let wm = current_watermark(&ctx.pipeline, control, ctx.now());
     if wm != control.stateful.as_ref().and_then(|s| s.watermark_us) {
-        update_control(ctx, run.epoch, &|c| {
-            if let Some(s) = &mut c.stateful {
-                s.watermark_us = s.watermark_us.max(wm);
-            }
-        })
-        .await?;
+        ctx.checkpoint
+            .update_control(run.epoch, &|c| {
+                if let Some(s) = &mut c.stateful {
+                    s.watermark_us = s.watermark_us.max(wm);
+                }
+            })
+            .await?;
     }
     let schema = ctx.schema().await?;
     let off = Offsets {
@@ -297,17 +208,18 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     if control.is_some_and(|c| c.paused) {
         // Recorded, so `sluice resume` knows a run was asked for.
         if control.is_some_and(|c| !c.requested) {
-            swap_control(ctx, |read| match read {
-                Some(c) if c.paused => {
-                    let mut next = c.clone();
-                    next.requested = true;
-                    Ok((next, ()))
-                }
-                _ => Err(
-                    ctx.conflict("control.json changed while this run recorded its request".into())
-                ),
-            })
-            .await?;
+            ctx.checkpoint
+                .change_control(|read| match read {
+                    Some(c) if c.paused => {
+                        let mut next = c.clone();
+                        next.requested = true;
+                        Ok((next, ()))
+                    }
+                    _ => Err(ctx.conflict(
+                        "control.json changed while this run recorded its request".into(),
+                    )),
+                })
+                .await?;
         }
         return Ok(PlanOutcome::Paused);
     }
@@ -323,7 +235,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
             && c.retry.is_empty()
             && !closing_owed(p, c, ctx.now())
     });
-    let looked = match source.look(ctx, control, settled).await? {
+    let looked = match source.look(&ctx.scope(), control, settled).await? {
         Look::Idle => {
             ctx.metric(|| crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None));
             return Ok(idle("no new data"));
@@ -352,7 +264,10 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     // Work without new input: files asked for again, or a batch that
     // closes windows (a stateful query's watermark moved).
     let owed = control.is_some_and(|c| !c.retry.is_empty() || closing_owed(p, c, ctx.now()));
-    let Some(seen) = source.pending(ctx, control, looked, recover, owed).await? else {
+    let Some(seen) = source
+        .pending(&ctx.scope(), control, looked, recover, owed)
+        .await?
+    else {
         ctx.metric(|| crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None));
         return Ok(idle("no new data"));
     };
@@ -400,7 +315,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         if let Some(off) = resume_planned(ctx, &run, &next).await? {
             return batch_outcome(ctx, run, &off).await;
         }
-        owned_control(ctx, epoch).await?.0
+        ctx.checkpoint.owned_control(epoch).await?.0
     } else {
         next
     };
@@ -590,13 +505,13 @@ async fn discover_and_plan(
 ) -> Result<PlanOutcome> {
     let p = &ctx.pipeline;
     let source = Source::of(p);
-    source.check_checkpoint(ctx, control).await?;
+    source.check_checkpoint(&ctx.scope(), control).await?;
     let mut seen = Some(seen);
     let mut first_look = true;
     let fresh = loop {
         let seen = seen.take().unwrap_or(Seen::Nothing);
         let found = source
-            .find_new(ctx, run.epoch, control, seen, first_look)
+            .find_new(&ctx.scope(), run.epoch, control, seen, first_look)
             .await?;
         first_look = false;
         run.discovered = true;
@@ -606,7 +521,7 @@ async fn discover_and_plan(
         if !found.more {
             // Nothing new: a stateful query may still owe the batch with
             // no input that closes windows (a resumed run reaches it here).
-            let (now, _) = owned_control(ctx, run.epoch).await?;
+            let (now, _) = ctx.checkpoint.owned_control(run.epoch).await?;
             if let Some(off) = trailing_batch(ctx, &run, &now).await? {
                 return batch_outcome(ctx, run, &off).await;
             }
@@ -619,7 +534,9 @@ async fn discover_and_plan(
     if fresh.more {
         // What this slice left in the inbox is discovered at the end of the
         // run (or by the execution that continues it).
-        update_control(ctx, run.epoch, &|c| c.requested = true).await?;
+        ctx.checkpoint
+            .update_control(run.epoch, &|c| c.requested = true)
+            .await?;
     }
     if let Err(e) = check_state_shape(ctx, control).await {
         release(ctx, &run, RunStatus::Idle).await?;

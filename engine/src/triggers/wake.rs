@@ -172,10 +172,11 @@ pub async fn wake(
     trigger: &str,
     charge: Charge<'_>,
 ) -> Result<WakeOutcome> {
-    for _ in 0..16 {
-        let read = checkpoint.control().await?;
-        let control = read.as_ref().map(|(c, _)| c);
-        let etag = read.as_ref().map(|(_, e)| e.as_str());
+    // Another trigger or run changing control in between makes it decide
+    // again.
+    let mut attempts = checkpoint.attempts();
+    while let Some(read) = attempts.next(checkpoint).await? {
+        let (control, etag) = (read.control(), read.etag());
         let holder = holding_execution(control);
         let holder_state = match &holder {
             Some(name) => Some(executions.state(name).await?),
@@ -225,7 +226,6 @@ pub async fn wake(
         if let Some(outcome) = done {
             return Ok(outcome);
         }
-        // Another trigger or run changed control in between: decide again.
     }
     Err(Error::Conflict {
         pipeline: pipeline.to_string(),
