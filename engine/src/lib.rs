@@ -33,6 +33,7 @@
 pub mod admin;
 pub mod checkpoint;
 pub mod cost;
+mod deploy;
 pub mod discovery;
 pub mod error;
 #[cfg(feature = "lambda")]
@@ -61,6 +62,7 @@ mod layering {
     const LAYERS: &[(&str, u32)] = &[
         ("error", 0),
         ("hash", 0),
+        ("deploy", 0),
         ("process", 1),
         ("paths", 1),
         ("storage", 2),

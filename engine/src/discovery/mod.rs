@@ -17,7 +17,7 @@
 //! `manifests` mode reads another Sluice pipeline's sink through its
 //! manifests, with the manifest number as the offset.
 //!
-//! [`Source`] is the seam: the steps ask it, and only it (and the pipeline
+//! `Source` is the seam: the steps ask it, and only it (and the pipeline
 //! file's parser) knows the kinds.
 
 mod listing;

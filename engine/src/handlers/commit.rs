@@ -235,7 +235,8 @@ fn batch_usage(
     merged: Option<&Merged>,
     record: &Commit,
 ) -> Usage {
-    use super::usage::{COMMITTER, OPERATOR, PLANNER, batch_transitions, memory_mb, retries};
+    use super::usage::retries;
+    use crate::deploy::{COMMITTER, OPERATOR, PLANNER, batch_transitions, memory_mb};
     let merges = merged.map_or(0, |m| m.invocations);
     // Failed attempts of the batch's steps: each an invocation and a
     // transition (their duration unknown: they left no result).

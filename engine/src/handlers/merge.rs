@@ -177,7 +177,7 @@ pub async fn merge(
         state_rows,
         next_close_us: merged.next_close_us,
         millis: super::usage::billed_ms(started),
-        memory_mb: super::usage::memory_mb(super::usage::OPERATOR),
+        memory_mb: crate::deploy::memory_mb(crate::deploy::OPERATOR),
         retries: super::usage::retries(),
         requests,
     };

@@ -84,7 +84,7 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     result.requests = ctx.counts();
     result.requests.put += 1;
     result.millis = super::usage::billed_ms(started);
-    result.memory_mb = super::usage::memory_mb(super::usage::OPERATOR);
+    result.memory_mb = crate::deploy::memory_mb(crate::deploy::OPERATOR);
     result.retries = super::usage::retries();
     let bytes = serde_json::to_vec(&result).expect("a task result serializes");
     ctx.checkpoint

@@ -14,6 +14,7 @@ use super::schema::{evolve, in_force, resolve_schema};
 use super::state::{check_state_shape, closing_owed, current_watermark, merges};
 use crate::checkpoint::owner::Owner;
 use crate::checkpoint::{self, Claim, Control, Offsets, PipelineRecord, RunStatus};
+use crate::deploy::{EVENT_BUDGET, batch_events};
 use crate::discovery::{Look, Seen, Source};
 use crate::error::{Error, Result};
 use crate::operators::SqlOperator;
@@ -122,24 +123,6 @@ async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Resul
             merge,
         },
     })
-}
-
-/// History events an execution may spend on batches before it hands over
-/// to the next one: Step Functions caps a Standard execution's history at
-/// 25,000 events; the rest is headroom for retries, the plan of the
-/// hand-over and the end of the run.
-pub(crate) const EVENT_BUDGET: u64 = 20_000;
-
-/// About how many history events one batch adds to its execution: the
-/// Plan and Commit tasks and the choices around them (5 events per Lambda
-/// task state, 2 per choice), the Operate map (4, plus 7 per inline
-/// iteration: its start and end and a task state's 5; a Distributed Map
-/// runs its iterations in child executions and adds about 10), and for a
-/// stateful query the Merge map (4, plus 7 per state partition).
-pub(crate) fn batch_events(tasks: u64, distributed: bool, merges: u64) -> u64 {
-    let operate = if distributed { 10 } else { 4 + 7 * tasks };
-    let merge = if merges > 0 { 4 + 7 * merges } else { 0 };
-    30 + operate + merge
 }
 
 /// After a run's last batch of a stateful query over windows: when the

@@ -18,7 +18,7 @@ use datafusion::logical_expr::LogicalPlan;
 
 const ROW_BY_ROW: &str = "use a row-by-row query (SELECT, WHERE, expressions, UNION ALL of \
                           branches over the input), or one GROUP BY (a stateful query: see \
-                          README \"Stateful queries\")";
+                          docs/stateful.md)";
 
 /// Why a plan's per-batch results would not add up to the one-shot result,
 /// if they would not (`input`: the pipeline's table). A failed traversal is

@@ -7,9 +7,11 @@
 
 mod adapt;
 mod aggregate;
+mod attribute;
 mod classify;
 mod drift;
 mod event_time;
+mod freshness;
 mod merge;
 mod partition;
 mod salvage;
@@ -44,6 +46,8 @@ use crate::pipeline::{
 };
 use crate::sinks::ParquetSink;
 use crate::storage::{RequestCounts, ScanAccess, Store};
+use attribute::is_not_found;
+use freshness::Readable;
 use scan::BatchTable;
 
 /// Input bytes per output partition below which a task uses fewer partitions.
@@ -353,134 +357,6 @@ impl SqlOperator {
         Ok((ctx, plan))
     }
 
-    /// Notify mode: the inputs with the sizes they have now (one HEAD each).
-    /// A notification's size is that of the upload it reports, and the
-    /// reader must not trust it: a key written again since would be read
-    /// short. A key deleted since its notification is skipped with a warning
-    /// (there is nothing left to process; its claim is committed with the
-    /// batch).
-    async fn current_sizes(
-        &self,
-        access: &ScanAccess,
-        batch: u64,
-        planned: &[&InputFile],
-    ) -> Result<Vec<InputFile>> {
-        // At most `CONCURRENT_REQUESTS` in flight, however many small files
-        // a task holds.
-        let owned: Vec<InputFile> = planned.iter().map(|f| (*f).clone()).collect();
-        let found = crate::storage::fanout::concurrently(owned, |f| {
-            let (store, path) = (access.store.clone(), access.path(&f.key));
-            let pipeline = self.pipeline.name.clone();
-            async move {
-                match object_store::ObjectStoreExt::head(&store, &path).await {
-                    Ok(meta) => Ok(Some(InputFile {
-                        key: f.key,
-                        size: meta.size,
-                        etag: meta.e_tag,
-                        modified_ms: None,
-                    })),
-                    Err(object_store::Error::NotFound { .. }) => {
-                        tracing::warn!(%pipeline, batch, key = %f.key, "notified file gone; skipped");
-                        Ok(None)
-                    }
-                    Err(e) => Err(Error::Store(crate::storage::object_store_error(
-                        "head", &f.key, &e,
-                    ))),
-                }
-            }
-        })
-        .await?;
-        Ok(found.into_iter().flatten().collect())
-    }
-
-    /// Local files of the task whose size or modification time is not what
-    /// the listing saw: still being written (a local folder is not atomic,
-    /// unlike an S3 upload). In `list` mode they are deferred to the next
-    /// run; in `ordered` mode, whose cursor must not pass a key, the batch
-    /// is refused (its plan is dropped and the next run plans afresh).
-    async fn changed_since_listed(
-        &self,
-        access: &ScanAccess,
-        batch: u64,
-        task: &TaskPlan,
-        planned: &[&InputFile],
-    ) -> Result<(Vec<InputFile>, Vec<String>)> {
-        let mut changed = Vec::new();
-        let mut gone = Vec::new();
-        for f in planned {
-            let meta = match object_store::ObjectStoreExt::head(&access.store, &access.path(&f.key))
-                .await
-            {
-                Ok(meta) => meta,
-                Err(object_store::Error::NotFound { .. }) => {
-                    self.warn_gone(batch, &f.key);
-                    gone.push(f.key.clone());
-                    continue;
-                }
-                Err(e) => {
-                    return Err(Error::Store(crate::storage::object_store_error(
-                        "head", &f.key, &e,
-                    )));
-                }
-            };
-            let moved = f
-                .modified_ms
-                .is_some_and(|m| m != meta.last_modified.timestamp_millis());
-            if meta.size != f.size || moved {
-                tracing::warn!(pipeline = %self.pipeline.name, batch, key = %f.key, listed = f.size, now = meta.size, "input changed since it was listed (still being written?); left for the next run");
-                changed.push(InputFile {
-                    key: f.key.clone(),
-                    size: meta.size,
-                    etag: meta.e_tag,
-                    modified_ms: Some(meta.last_modified.timestamp_millis()),
-                });
-            }
-        }
-        if let Some(InputFile { key, .. }) = changed.first()
-            && Source::of(&self.pipeline).freshness() == (Freshness::Listed { strict: true })
-        {
-            return Err(Error::Input {
-                pipeline: self.pipeline.name.clone(),
-                batch,
-                key: key.clone(),
-                message: format!(
-                    "changed since it was listed (task {}): it is still being written. Write \
-                     files elsewhere and rename them into the source folder; the batch's plan is \
-                     dropped and the next run plans afresh",
-                    task.task
-                ),
-            });
-        }
-        Ok((changed, gone))
-    }
-
-    fn warn_gone(&self, batch: u64, key: &str) {
-        tracing::warn!(pipeline = %self.pipeline.name, batch, %key, "input deleted since the batch was planned; nothing to read, left out of the batch");
-    }
-
-    /// Notify mode over a local folder: the inputs whose size now is not
-    /// the size their inbox entry recorded (a local folder's files are found
-    /// by reconciling, which records the listed size): still being written,
-    /// so left for the next run. The commit refreshes their entries with the
-    /// size found here.
-    fn changed_since_notified(
-        &self,
-        batch: u64,
-        planned: &[&InputFile],
-        current: &[InputFile],
-    ) -> Vec<InputFile> {
-        let noticed: std::collections::HashMap<&str, u64> =
-            planned.iter().map(|f| (f.key.as_str(), f.size)).collect();
-        current
-            .iter()
-            .filter(|f| noticed.get(f.key.as_str()).is_some_and(|s| *s != f.size))
-            .inspect(|f| {
-                tracing::warn!(pipeline = %self.pipeline.name, batch, key = %f.key, notified = noticed[f.key.as_str()], now = f.size, "input changed since it was notified (still being written?); left for the next run");
-            })
-            .cloned()
-            .collect()
-    }
-
     /// The task's input files, looked up by the indexes its plan names; an
     /// index past the plan's inputs means the stored plan is corrupt.
     fn planned_inputs<'a>(
@@ -561,82 +437,6 @@ impl SqlOperator {
             max_event_us: None,
             late_file: None,
         })
-    }
-
-    /// The task's files to read now, and how: the planned inputs less those
-    /// left for the next run or gone, read through an access that, on S3,
-    /// pins every read to the version planned (its ETag): a file replaced
-    /// since fails its read rather than being read as input the plan did
-    /// not name. (Local files were checked against the listing.)
-    async fn readable(
-        &self,
-        source: &dyn Store,
-        batch: u64,
-        inputs: &[InputFile],
-        task: &TaskPlan,
-    ) -> Result<Readable> {
-        let access = source.scan_access()?;
-        let planned = self.planned_inputs(batch, inputs, task)?;
-        let (mut files, deferred, gone) = self.readable_now(&access, batch, task, &planned).await?;
-        // A 0-byte CSV or JSON Lines file holds no rows (not even a
-        // header): read as such, not as a file missing every column. (A
-        // 0-byte Parquet file is not a Parquet file: a bad file.)
-        if self.pipeline.source.format != crate::pipeline::SourceFormat::Parquet {
-            files.retain(|f| f.size > 0);
-        }
-        let access = if access.url.as_str() == "file:///" {
-            access
-        } else {
-            access.pinned(files.iter().map(|f| (f.key.as_str(), f.etag.as_deref())))
-        };
-        Ok(Readable {
-            access,
-            files,
-            deferred,
-            gone,
-        })
-    }
-
-    /// The planned files to read now, the ones left for the next run
-    /// (changed since listed or notified), and the ones gone.
-    async fn readable_now(
-        &self,
-        access: &ScanAccess,
-        batch: u64,
-        task: &TaskPlan,
-        planned: &[&InputFile],
-    ) -> Result<(Vec<InputFile>, Vec<InputFile>, Vec<String>)> {
-        let local = access.url.as_str() == "file:///";
-        let keep = |files: Vec<InputFile>, deferred: &[InputFile]| -> Vec<InputFile> {
-            files
-                .into_iter()
-                .filter(|f| !deferred.iter().any(|d| d.key == f.key))
-                .collect()
-        };
-        let owned = || planned.iter().map(|f| (*f).clone()).collect::<Vec<_>>();
-        match Source::of(&self.pipeline).freshness() {
-            Freshness::Notified => {
-                let current = self.current_sizes(access, batch, planned).await?;
-                let deferred = if local {
-                    self.changed_since_notified(batch, planned, &current)
-                } else {
-                    Vec::new()
-                };
-                Ok((keep(current, &deferred), deferred, Vec::new()))
-            }
-            Freshness::Immutable => Ok((owned(), Vec::new(), Vec::new())),
-            Freshness::Listed { .. } if local => {
-                let (deferred, gone) = self
-                    .changed_since_listed(access, batch, task, planned)
-                    .await?;
-                let files = keep(owned(), &deferred)
-                    .into_iter()
-                    .filter(|f| !gone.contains(&f.key))
-                    .collect();
-                Ok((files, deferred, gone))
-            }
-            Freshness::Listed { .. } => Ok((owned(), Vec::new(), Vec::new())),
-        }
     }
 
     /// Read `files` and write the query's result: check each file's columns
@@ -783,150 +583,6 @@ impl SqlOperator {
         }
     }
 
-    /// How a query error of task `task` is reported: an input problem, which
-    /// [`Self::culprit`] then pins on a file or the query.
-    fn exec_err(
-        &self,
-        batch: u64,
-        task: &TaskPlan,
-    ) -> impl Fn(DataFusionError) -> Error + Copy + '_ {
-        let task = task.task;
-        move |e: DataFusionError| Error::Execution {
-            pipeline: self.pipeline.name.clone(),
-            batch,
-            task: Some(task),
-            message: e.to_string(),
-            class: ErrorClass::InvalidInput,
-        }
-    }
-
-    /// The whole of text file `f`, decompressed: `None` if it is gone,
-    /// `Some(Err)` if it does not decompress.
-    pub(crate) async fn read_text(
-        &self,
-        access: &ScanAccess,
-        f: &InputFile,
-    ) -> Result<Option<std::result::Result<Vec<u8>, String>>> {
-        let path = access.path(&f.key);
-        let got = match object_store::ObjectStoreExt::get(&access.store, &path).await {
-            Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => {
-                return Err(Error::Store(crate::storage::object_store_error(
-                    "get", &f.key, &e,
-                )));
-            }
-        };
-        let bytes = got
-            .bytes()
-            .await
-            .map_err(|e| Error::Store(crate::storage::object_store_error("get", &f.key, &e)))?;
-        let compression = match self.pipeline.source.compression {
-            None => FileCompressionType::UNCOMPRESSED,
-            Some(Compression::Gzip) => FileCompressionType::GZIP,
-            Some(Compression::Zstd) => FileCompressionType::ZSTD,
-        };
-        let mut text = Vec::new();
-        let decoded = compression
-            .convert_read(std::io::Cursor::new(bytes))
-            .map_err(|e| e.to_string())
-            .and_then(|mut r| {
-                std::io::Read::read_to_end(&mut r, &mut text).map_err(|e| e.to_string())
-            });
-        Ok(Some(decoded.map(|_| text)))
-    }
-
-    /// The first row of CSV or JSON Lines file `f` that does not read, as
-    /// a person finds it: `line 4: column id: "zz" is not bigint (raw:
-    /// zz,3)`, the line counted in the file as an editor counts it (the
-    /// reader's own error counts from the first row after the header and
-    /// names the column by position and Arrow type). `None` for Parquet,
-    /// or when reading row by row finds nothing wrong.
-    pub(super) async fn first_bad_row(&self, access: &ScanAccess, f: &InputFile) -> Option<String> {
-        let s = &self.pipeline.source;
-        let Ok(Some(Ok(text))) = self.read_text(access, f).await else {
-            return None;
-        };
-        let schema = Arc::new(self.file_schema());
-        let read = match s.format {
-            SourceFormat::Parquet => return None,
-            SourceFormat::Csv => salvage::csv(
-                &f.key,
-                &text,
-                &schema,
-                s.header,
-                s.delimiter,
-                BadRowPolicy::Quarantine,
-            ),
-            SourceFormat::Jsonl => salvage::jsonl(&f.key, &text, &schema, BadRowPolicy::Quarantine),
-        };
-        let bad = read.ok()?.bad.into_iter().next()?;
-        let mut raw = bad.raw;
-        if raw.chars().count() > 200 {
-            raw = raw.chars().take(200).collect::<String>() + "...";
-        }
-        Some(format!(
-            "line {}: {} (the line: {raw})",
-            bad.line, bad.reason
-        ))
-    }
-
-    /// Under `on_bad_row = "quarantine" | "null"`, read a CSV or JSON Lines
-    /// file that failed the scan row by row; `None` when the policy is
-    /// `fail`, the source is Parquet, or the file is not text at all (bad
-    /// compression), which the file policy then decides.
-    async fn salvage(
-        &self,
-        access: &ScanAccess,
-        f: &InputFile,
-    ) -> Result<Option<salvage::Salvaged>> {
-        let s = &self.pipeline.source;
-        if s.on_bad_row == BadRowPolicy::Fail || s.format == SourceFormat::Parquet {
-            return Ok(None);
-        }
-        let text = match self.read_text(access, f).await? {
-            Some(Ok(text)) => text,
-            None => return Ok(None),
-            Some(Err(e)) => {
-                tracing::warn!(pipeline = %self.pipeline.name, key = %f.key, error = %e, "cannot decompress; the file policy decides");
-                return Ok(None);
-            }
-        };
-        // Derived columns are not in the file: filled after.
-        let schema = Arc::new(self.file_schema());
-        let read = match s.format {
-            SourceFormat::Csv => {
-                salvage::csv(&f.key, &text, &schema, s.header, s.delimiter, s.on_bad_row)
-            }
-            _ => salvage::jsonl(&f.key, &text, &schema, s.on_bad_row),
-        };
-        let read = read.and_then(|mut r| {
-            let mut columns = r.batch.columns().to_vec();
-            for f in &self.schema.fields()[schema.fields().len()..] {
-                columns.push(if f.name() == CORRUPT_RECORD {
-                    Arc::new(datafusion::arrow::array::StringArray::from(
-                        r.corrupt.clone(),
-                    ))
-                } else {
-                    datafusion::arrow::array::new_null_array(f.data_type(), r.batch.num_rows())
-                });
-            }
-            r.batch =
-                RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| e.to_string())?;
-            Ok(r)
-        });
-        match read {
-            Ok(r) => {
-                tracing::warn!(pipeline = %self.pipeline.name, key = %f.key, bad_rows = r.bad.len(), nulled_fields = r.nulled, "file read row by row");
-                Ok(Some(r))
-            }
-            Err(e) => {
-                tracing::warn!(pipeline = %self.pipeline.name, key = %f.key, error = %e, "cannot read row by row; the file policy decides");
-                Ok(None)
-            }
-        }
-    }
-
     /// After the scan of the task's clean files: run the query over the
     /// rows kept from files read row by row and over the files read apart
     /// (output partitions numbered after the scan's), write the bad rows to
@@ -1066,113 +722,6 @@ impl SqlOperator {
         }
         Ok(())
     }
-
-    /// Which input makes a task fail, found by reading each alone: first
-    /// whole with the pinned schema (a broken, missing or mismatched file),
-    /// then through the query (a value the query cannot handle).
-    async fn culprit(&self, access: &ScanAccess, files: &[&InputFile]) -> Option<Culprit> {
-        let read_all = format!("SELECT * FROM \"{}\"", self.pipeline.source.table);
-        let probes = [read_all.as_str(), self.pipeline.sql.as_str()];
-        for sql in probes {
-            for f in files {
-                let probe = async {
-                    let (ctx, plan) = self.plan_query(access, &[f], sql).await?;
-                    datafusion::physical_plan::collect(plan, ctx.task_ctx()).await
-                };
-                let Err(e) = probe.await else {
-                    continue;
-                };
-                let unreadable = sql == read_all;
-                let replaced = e.to_string().to_lowercase().contains("precondition");
-                let gone = is_not_found(&e);
-                let message = match &e {
-                    _ if replaced => "replaced since the batch was planned (it no longer has the \
-                                      planned ETag), so it is not read: the batch's plan is \
-                                      dropped and the next run plans afresh with the new version"
-                        .to_string(),
-                    DataFusionError::ObjectStore(os)
-                        if matches!(**os, object_store::Error::NotFound { .. }) =>
-                    {
-                        "missing: it was listed when the batch was planned and has since been \
-                         deleted; restore it, or delete the batch plan to skip it"
-                            .to_string()
-                    }
-                    // The file reads whole with the pinned schema; the query
-                    // fails on its values: the query's fault, not the file's.
-                    _ if !unreadable => format!(
-                        "the file reads fine, but query.sql fails on its values: {}. Fix the \
-                         query (for example TRY_CAST instead of CAST, or a WHERE that keeps \
-                         such rows out), then run again",
-                        e.to_string().trim()
-                    ),
-                    _ => format!(
-                        "{}; fix or replace the file (same key), then run again",
-                        self.first_bad_row(access, f)
-                            .await
-                            .unwrap_or_else(|| e.to_string().trim().to_string())
-                    ),
-                };
-                return Some(Culprit {
-                    key: f.key.clone(),
-                    message,
-                    reason: e.to_string().trim().to_string(),
-                    unreadable,
-                    gone,
-                });
-            }
-        }
-        None
-    }
-
-    /// The error of a task that failed with `original`, naming the input
-    /// at fault if one was found.
-    fn attribute(
-        &self,
-        batch: u64,
-        task: &TaskPlan,
-        culprit: Option<Culprit>,
-        original: Error,
-    ) -> Error {
-        if let Some(c) = culprit {
-            return Error::Input {
-                pipeline: self.pipeline.name.clone(),
-                batch,
-                key: c.key,
-                message: c.message,
-            };
-        }
-        match original {
-            Error::Execution { message, .. } => Error::Execution {
-                pipeline: self.pipeline.name.clone(),
-                batch,
-                task: Some(task.task),
-                message,
-                class: ErrorClass::Fatal,
-            },
-            other => other,
-        }
-    }
-}
-
-/// The input a failed task was found to fail on.
-struct Culprit {
-    key: String,
-    /// The error to report, with what to do.
-    message: String,
-    /// The reader's error alone (a quarantine record's reason).
-    reason: String,
-    /// The file cannot be read (rather than the query failing on its values).
-    unreadable: bool,
-    /// The file was deleted since it was planned.
-    gone: bool,
-}
-
-/// Whether a read failed because the object is not there.
-fn is_not_found(e: &DataFusionError) -> bool {
-    match e.find_root() {
-        DataFusionError::ObjectStore(os) => matches!(**os, object_store::Error::NotFound { .. }),
-        _ => false,
-    }
 }
 
 /// What a task read and wrote.
@@ -1189,14 +738,6 @@ struct TaskRead {
     /// Fields put into `_rescued`.
     rescued: u64,
     /// Inputs deleted since they were planned.
-    gone: Vec<String>,
-}
-
-/// What a task reads ([`SqlOperator::readable`]).
-struct Readable {
-    access: ScanAccess,
-    files: Vec<InputFile>,
-    deferred: Vec<InputFile>,
     gone: Vec<String>,
 }
 

@@ -101,7 +101,7 @@ fn toml_message(e: &toml::de::Error) -> String {
     // part, and add what to do.
     let msg = e.to_string();
     let msg = msg.trim_end();
-    format!("{msg}\nfix the pipeline file; see README \"Pipeline file\" for the fields")
+    format!("{msg}\nfix the pipeline file; see docs/pipeline.md \"Pipeline file\" for the fields")
 }
 
 fn is_identifier(s: &str) -> bool {

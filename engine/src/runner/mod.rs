@@ -18,7 +18,7 @@ use crate::handlers::{self, CommitRequest, Context, PlanOutcome, PlanRequest, Ta
 use asl::{Failure, Sleeper, StateMachine, TaskInvoker};
 
 /// The state machine definition, compiled in from `statemachines/`.
-pub(crate) const DEFINITION: &str = include_str!("../../../statemachines/microbatch.asl.json");
+pub(crate) use crate::deploy::DEFINITION;
 
 /// Task resources of the definition, as SAM substitutes them.
 pub(crate) const PLANNER: &str = "${PlannerFunctionArn}";
@@ -143,12 +143,12 @@ struct LocalInvoker<'a> {
 
 impl LocalInvoker<'_> {
     async fn call(&self, resource: &str, input: Value) -> Result<Value> {
-        use crate::handlers::usage;
+        use crate::deploy;
         let function = match resource {
-            PLANNER => Some(usage::PLANNER),
-            OPERATOR => Some(usage::OPERATOR),
-            COMMITTER => Some(usage::COMMITTER),
-            TRIGGER => Some(usage::TRIGGER),
+            PLANNER => Some(deploy::PLANNER),
+            OPERATOR => Some(deploy::OPERATOR),
+            COMMITTER => Some(deploy::COMMITTER),
+            TRIGGER => Some(deploy::TRIGGER),
             _ => None,
         };
         let started = Instant::now();
@@ -390,7 +390,7 @@ impl Runner {
                                     f,
                                     *n,
                                     *ms,
-                                    crate::handlers::usage::memory_mb(f),
+                                    crate::deploy::memory_mb(f),
                                 )
                             })
                             .collect(),

@@ -117,7 +117,8 @@ pub(crate) async fn trigger_carrying(
             ctx.counted()
         };
         let charge = |c: &mut crate::checkpoint::Control, created: bool| {
-            use crate::handlers::usage::{TRIGGER, billed_ms, invocation_ms, memory_mb};
+            use crate::deploy::{TRIGGER, memory_mb};
+            use crate::handlers::usage::{billed_ms, invocation_ms};
             let first = u64::from(i == 0);
             let ms = if i == 0 {
                 invocation_ms().max(billed_ms(started))

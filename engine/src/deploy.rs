@@ -1,0 +1,113 @@
+//! What the deployment fixes, read from one place: the functions'
+//! names and configured memory (`template.yaml`), and the state
+//! transitions and history events a batch takes through the definition
+//! (`statemachines/microbatch.asl.json`, which the runner executes). The
+//! usage records, the cost model and the execution's event budget read
+//! them here; `tests/e2e/usage.rs` checks the transition counts against
+//! what the runner counts as it interprets the definition, and the unit
+//! test below the memory sizes against the template.
+
+/// The state machine definition, compiled in from `statemachines/`.
+pub(crate) const DEFINITION: &str = include_str!("../../statemachines/microbatch.asl.json");
+
+/// The functions, as usage records name them.
+pub(crate) const PLANNER: &str = "planner";
+/// The operator function (tasks and merges).
+pub(crate) const OPERATOR: &str = "operator";
+/// The committer function.
+pub(crate) const COMMITTER: &str = "committer";
+/// The trigger function (the state machine's Continue step invokes it).
+pub(crate) const TRIGGER: &str = "trigger";
+
+/// The template, whose `MemorySize` settings are what each function runs
+/// with on AWS.
+const TEMPLATE: &str = include_str!("../../template.yaml");
+
+/// The transitions of an execution's ending: `Plan`, `HasBatch` and
+/// `Finished` (and `Continue` when it hands over to the next execution).
+pub(crate) fn run_end_transitions(handover: bool) -> u64 {
+    if handover { 4 } else { 3 }
+}
+
+/// The configured memory of `function`, MB: on Lambda, what the runtime
+/// says the running function has; in-process, what `template.yaml`
+/// configures for it (its `MemorySize`, else the Globals one).
+pub(crate) fn memory_mb(function: &str) -> u64 {
+    std::env::var("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| template_memory_mb(TEMPLATE, function))
+}
+
+/// `MemorySize` of the `<Function>Function` resource in `template`, or of
+/// `Globals: Function:`; 128 (Lambda's default) if neither sets it.
+fn template_memory_mb(template: &str, function: &str) -> u64 {
+    let resource = format!(
+        "  {}{}Function:",
+        function[..1].to_ascii_uppercase(),
+        &function[1..]
+    );
+    let memory_in = |header: &str, indent: usize| -> Option<u64> {
+        let mut lines = template.lines().skip_while(|l| l.trim_end() != header);
+        lines.next()?;
+        for line in lines {
+            let depth = line.len() - line.trim_start().len();
+            if !line.trim().is_empty() && depth <= indent {
+                return None;
+            }
+            if let Some(v) = line.trim().strip_prefix("MemorySize:") {
+                return v.trim().parse().ok();
+            }
+        }
+        None
+    };
+    memory_in(&resource, 2)
+        .or_else(|| memory_in("  Function:", 2))
+        .unwrap_or(128)
+}
+
+/// State transitions of one batch through the definition: `Plan`,
+/// `HasBatch`, the `Operate` (or `OperateMany`) map and one `RunTask` per
+/// task (a Distributed Map's child execution runs one state per task too),
+/// `MergeOrCommit`, for a stateful query the `Merge` map and one `RunMerge`
+/// per state partition, `Commit` and `NextBatch`; and one per failed
+/// attempt of any of its steps (a `Retry` enters the state again).
+pub(crate) fn batch_transitions(tasks: u64, merges: u64, retries: u64) -> u64 {
+    let merge = if merges > 0 { 1 + merges } else { 0 };
+    6 + tasks + merge + retries
+}
+
+/// History events an execution may spend on batches before it hands over
+/// to the next one: Step Functions caps a Standard execution's history at
+/// 25,000 events; the rest is headroom for retries, the plan of the
+/// hand-over and the end of the run.
+pub(crate) const EVENT_BUDGET: u64 = 20_000;
+
+/// About how many history events one batch adds to its execution: the
+/// Plan and Commit tasks and the choices around them (5 events per Lambda
+/// task state, 2 per choice), the Operate map (4, plus 7 per inline
+/// iteration: its start and end and a task state's 5; a Distributed Map
+/// runs its iterations in child executions and adds about 10), and for a
+/// stateful query the Merge map (4, plus 7 per state partition).
+pub(crate) fn batch_events(tasks: u64, distributed: bool, merges: u64) -> u64 {
+    let operate = if distributed { 10 } else { 4 + 7 * tasks };
+    let merge = if merges > 0 { 4 + 7 * merges } else { 0 };
+    30 + operate + merge
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The values template.yaml sets (read by hand): the operator 3008 MB,
+    /// the trigger 256 MB, the planner and committer the Globals' 1769 MB.
+    #[test]
+    fn memory_comes_from_the_template() {
+        assert_eq!(template_memory_mb(TEMPLATE, "operator"), 3008);
+        assert_eq!(template_memory_mb(TEMPLATE, "trigger"), 256);
+        assert_eq!(template_memory_mb(TEMPLATE, "planner"), 1769);
+        assert_eq!(template_memory_mb(TEMPLATE, "committer"), 1769);
+        let bare = "Resources:\n  PlannerFunction:\n    Type: AWS::Serverless::Function\n";
+        assert_eq!(template_memory_mb(bare, "planner"), 128);
+    }
+}
