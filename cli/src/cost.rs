@@ -53,7 +53,7 @@ pub async fn report(
     let mut commits = admin::history(ctx, window.last).await?;
     if let Some(text) = &window.since {
         let us = sluice_engine::pipeline::duration_us(text)
-            .map_err(|e| anyhow::anyhow!("--since {text:?}: {e}"))?;
+            .map_err(|e| crate::Usage(format!("--since {text:?}: {e}")))?;
         let from = chrono::Utc::now().timestamp_millis() - us / 1000;
         commits.retain(|c| c.committed_ms >= from);
     }
@@ -79,7 +79,7 @@ pub async fn run(
         None => None,
         Some(text) => Some(
             sluice_engine::pipeline::duration_us(&text)
-                .map_err(|e| anyhow::anyhow!("--every {text:?}: {e}"))? as f64
+                .map_err(|e| crate::Usage(format!("--every {text:?}: {e}")))? as f64
                 / 1e6,
         ),
     };
@@ -94,9 +94,9 @@ pub async fn run(
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{p}: the last {} batches ({} runs), priced with {} (free tier not included)",
-        r.batches.len(),
-        r.runs,
+        "{p}: the last {} ({}), priced with {} (free tier not included)",
+        crate::text::count(r.batches.len() as u64, "batch"),
+        crate::text::count(r.runs, "run"),
         r.prices
     );
     println!(

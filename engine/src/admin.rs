@@ -170,6 +170,26 @@ pub async fn check(ctx: &Context) -> Result<CheckReport> {
     Ok(report)
 }
 
+/// The batches the run of `epoch` committed that are still retained,
+/// oldest first: back from the last committed batch while the epoch is
+/// the same (the last run's, for `sluice show`'s cost of the last run and
+/// `sluice refresh --wait`'s report).
+pub async fn run_commits(ctx: &Context, epoch: u64) -> Result<Vec<Commit>> {
+    let mut committed = Vec::new();
+    if let Some((control, _)) = ctx.checkpoint.control().await? {
+        let mut n = control.last_committed;
+        while let Some(b) = n.filter(|b| *b >= control.first_batch) {
+            match ctx.checkpoint.commit(b).await? {
+                Some(c) if c.epoch == epoch => committed.push(c),
+                _ => break,
+            }
+            n = b.checked_sub(1);
+        }
+    }
+    committed.reverse();
+    Ok(committed)
+}
+
 /// The committed batches still retained, newest first, at most `limit`.
 pub async fn history(ctx: &Context, limit: usize) -> Result<Vec<Commit>> {
     let Some((control, _)) = ctx.checkpoint.control().await? else {

@@ -384,8 +384,12 @@ fn observed_interval(batches: &[BatchCost], epochs: &[u64]) -> (Option<f64>, Opt
         return (
             None,
             Some(format!(
-                "{} run(s) recorded: too few to tell how often runs come",
-                starts.len()
+                "{} recorded: too few to tell how often runs come",
+                if starts.len() == 1 {
+                    "1 run".to_string()
+                } else {
+                    format!("{} runs", starts.len())
+                }
             )),
         );
     }

@@ -163,6 +163,37 @@ async fn fail_names_the_first_bad_line_as_an_editor_counts_it() {
     assert!(e.contains("fix or replace the file"), "{e}");
 }
 
+/// A CSV file set aside whole (`on_bad_file = "quarantine"`) says why as
+/// the `fail` error does: its first bad line and column with the SQL type,
+/// not the reader's "Error while parsing value 'x' as type 'Int64' for
+/// column 0 at line 2".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quarantined_csv_file_names_its_first_bad_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (_, key, lines) = csv_with_bad_rows(root);
+    let toml = pipeline_toml(
+        "files",
+        "csv",
+        "on_bad_file = \"quarantine\"",
+        "max_files_per_batch = 1",
+    );
+    let p = pipeline(root, &toml);
+    run(&local_context(&p)).await.unwrap();
+    let ctx = local_context(&p);
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(c.quarantined.len(), 1, "{:?}", c.quarantined);
+    assert_eq!(c.quarantined[0].key, key);
+    let reason = &c.quarantined[0].reason;
+    assert!(
+        reason.starts_with(&format!(
+            "line {}: column VendorID: \"x\" is not bigint (the line: x,",
+            lines[0]
+        )),
+        "{reason}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn null_keeps_rows_with_bad_fields_as_duckdb_try_cast_reads_them() {
     let dir = tempfile::tempdir().unwrap();

@@ -880,6 +880,14 @@ fn every_command_prints_json_when_asked() {
     // 2 as for any wrong command line; `cost --last 0` likewise.
     let last0 = sluice(&["cost", file, "--last", "0"]);
     assert_eq!(last0.status.code(), Some(2));
+    // A duration that does not parse is a wrong command line too (it
+    // exited 1, the code of Sluice.Fatal).
+    for bad in [["--every", "abc"], ["--since", "1y"]] {
+        let out = sluice(&["cost", file, bad[0], bad[1], "--json"]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
+        let error: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(error["error"]["exit_code"], 2, "{error}");
+    }
     let refused = sluice(&["reset", file, "--json"]);
     assert_eq!(refused.status.code(), Some(2));
     let error: serde_json::Value = serde_json::from_slice(&refused.stdout).unwrap();

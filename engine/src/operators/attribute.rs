@@ -93,6 +93,21 @@ impl SqlOperator {
         ))
     }
 
+    /// Why file `f` cannot be read, as a quarantine record and `sluice
+    /// show` say it: its first bad line (CSV, JSON Lines), else the
+    /// reader's error `reason`.
+    pub(super) async fn why_unreadable(
+        &self,
+        access: &ScanAccess,
+        f: &InputFile,
+        reason: &str,
+    ) -> String {
+        match self.first_bad_row(access, f).await {
+            Some(line) => line,
+            None => reason.trim().to_string(),
+        }
+    }
+
     /// Under `on_bad_row = "quarantine" | "null"`, read a CSV or JSON Lines
     /// file that failed the scan row by row; `None` when the policy is
     /// `fail`, the source is Parquet, or the file is not text at all (bad

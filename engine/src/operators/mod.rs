@@ -499,7 +499,9 @@ impl SqlOperator {
                     keys.push(f.key.clone());
                     match self.salvage(access, f).await? {
                         Some(s) => salvaged.push(((*f).clone(), s)),
-                        None if quarantine => set_aside(f, reason.clone()),
+                        None if quarantine => {
+                            set_aside(f, self.why_unreadable(access, f, reason).await)
+                        }
                         None => return Err(self.unreadable(access, batch, f, reason).await),
                     }
                 }
@@ -558,7 +560,7 @@ impl SqlOperator {
                         } else if let Some(s) = self.salvage(access, f).await? {
                             salvaged.push((f.clone(), s));
                         } else if quarantine {
-                            set_aside(f, c.reason.clone());
+                            set_aside(f, self.why_unreadable(access, f, &c.reason).await);
                         } else {
                             return Err(self.attribute(batch, task, culprit, e));
                         }
@@ -707,6 +709,7 @@ impl SqlOperator {
             }
             match culprit {
                 Some((f, reason)) if quarantine => {
+                    let reason = self.why_unreadable(access, &f, &reason).await;
                     tracing::warn!(pipeline = %self.pipeline.name, batch, key = %f.key, %reason, "input file quarantined");
                     read.quarantined.push(Quarantined {
                         key: f.key.clone(),

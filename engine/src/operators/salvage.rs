@@ -122,8 +122,17 @@ fn csv_records(
     for rec in rdr.byte_records() {
         let rec = rec.map_err(|e| format!("not CSV: {e}"))?;
         let pos = rec.position();
-        starts.push(pos.map_or(0, |p| p.byte() as usize));
-        lines.push(pos.map_or(1, ::csv::Position::line));
+        let mut start = pos.map_or(0, |p| p.byte() as usize);
+        let mut line = pos.map_or(1, ::csv::Position::line);
+        // A record after blank lines, or after a CRLF line end, is placed
+        // where the previous one ended: its line and raw text start past
+        // those line ends.
+        while let Some(b @ (b'\r' | b'\n')) = text.get(start) {
+            line += u64::from(*b == b'\n');
+            start += 1;
+        }
+        starts.push(start);
+        lines.push(line);
         records.push(rec);
     }
     let mut out = TextRows {
@@ -144,7 +153,8 @@ fn csv_records(
         let line = lines[i];
         let mut reasons = Vec::new();
         if rec.len() != ncols {
-            reasons.push(format!("{} fields, expected {ncols}", rec.len()));
+            let fields = if rec.len() == 1 { "field" } else { "fields" };
+            reasons.push(format!("{} {fields}, expected {ncols}", rec.len()));
         }
         let fields: Vec<Option<String>> = (0..ncols)
             .map(|c| match rec.get(c) {
@@ -294,7 +304,11 @@ pub(super) fn jsonl(
     let mut bad = Vec::new();
     let mut nulled = 0u64;
     let decode = |line: &[u8]| -> Result<Option<RecordBatch>, String> {
+        // JSON numbers and booleans in a text column are taken as written,
+        // as the file reader's read-apart path takes them (and Spark and
+        // DuckDB do).
         let mut d = ReaderBuilder::new(schema.clone())
+            .with_coerce_primitive(true)
             .build_decoder()
             .map_err(|e| e.to_string())?;
         d.decode(line).map_err(|e| e.to_string())?;
@@ -495,6 +509,76 @@ mod tests {
                 None
             ]
         );
+    }
+
+    /// Line numbers and raw text as an editor shows them after blank lines
+    /// and with CRLF line ends (the record's position was where the line
+    /// before it ended: line 3 and "\nzz,3" for the fourth line).
+    #[test]
+    fn csv_lines_count_past_blank_lines_and_crlf() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("b", DataType::Int64, true),
+        ]));
+        let q = |text: &[u8]| {
+            csv("k.csv", text, &schema, true, b',', BadRowPolicy::Quarantine)
+                .unwrap()
+                .bad
+                .into_iter()
+                .map(|b| (b.line, b.raw))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(q(b"id,b\r\n1,2\r\n2,3\r\nzz,3\r\n"), [(4, "zz,3".into())]);
+        assert_eq!(q(b"id,b\n1,2\n\n2,3\n\nzz,3\n"), [(6, "zz,3".into())]);
+        assert_eq!(
+            q(b"id,b\r\n1,2\r\n\r\n\r\nzz,3\r\n7,x\r\n"),
+            [(5, "zz,3".into()), (6, "7,x".into())]
+        );
+        // Repaired rows keep their own raw text (it is `_corrupt_record`).
+        let n = csv(
+            "k.csv",
+            b"id,b\r\n1,2\r\n\r\nzz,3\r\n",
+            &schema,
+            true,
+            b',',
+            BadRowPolicy::Null,
+        )
+        .unwrap();
+        assert_eq!(n.corrupt, [None, Some("zz,3".to_string())]);
+        let few = q(b"id,b\n1\n");
+        assert_eq!(few.len(), 1);
+        let reasons = csv(
+            "k.csv",
+            b"id,b\n1\n",
+            &schema,
+            true,
+            b',',
+            BadRowPolicy::Quarantine,
+        )
+        .unwrap()
+        .bad;
+        assert_eq!(reasons[0].reason, "1 field, expected 2");
+    }
+
+    /// Read row by row, a JSON number or boolean in a text column is taken
+    /// as written, as when the file reads whole (it was set aside as "not
+    /// string" once another row forced the row-by-row read).
+    #[test]
+    fn jsonl_numbers_and_booleans_in_text_columns_are_kept_as_written() {
+        let text = b"{\"id\":1,\"name\":5}\n{\"id\":2,\"name\":true}\n{\"id\":\"zz\"}\n";
+        let q = jsonl("k.jsonl", text, &schema(), BadRowPolicy::Quarantine).unwrap();
+        assert_eq!(q.bad.len(), 1);
+        assert_eq!(q.bad[0].line, 3);
+        let names = q
+            .batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap()
+            .iter()
+            .map(|v| v.map(str::to_string))
+            .collect::<Vec<_>>();
+        assert_eq!(names, [Some("5".to_string()), Some("true".to_string())]);
     }
 
     /// The row-by-row read types values as the file reader does: a CSV

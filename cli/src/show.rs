@@ -1,0 +1,292 @@
+//! `sluice show` and `sluice history`: a pipeline's state and its
+//! committed batches, as a person reads them.
+
+use super::*;
+
+pub(crate) async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let ctx = open(path).await?;
+    let status = admin::status(&ctx).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let p = &ctx.pipeline;
+    println!("pipeline     {}", p.name);
+    println!(
+        "source       {} ({}, {} discovery)",
+        p.source.location.display(),
+        p.source.format.name(),
+        p.source.discovery.name()
+    );
+    // The first pinned schema; one that grew since prints with its
+    // version below.
+    let grown = status.control.as_ref().is_some_and(|c| c.schema.is_some());
+    if let Some(cols) = status.schema.as_ref().filter(|_| !grown) {
+        let columns: Vec<String> = cols
+            .iter()
+            .map(|c| format!("{} {}", c.name, shown_type(&c.data_type)))
+            .collect();
+        println!("schema       {}", columns.join(", "));
+    }
+    println!("sink         {}", p.sink.display());
+    println!("checkpoint   {}", p.checkpoint.display());
+    match &status.control {
+        None => println!("state        never run"),
+        Some(c) => {
+            let when = |ms: Option<i64>| {
+                ms.and_then(chrono::DateTime::from_timestamp_millis)
+                    .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                    .unwrap_or_else(|| "-".into())
+            };
+            let state = match (c.paused, c.status) {
+                (true, _) if c.requested => {
+                    "paused (a run was asked for: `sluice resume` starts it)"
+                }
+                (true, _) => "paused",
+                (false, sluice_engine::checkpoint::RunStatus::Running) => "running",
+                (false, sluice_engine::checkpoint::RunStatus::Idle) => "idle",
+            };
+            println!(
+                "state        {state} (epoch {}, owner {}, heartbeat {})",
+                c.epoch,
+                c.owner.as_deref().unwrap_or("-"),
+                when(c.heartbeat_ms)
+            );
+            match c.last_committed {
+                Some(n) => println!("last batch   {n} committed {}", when(c.last_commit_ms)),
+                None => println!("last batch   none committed"),
+            }
+            if let Some(lc) = &status.last_commit {
+                println!(
+                    "  that batch {}, {}, {} in, {} out, {}{}",
+                    count(lc.files, "file"),
+                    mib(lc.bytes_read),
+                    count(lc.rows_in, "row"),
+                    count(lc.rows_out, "row"),
+                    count(lc.outputs.len() as u64, "output file"),
+                    BadData {
+                        files: lc.quarantined.len() as u64,
+                        rows: lc.rejected.iter().map(|r| r.rows).sum(),
+                        nulled: lc.nulled_fields,
+                        rescued: lc.rescued_fields,
+                        late: lc.stateful.as_ref().map_or(0, |s| s.late_rows),
+                        added: &lc.added_columns,
+                        version: lc.schema_version,
+                    }
+                    .to_string()
+                    .replacen("  ", ", ", 1)
+                );
+            }
+            if let Some(lc) = &status.last_commit {
+                let run_commits = admin::run_commits(&ctx, lc.epoch).await?;
+                let (prices, _) = cost::prices(None)?;
+                let r = sluice_engine::cost::report(&run_commits, &c.totals, &prices, "", None);
+                let run = r.per_run;
+                println!(
+                    "last run     cost {} on AWS at us-east-1 list prices (`sluice cost` for more)",
+                    cost::dollars(run)
+                );
+            }
+            let t = &c.totals;
+            println!(
+                "so far       {}, {}, {}, {} in, {} out{}",
+                count(t.batches, "batch"),
+                count(t.files, "file"),
+                mib(t.bytes),
+                count(t.rows_in, "row"),
+                count(t.rows_out, "row"),
+                BadData {
+                    files: t.files_quarantined,
+                    rows: t.rows_quarantined,
+                    nulled: t.nulled_fields,
+                    rescued: t.rescued_fields,
+                    late: t.late_rows,
+                    ..BadData::default()
+                }
+                .to_string()
+                .replacen("  ", ", ", 1)
+            );
+            if let Some(s) = &c.stateful {
+                let held = s.state.iter().filter(|k| k.is_some()).count();
+                println!(
+                    "stateful     {held} of {} partitions hold state; watermark {}",
+                    s.state.len(),
+                    s.watermark_us
+                        .and_then(chrono::DateTime::from_timestamp_micros)
+                        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                        .unwrap_or_else(|| "none yet".into())
+                );
+            }
+            if let Some(v) = &c.schema {
+                let columns: Vec<String> = v
+                    .columns
+                    .iter()
+                    .map(|c| format!("{} {}", c.name, shown_type(&c.data_type)))
+                    .collect();
+                println!(
+                    "schema       version {} (columns added since the first run): {}",
+                    v.version,
+                    columns.join(", ")
+                );
+            }
+        }
+    }
+    let lag = match status.oldest_waiting_ms {
+        Some(t) => format!(
+            "; the oldest waiting for {}",
+            duration_s(((chrono::Utc::now().timestamp_millis() - t).max(0) / 1000) as u64)
+        ),
+        None => String::new(),
+    };
+    println!(
+        "waiting      {}, {}{lag}",
+        count(status.waiting_files, "file"),
+        mib(status.waiting_bytes)
+    );
+    print_quarantine(&status);
+    if !status.skipped.is_empty() {
+        println!(
+            "skipped      {} files whose names cannot be keys (rename them to read them): {}",
+            status.skipped.len(),
+            status.skipped.join(", ")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCode> {
+    let ctx = open(path).await?;
+    let commits = admin::history(&ctx, limit).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&commits)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if commits.is_empty() {
+        println!("{}: no committed batches", ctx.pipeline.name);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>9}  {:>10}  trigger",
+        "batch",
+        "committed",
+        "epoch",
+        "files",
+        "quar.",
+        "rows in",
+        "rows out",
+        "bad rows",
+        "nulled",
+        "rescued",
+        "schema",
+        "late",
+        "ms",
+        "cost"
+    );
+    let prices = sluice_engine::cost::Prices::default_table();
+    for c in &commits {
+        let when = chrono::DateTime::from_timestamp_millis(c.committed_ms)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .unwrap_or_else(|| "-".into());
+        let d = &c.durations;
+        println!(
+            "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>9}  {:>10}  {}",
+            c.batch,
+            when,
+            c.epoch,
+            c.files,
+            c.quarantined.len(),
+            c.rows_in,
+            c.rows_out,
+            c.rejected.iter().map(|r| r.rows).sum::<u64>(),
+            c.nulled_fields,
+            c.rescued_fields,
+            format!(
+                "v{}{}",
+                c.schema_version.unwrap_or(1),
+                if c.added_columns.is_empty() { "" } else { "+" }
+            ),
+            c.stateful.as_ref().map_or(0, |s| s.late_rows),
+            d.plan_ms + d.operate_ms + d.commit_ms,
+            cost::dollars(sluice_engine::cost::bill(&c.usage, &c.requests, &prices).total()),
+            c.trigger.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sluice show`'s list of quarantined files, if any.
+pub(crate) fn print_quarantine(status: &admin::Status) {
+    let Some(c) = &status.control else {
+        return;
+    };
+    if c.quarantined.is_empty() {
+        return;
+    }
+    println!(
+        "quarantined  {} files (unreadable; fix or replace, then `sluice retry-quarantined`):",
+        c.quarantined.len()
+    );
+    for q in &c.quarantined {
+        println!("  {} (batch {}): {}", q.key, q.batch, q.reason);
+    }
+    if !c.retry.is_empty() {
+        println!("  asked for again: {}", c.retry.join(", "));
+    }
+}
+
+/// What a batch (or all of them) did with bad data and schema changes.
+#[derive(Default)]
+pub(crate) struct BadData<'a> {
+    pub(crate) files: u64,
+    pub(crate) rows: u64,
+    pub(crate) nulled: u64,
+    pub(crate) rescued: u64,
+    pub(crate) late: u64,
+    pub(crate) added: &'a [String],
+    pub(crate) version: Option<u32>,
+}
+
+impl std::fmt::Display for BadData<'_> {
+    /// Nothing, or `  <what>, <what>`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if self.files > 0 {
+            parts.push(format!("{} quarantined", count(self.files, "file")));
+        }
+        if self.rows > 0 {
+            parts.push(format!("{} quarantined", count(self.rows, "row")));
+        }
+        if self.nulled > 0 {
+            parts.push(format!("{} made null", count(self.nulled, "field")));
+        }
+        if self.rescued > 0 {
+            parts.push(format!("{} rescued", count(self.rescued, "field")));
+        }
+        if self.late > 0 {
+            parts.push(format!("{} dropped", count(self.late, "late row")));
+        }
+        if !self.added.is_empty() {
+            parts.push(format!(
+                "{} {} added (schema version {})",
+                noun(self.added.len() as u64, "column"),
+                self.added.join(", "),
+                self.version.unwrap_or(1)
+            ));
+        }
+        if !parts.is_empty() {
+            write!(f, "  {}", parts.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn mib(bytes: u64) -> String {
+    format!("{:.2} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// A pinned or declared type as a person reads it: its SQL name.
+pub(crate) fn shown_type(written: &str) -> String {
+    sluice_engine::pipeline::types::parse_type(written)
+        .map(|t| sluice_engine::pipeline::types::type_name(&t))
+        .unwrap_or_else(|_| written.to_string())
+}
