@@ -21,6 +21,7 @@ mod control;
 mod lease;
 pub mod owner;
 mod records;
+mod work;
 
 pub use control::{Attempts, CONTROL_TRIES, ControlRead};
 pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};

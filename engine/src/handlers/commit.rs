@@ -323,8 +323,12 @@ async fn merge_results(
     let (mut millis, mut requests) = (0, RequestCounts::default());
     let (mut invocations, mut billed_ms, mut memory_mb, mut retries) = (0, 0, 0, 0);
     for p in partitions {
-        let key = paths::checkpoint::merge(off.batch, p, run.epoch);
-        let Some(obj) = ctx.checkpoint.store().get(&key).await? else {
+        let Some(m) = ctx
+            .checkpoint
+            .merge_result::<super::merge::MergeResult>(off.batch, p, run.epoch)
+            .await?
+        else {
+            let key = paths::checkpoint::merge(off.batch, p, run.epoch);
             return Err(Error::Execution {
                 pipeline: ctx.pipeline.name.clone(),
                 batch: off.batch,
@@ -336,8 +340,6 @@ async fn merge_results(
                 class: ErrorClass::Fatal,
             });
         };
-        let m: super::merge::MergeResult =
-            serde_json::from_slice(&obj.bytes).map_err(|e| ctx.broken(key, e.to_string()))?;
         state.push(m.state);
         outputs.extend(m.outputs);
         millis = millis.max(m.millis);
@@ -390,8 +392,12 @@ async fn task_results(
 ) -> Result<Vec<TaskResult>> {
     let mut results: Vec<TaskResult> = Vec::with_capacity(off.tasks.len());
     for t in &off.tasks {
-        let key = paths::checkpoint::work(batch, t.task, run.epoch);
-        let Some(obj) = ctx.checkpoint.store().get(&key).await? else {
+        let Some(result) = ctx
+            .checkpoint
+            .task_result::<TaskResult>(batch, t.task, run.epoch)
+            .await?
+        else {
+            let key = paths::checkpoint::work(batch, t.task, run.epoch);
             return Err(Error::Execution {
                 pipeline: ctx.pipeline.name.clone(),
                 batch,
@@ -402,8 +408,7 @@ async fn task_results(
                 class: ErrorClass::Fatal,
             });
         };
-        results
-            .push(serde_json::from_slice(&obj.bytes).map_err(|e| ctx.broken(key, e.to_string()))?);
+        results.push(result);
     }
     Ok(results)
 }

@@ -107,8 +107,12 @@ pub async fn merge(
     }
     let mut partials = Vec::new();
     for t in &off.tasks {
-        let key = paths::checkpoint::work(batch, t.task, run.epoch);
-        let Some(obj) = store.get(&key).await? else {
+        let Some(result) = ctx
+            .checkpoint
+            .task_result::<TaskResult>(batch, t.task, run.epoch)
+            .await?
+        else {
+            let key = paths::checkpoint::work(batch, t.task, run.epoch);
             return Err(Error::Execution {
                 pipeline: p.name.clone(),
                 batch,
@@ -117,8 +121,6 @@ pub async fn merge(
                 class: ErrorClass::Fatal,
             });
         };
-        let result: TaskResult =
-            serde_json::from_slice(&obj.bytes).map_err(|e| ctx.broken(key, e.to_string()))?;
         for f in result.partials.iter().filter(|f| f.partition == partition) {
             let obj = store
                 .get(&f.key)
@@ -182,14 +184,7 @@ pub async fn merge(
         requests,
     };
     ctx.checkpoint
-        .store()
-        .put(
-            &paths::checkpoint::merge(batch, partition, run.epoch),
-            serde_json::to_vec(&result)
-                .expect("a merge result serializes")
-                .into(),
-            PutMode::Overwrite,
-        )
+        .put_merge_result(batch, partition, run.epoch, &result)
         .await?;
     tracing::debug!(pipeline = %p.name, batch, partition, rows_out, state_rows, "merged");
     Ok(result)

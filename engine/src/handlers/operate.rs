@@ -86,14 +86,8 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     result.millis = super::usage::billed_ms(started);
     result.memory_mb = crate::deploy::memory_mb(crate::deploy::OPERATOR);
     result.retries = super::usage::retries();
-    let bytes = serde_json::to_vec(&result).expect("a task result serializes");
     ctx.checkpoint
-        .store()
-        .put(
-            &paths::checkpoint::work(batch, task, run.epoch),
-            bytes.into(),
-            PutMode::Overwrite,
-        )
+        .put_task_result(batch, task, run.epoch, &result)
         .await?;
     tracing::debug!(pipeline = %ctx.pipeline.name, batch, task, rows = result.rows_out, "task done");
     Ok(result)

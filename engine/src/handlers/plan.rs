@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::operators::SqlOperator;
 use crate::pipeline::schema::columns_of;
 use crate::planning;
-use crate::storage::{ObjectMeta, PutMode, RequestCounts};
+use crate::storage::{ObjectMeta, RequestCounts};
 
 /// Plan step. Without a run: check for new input cheaply (one control read
 /// and one listing), and only then claim the lease, recover what a dead run
@@ -98,14 +98,9 @@ async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Resul
     run.events += events;
     let mut task_list = None;
     if distributed {
-        let key = crate::paths::checkpoint::task_list(off.batch, run.epoch);
-        ctx.checkpoint
-            .store()
-            .put(
-                &key,
-                serde_json::to_vec(&tasks).expect("serialisable").into(),
-                PutMode::Overwrite,
-            )
+        let key = ctx
+            .checkpoint
+            .put_task_list(off.batch, run.epoch, &tasks)
             .await?;
         task_list = Some(TaskList::of(&ctx.pipeline.checkpoint, &key));
     }
@@ -572,4 +567,121 @@ async fn discover_and_plan(
         crate::metrics::lag_line(&p.name, ctx.now(), files, bytes, oldest)
     });
     batch_outcome(ctx, run, &plans[0]).await
+}
+
+#[cfg(test)]
+mod tests {
+    //! The plan step's decisions over in-memory stores: idle without a
+    //! write, new input planned into batches within the limits (every plan
+    //! written before any output), a live lease refused, a paused pipeline
+    //! recording the request.
+
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::pipeline::Pipeline;
+    use crate::storage::{MemoryStore, PutMode, Store};
+
+    fn pipeline() -> Pipeline {
+        let toml = r#"name = "p"
+[source]
+uri = "input"
+format = "csv"
+table = "t"
+schema = [{ name = "x", type = "bigint" }]
+[query]
+sql = "SELECT x FROM t"
+[sink]
+uri = "out/sink"
+[checkpoint]
+uri = "out/checkpoint"
+[limits]
+max_files_per_batch = 2
+"#;
+        Pipeline::parse(toml, "p.toml", std::path::Path::new("/w")).unwrap()
+    }
+
+    /// A pipeline over `files` CSV files in memory.
+    async fn context(files: u64) -> Context {
+        let source = MemoryStore::new();
+        for i in 0..files {
+            source
+                .put(
+                    &format!("f{i}.csv"),
+                    Bytes::from_static(b"x\n1\n"),
+                    PutMode::Overwrite,
+                )
+                .await
+                .unwrap();
+        }
+        Context::new(
+            pipeline(),
+            Arc::new(source),
+            Arc::new(MemoryStore::new()),
+            Arc::new(MemoryStore::new()),
+        )
+    }
+
+    #[tokio::test]
+    async fn no_input_is_idle_and_writes_nothing() {
+        let ctx = context(0).await;
+        let out = plan(&ctx, None).await.unwrap();
+        assert!(matches!(out, PlanOutcome::Idle { .. }), "{out:?}");
+        let written = ctx.checkpoint.store().list("", None).await.unwrap();
+        assert!(written.is_empty(), "{written:?}");
+    }
+
+    #[tokio::test]
+    async fn new_files_are_planned_into_batches_within_the_limits() {
+        let ctx = context(5).await;
+        let out = plan(&ctx, None).await.unwrap();
+        let PlanOutcome::Batch { batch, run } = out else {
+            panic!("{out:?}");
+        };
+        assert_eq!((batch.batch, batch.files), (0, 2));
+        // The plans of all three batches (2 + 2 + 1 files) exist before any
+        // output does, and the lease is this run's.
+        let mut planned = Vec::new();
+        for b in 0..4 {
+            planned.push(
+                ctx.checkpoint
+                    .store()
+                    .get(&crate::paths::checkpoint::offsets(b))
+                    .await
+                    .unwrap()
+                    .map(|o| serde_json::from_slice::<Offsets>(&o.bytes).unwrap()),
+            );
+        }
+        let files: Vec<usize> = planned.iter().flatten().map(|o| o.inputs.len()).collect();
+        assert_eq!(files, [2, 2, 1]);
+        let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+        assert_eq!((c.status, c.epoch), (RunStatus::Running, run.epoch));
+        assert!(ctx.sink.store().list("", None).await.unwrap().len() <= 1);
+    }
+
+    #[tokio::test]
+    async fn a_live_lease_is_refused_and_a_paused_pipeline_records_the_request() {
+        let ctx = context(1).await;
+        let first = plan(&ctx, None).await.unwrap();
+        assert!(matches!(first, PlanOutcome::Batch { .. }), "{first:?}");
+        let second = plan(&ctx, None).await.unwrap();
+        assert!(matches!(second, PlanOutcome::Busy { .. }), "{second:?}");
+
+        let paused = context(1).await;
+        paused
+            .checkpoint
+            .change_control(|_| {
+                let mut c = Control::new(paused.pipeline.spec_hash());
+                c.paused = true;
+                Ok((c, ()))
+            })
+            .await
+            .unwrap();
+        let out = plan(&paused, None).await.unwrap();
+        assert!(matches!(out, PlanOutcome::Paused), "{out:?}");
+        let (c, _) = paused.checkpoint.control().await.unwrap().unwrap();
+        assert!(c.requested && c.paused && c.owner.is_none());
+    }
 }

@@ -16,11 +16,13 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, BooleanArray, Decimal128Array, Decimal256Array, RecordBatch, StringArray,
+    Array, ArrayRef, BooleanArray, PrimitiveArray, RecordBatch, StringArray,
 };
 use datafusion::arrow::compute::kernels::cast_utils::parse_decimal;
 use datafusion::arrow::compute::{CastOptions, cast_with_options, filter_record_batch};
-use datafusion::arrow::datatypes::{DataType, Decimal128Type, Decimal256Type, SchemaRef};
+use datafusion::arrow::datatypes::{
+    DataType, Decimal128Type, Decimal256Type, DecimalType, SchemaRef,
+};
 use datafusion::arrow::json::ReaderBuilder;
 
 use crate::pipeline::BadRowPolicy;
@@ -215,36 +217,10 @@ fn typed(
         let field = schema.field(c);
         let text_col = StringArray::from(values.clone());
         let typed = match field.data_type() {
-            // As the CSV reader parses them (`1e2` is 100), not as a
-            // cast from text would (which refuses exponents).
-            DataType::Decimal128(p, sc) => {
-                let parsed: Decimal128Array = values
-                    .iter()
-                    .map(|v| {
-                        v.as_deref()
-                            .and_then(|v| parse_decimal::<Decimal128Type>(v, *p, *sc).ok())
-                    })
-                    .collect();
-                Arc::new(
-                    parsed
-                        .with_precision_and_scale(*p, *sc)
-                        .map_err(|e| format!("column {}: {e}", field.name()))?,
-                ) as ArrayRef
-            }
-            DataType::Decimal256(p, sc) => {
-                let parsed: Decimal256Array = values
-                    .iter()
-                    .map(|v| {
-                        v.as_deref()
-                            .and_then(|v| parse_decimal::<Decimal256Type>(v, *p, *sc).ok())
-                    })
-                    .collect();
-                Arc::new(
-                    parsed
-                        .with_precision_and_scale(*p, *sc)
-                        .map_err(|e| format!("column {}: {e}", field.name()))?,
-                ) as ArrayRef
-            }
+            DataType::Decimal128(p, sc) => decimals::<Decimal128Type>(values, *p, *sc)
+                .map_err(|e| format!("column {}: {e}", field.name()))?,
+            DataType::Decimal256(p, sc) => decimals::<Decimal256Type>(values, *p, *sc)
+                .map_err(|e| format!("column {}: {e}", field.name()))?,
             other => cast_with_options(&text_col, other, &safe)
                 .map_err(|e| format!("column {}: {e}", field.name()))?,
         };
@@ -290,6 +266,21 @@ fn typed(
         nulled,
         corrupt,
     })
+}
+
+/// Text `values` as decimals of precision `p` and scale `s`, parsed as the
+/// CSV reader parses them (`1e2` is 100), not as a cast from text would
+/// (which refuses exponents); a value that does not parse is null.
+fn decimals<T: DecimalType>(
+    values: &[Option<String>],
+    p: u8,
+    s: i8,
+) -> Result<ArrayRef, datafusion::arrow::error::ArrowError> {
+    let parsed: PrimitiveArray<T> = values
+        .iter()
+        .map(|v| v.as_deref().and_then(|v| parse_decimal::<T>(v, p, s).ok()))
+        .collect();
+    Ok(Arc::new(parsed.with_precision_and_scale(p, s)?))
 }
 
 /// Read JSON Lines `text` line by line against `schema`.
@@ -426,6 +417,7 @@ fn not_json(e: &serde_json::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::arrow::array::Decimal128Array;
     use datafusion::arrow::datatypes::{Field, Schema};
 
     fn schema() -> SchemaRef {
