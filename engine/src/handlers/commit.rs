@@ -392,22 +392,7 @@ async fn task_results(
 ) -> Result<Vec<TaskResult>> {
     let mut results: Vec<TaskResult> = Vec::with_capacity(off.tasks.len());
     for t in &off.tasks {
-        let Some(result) = ctx
-            .checkpoint
-            .task_result::<TaskResult>(batch, t.task, run.epoch)
-            .await?
-        else {
-            let key = paths::checkpoint::work(batch, t.task, run.epoch);
-            return Err(Error::Execution {
-                pipeline: ctx.pipeline.name.clone(),
-                batch,
-                task: Some(t.task),
-                message: format!(
-                    "no result at {key}: the task did not finish under this run; run again"
-                ),
-                class: ErrorClass::Fatal,
-            });
-        };
+        let result = super::operate::finished_task(ctx, batch, t.task, run.epoch).await?;
         results.push(result);
     }
     Ok(results)

@@ -15,7 +15,6 @@ use super::context::Context;
 use super::payloads::RunState;
 use crate::checkpoint::OutputFile;
 use crate::error::{Error, ErrorClass, Result};
-use crate::operators::TaskResult;
 use crate::paths;
 use crate::storage::{PutMode, RequestCounts, Store};
 
@@ -107,20 +106,7 @@ pub async fn merge(
     }
     let mut partials = Vec::new();
     for t in &off.tasks {
-        let Some(result) = ctx
-            .checkpoint
-            .task_result::<TaskResult>(batch, t.task, run.epoch)
-            .await?
-        else {
-            let key = paths::checkpoint::work(batch, t.task, run.epoch);
-            return Err(Error::Execution {
-                pipeline: p.name.clone(),
-                batch,
-                task: Some(t.task),
-                message: format!("no result at {key}: the task did not finish under this run"),
-                class: ErrorClass::Fatal,
-            });
-        };
+        let result = super::operate::finished_task(ctx, batch, t.task, run.epoch).await?;
         for f in result.partials.iter().filter(|f| f.partition == partition) {
             let obj = store
                 .get(&f.key)

@@ -131,3 +131,26 @@ pub(super) async fn record_refusal(ctx: &Context, req: &TaskRequest, e: &Error) 
         tracing::warn!(key, error = %w, "could not record the task's refusal");
     }
 }
+
+/// The result task `task` of `batch` recorded under `epoch`; an error
+/// when it did not finish under that run.
+pub(super) async fn finished_task(
+    ctx: &Context,
+    batch: u64,
+    task: u32,
+    epoch: u64,
+) -> Result<TaskResult> {
+    match ctx.checkpoint.task_result(batch, task, epoch).await? {
+        Some(result) => Ok(result),
+        None => Err(Error::Execution {
+            pipeline: ctx.pipeline.name.clone(),
+            batch,
+            task: Some(task),
+            message: format!(
+                "no result at {}: the task did not finish under this run; run again",
+                paths::checkpoint::work(batch, task, epoch)
+            ),
+            class: crate::error::ErrorClass::Fatal,
+        }),
+    }
+}
