@@ -17,6 +17,15 @@ use crate::storage::RequestCounts;
 /// then publish and advance the index and control. Returns the commit
 /// record.
 ///
+/// The protocol's stages, each a function below, in order:
+/// `prepare` (gather what the tasks and merges left, build the record,
+/// verify the outputs, stage the manifest), `fence` (the last lease
+/// check), `write_record` (the record's usage and requests, then the
+/// create-only write that commits), and `finish_commit` (publish,
+/// settle the source, advance control, prune). Recovery re-enters at the
+/// last: a Plan that finds a record control does not name yet, or a
+/// commit whose batch another run already committed, finishes it.
+///
 /// Fencing: every write before the record is staged or carries this run's
 /// epoch (inert until a record names it); the lease is checked after the
 /// last of them, and everything after the record publishes by copying
@@ -28,13 +37,55 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     let ctx = &ctx.counted();
     ctx.check_spec(run)?;
     let started = std::time::Instant::now();
-    let started_ms = ctx.now();
     let (control, _) = ctx.checkpoint.owned_control(run.epoch).await?;
+    let (record, written) = match prepare(ctx, run, &control, batch).await? {
+        Prepared::Ready(p) => {
+            fence(ctx, run).await?;
+            (write_record(ctx, run, *p, started).await?, true)
+        }
+        Prepared::Committed(record) => (*record, false),
+    };
+    finish_commit(ctx, run, &control, &record, Charge::AfterCommit).await?;
+    // The batch's metrics, once: by the commit that wrote (or raced to
+    // write) its record, not by one that found it committed.
+    if written {
+        ctx.metric(|| crate::metrics::batch_line(&record, &ctx.pipeline.name));
+    }
+    Ok(record)
+}
+
+/// What [`prepare`] leaves for the record's write.
+enum Prepared {
+    /// The record to write, its outputs verified and its manifest staged.
+    Ready(Box<Ready>),
+    /// The batch is committed already (by a run that lost its lease after
+    /// its record, or an earlier attempt of this step): its record.
+    Committed(Box<Commit>),
+}
+
+/// A record ready to be written, with what its usage is counted from.
+struct Ready {
+    record: Commit,
+    off: crate::checkpoint::Offsets,
+    results: Vec<TaskResult>,
+    merged: Option<Merged>,
+}
+
+/// Stage 1: gather the results the tasks (and merges) of `batch` left under
+/// this run, build the record, verify every output it names and stage its
+/// manifest. Every write here is staged or carries this run's epoch.
+async fn prepare(
+    ctx: &Context,
+    run: &RunState,
+    control: &crate::checkpoint::Control,
+    batch: u64,
+) -> Result<Prepared> {
+    let started_ms = ctx.now();
     let off = ctx.planned(batch, run.epoch, "at commit").await?;
-    check_plan(ctx, &off, &control)?;
+    check_plan(ctx, &off, control)?;
     let gathered = async {
         let results = task_results(ctx, run, batch, &off).await?;
-        let merged = merge_results(ctx, run, &off, &control, &results).await?;
+        let merged = merge_results(ctx, run, &off, control, &results).await?;
         Ok::<_, Error>((results, merged))
     };
     let (results, merged) = match gathered.await {
@@ -43,17 +94,14 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         // and removed this run's results with the rest of the batch's
         // work files: its record is the truth.
         Err(e) => match ctx.checkpoint.commit(batch).await? {
-            Some(record) => {
-                finish_commit(ctx, run, &control, &record, Charge::AfterCommit).await?;
-                return Ok(record);
-            }
+            Some(record) => return Ok(Prepared::Committed(Box::new(record))),
             None => return Err(e),
         },
     };
-    let mut record = build_record(
+    let record = build_record(
         ctx,
         run,
-        &control,
+        control,
         &off,
         &results,
         merged.as_ref(),
@@ -68,10 +116,39 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     ctx.sink
         .stage_commit(&record, &manifest_of(ctx, &record))
         .await?;
-    // The last check: from here on this run writes its record and copies
-    // what it staged above; a reset removes those, a newer run finds the
-    // record (or makes its own).
+    Ok(Prepared::Ready(Box::new(Ready {
+        record,
+        off,
+        results,
+        merged,
+    })))
+}
+
+/// Stage 2, the last check: from here on this run writes its record and
+/// copies what it staged; a reset removes those, a newer run finds the
+/// record (or makes its own).
+async fn fence(ctx: &Context, run: &RunState) -> Result<()> {
     ctx.checkpoint.owned_control(run.epoch).await?;
+    Ok(())
+}
+
+/// Stage 3: the record's durations, usage and requests, then its
+/// create-only write, which commits the batch. Returns the record that is
+/// the truth: this one, or the one a retried or another run's commit
+/// wrote first.
+async fn write_record(
+    ctx: &Context,
+    run: &RunState,
+    ready: Ready,
+    started: std::time::Instant,
+) -> Result<Commit> {
+    let Ready {
+        mut record,
+        off,
+        results,
+        merged,
+    } = ready;
+    let batch = record.batch;
     record.durations.commit_ms = super::usage::billed_ms(started);
     record.usage = batch_usage(run, &off, &results, merged.as_ref(), &record);
     // Planner, tasks and this committer (its context counts this
@@ -106,8 +183,6 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
             )
         })?;
     }
-    finish_commit(ctx, run, &control, &record, Charge::AfterCommit).await?;
-    ctx.metric(|| crate::metrics::batch_line(&record, &ctx.pipeline.name));
     Ok(record)
 }
 
