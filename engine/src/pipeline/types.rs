@@ -73,7 +73,20 @@ pub fn type_name(t: &DataType) -> String {
             }
         }
         Decimal128(p, s) | Decimal256(p, s) => format!("decimal({p},{s})"),
-        List(f) => format!("array<{}>", type_name(f.data_type())),
+        List(f) | LargeList(f) | ListView(f) | LargeListView(f) | FixedSizeList(f, _) => {
+            format!("array<{}>", type_name(f.data_type()))
+        }
+        // For a person only (`show`, errors): a pin of these keeps
+        // Arrow's name, as `pipeline.json` must read back the exact type.
+        Map(entries, _) => match entries.data_type() {
+            Struct(kv) if kv.len() == 2 => format!(
+                "map<{}, {}>",
+                type_name(kv[0].data_type()),
+                type_name(kv[1].data_type())
+            ),
+            _ => t.to_string(),
+        },
+        Interval(_) => "interval".into(),
         Struct(fields) => format!(
             "struct<{}>",
             fields
@@ -473,5 +486,25 @@ mod tests {
         assert_eq!(parse_type(&pin_name(&Utf8View)), Ok(Utf8View));
         let paris = Timestamp(TimeUnit::Second, Some("Europe/Paris".into()));
         assert_eq!(parse_type(&pin_name(&paris)), Ok(paris));
+        // Types `show` printed in Arrow's words (a Parquet map or interval
+        // column added under add-columns): SQL names for a person, and
+        // pins that still read back exactly.
+        let map = Map(
+            Arc::new(Field::new(
+                "key_value",
+                Struct(Fields::from(vec![
+                    Field::new("key", Utf8, false),
+                    Field::new("value", Int32, true),
+                ])),
+                false,
+            )),
+            false,
+        );
+        let interval = Interval(datafusion::arrow::datatypes::IntervalUnit::DayTime);
+        assert_eq!(type_name(&map), "map<string, int>");
+        assert_eq!(type_name(&interval), "interval");
+        for t in [map, interval] {
+            assert_eq!(parse_type(&pin_name(&t)), Ok(t.clone()), "{t}");
+        }
     }
 }
