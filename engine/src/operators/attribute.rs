@@ -206,17 +206,24 @@ impl SqlOperator {
                          such rows out), then run again",
                         e.to_string().trim()
                     ),
-                    _ => format!(
-                        "{}; fix or replace the file (same key), then run again",
-                        self.first_bad_row(access, f)
-                            .await
-                            .unwrap_or_else(|| e.to_string().trim().to_string())
-                    ),
+                    _ => String::new(),
+                };
+                let reason = e.to_string().trim().to_string();
+                // Read once: the error's message and a quarantine record
+                // both say it.
+                let (why, message) = if message.is_empty() {
+                    let why = self.why_unreadable(access, f, &reason).await;
+                    let message =
+                        format!("{why}; fix or replace the file (same key), then run again");
+                    (why, message)
+                } else {
+                    (reason.clone(), message)
                 };
                 return Some(Culprit {
                     key: f.key.clone(),
                     message,
-                    reason: e.to_string().trim().to_string(),
+                    reason,
+                    why,
                     unreadable,
                     gone,
                 });
@@ -260,8 +267,11 @@ pub(super) struct Culprit {
     pub(super) key: String,
     /// The error to report, with what to do.
     pub(super) message: String,
-    /// The reader's error alone (a quarantine record's reason).
+    /// The reader's error alone.
     pub(super) reason: String,
+    /// Why, as a quarantine record says it: the first bad line where one
+    /// is found, else the reader's error.
+    pub(super) why: String,
     /// The file cannot be read (rather than the query failing on its values).
     pub(super) unreadable: bool,
     /// The file was deleted since it was planned.

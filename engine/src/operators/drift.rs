@@ -311,10 +311,7 @@ impl SqlOperator {
              version"
                 .to_string()
         } else {
-            let why = match self.first_bad_row(access, f).await {
-                Some(line) => line,
-                None => e.trim().to_string(),
-            };
+            let why = self.why_unreadable(access, f, &e).await;
             format!("{why}; fix or replace the file (same key), then run again")
         };
         Error::Input {

@@ -560,7 +560,7 @@ impl SqlOperator {
                         } else if let Some(s) = self.salvage(access, f).await? {
                             salvaged.push((f.clone(), s));
                         } else if quarantine {
-                            set_aside(f, self.why_unreadable(access, f, &c.reason).await);
+                            set_aside(f, c.why.clone());
                         } else {
                             return Err(self.attribute(batch, task, culprit, e));
                         }
