@@ -23,12 +23,14 @@
 //! 5. [`discovery`] (listing; notify inbox and claims), [`planning`]
 //!    (batches and tasks), [`sinks`] (Parquet parts and manifests);
 //! 6. [`operators`]: the SQL of one task over exactly its files;
-//! 7. [`handlers`]: the steps of a run (plan, operate, commit), shared by
-//!    the local runner and the Lambda functions;
-//! 8. [`admin`] (register, show, history, pause, cancel) and [`triggers`]
+//! 7. `state`: a stateful query's rules between batches (its shape, the
+//!    watermark, the merge of a state partition);
+//! 8. [`handlers`]: the steps of a run (plan, operate, merge, commit),
+//!    shared by the local runner and the Lambda functions;
+//! 9. [`admin`] (register, show, history, pause, cancel) and [`triggers`]
 //!    (events to runs: routing and the lease protocol's trigger side);
-//! 9. [`runner`] (the local state machine interpreter) and, with the
-//!    `lambda` feature, `functions` (the glue of the Lambda binaries).
+//! 10. [`runner`] (the local state machine interpreter) and, with the
+//!     `lambda` feature, `functions` (the glue of the Lambda binaries).
 
 pub mod admin;
 pub mod checkpoint;
@@ -48,6 +50,7 @@ pub mod planning;
 mod process;
 pub mod runner;
 pub mod sinks;
+mod state;
 pub mod storage;
 pub mod triggers;
 
@@ -74,11 +77,12 @@ mod layering {
         ("discovery", 6),
         ("metrics", 6),
         ("operators", 7),
-        ("handlers", 8),
-        ("admin", 9),
-        ("triggers", 9),
-        ("runner", 10),
-        ("functions", 10),
+        ("state", 8),
+        ("handlers", 9),
+        ("admin", 10),
+        ("triggers", 10),
+        ("runner", 11),
+        ("functions", 11),
     ];
 
     fn layer(module: &str) -> u32 {

@@ -190,7 +190,12 @@ pub mod checkpoint {
     /// input was refused: the Distributed Map reports only that a child
     /// failed, so the settle step reads why here.
     pub fn refusal(n: u64, task: u32, epoch: u64) -> String {
-        format!("{}refused-{task:05}-e{epoch}.json", work_prefix(n))
+        format!("{}{task:05}-e{epoch}.json", refusal_prefix(n))
+    }
+
+    /// Every refusal of batch `n`, of any task and run.
+    pub(crate) fn refusal_prefix(n: u64) -> String {
+        format!("{}refused-", work_prefix(n))
     }
 
     /// The plan of batch `n`, written create-only before any output.
@@ -219,6 +224,11 @@ pub mod sink {
     /// Prefix of the output files of task `task` of batch `n`.
     pub(crate) fn task_prefix(n: u64, task: u32) -> String {
         format!("{}part-{task:05}-", batch_prefix(n))
+    }
+
+    /// Every staged part of task `task` of batch `n`, of any run.
+    pub(crate) fn staged_task_prefix(n: u64, task: u32) -> String {
+        format!("{STAGING_PREFIX}{}", task_prefix(n, task))
     }
 
     /// Output file `part` of task `task` of batch `n`, written by the run

@@ -241,10 +241,15 @@ async fn a_run_that_lost_its_lease_cannot_change_committed_output() {
         .run(
             a.source.as_ref(),
             &a.sink,
-            run_a.epoch,
-            batch.batch,
-            &off.inputs,
-            &off.tasks[0],
+            sluice_engine::operators::Task {
+                id: sluice_engine::checkpoint::TaskId {
+                    epoch: run_a.epoch,
+                    batch: batch.batch,
+                    task: 0,
+                },
+                inputs: &off.inputs,
+                plan: &off.tasks[0],
+            },
         )
         .await
         .unwrap();

@@ -22,13 +22,14 @@ mod lease;
 pub mod owner;
 mod records;
 mod work;
+pub use work::TaskId;
 
 pub use control::{Attempts, CONTROL_TRIES, ControlRead};
 pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};
 pub use records::{
     Commit, Control, Durations, FORMAT_VERSION, FunctionUsage, Index, IndexKeep, InputFile,
-    KeyClaim, ListingState, Manifest, Offsets, OutputFile, PipelineRecord, Quarantined, RunStatus,
-    SchemaVersion, SinkOwner, SourceCursor, StatefulState, TaskPlan, Totals, Usage,
+    KeyClaim, ListingState, Manifest, Offsets, OutputFile, PipelineRecord, Quarantined, QueryShape,
+    RunStatus, SchemaVersion, SinkOwner, SourceCursor, StatefulState, TaskPlan, Totals, Usage,
 };
 
 /// Whether a record of history `found` is not of history `ours`: both

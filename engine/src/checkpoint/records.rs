@@ -393,6 +393,11 @@ pub struct Offsets {
     /// Columns this batch adds to the schema (its `schema` is a new version).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub added_columns: Vec<String>,
+    /// What the batch's query is, planned once with the schema it reads
+    /// (plans of older builds have none: it is planned again from the
+    /// query).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<QueryShape>,
     /// Time the planner spent up to this plan, ms.
     #[serde(default)]
     pub plan_ms: u64,
@@ -406,6 +411,15 @@ impl Offsets {
     pub fn bytes(&self) -> u64 {
         self.inputs.iter().map(|i| i.size).sum()
     }
+}
+
+/// What a plan says of its batch's query, for the steps after the plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueryShape {
+    /// The stateful shape (as [`StatefulState::shape`]); `None`: a
+    /// row-by-row query, with no merges and no state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stateful: Option<String>,
 }
 
 /// One input file of a batch.

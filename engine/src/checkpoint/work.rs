@@ -10,31 +10,105 @@ use super::Checkpoint;
 use crate::error::Result;
 use crate::paths;
 use crate::storage::PutMode;
+use crate::storage::fanout::delete_all;
+
+/// One task of one batch, run under one run's lease: what names
+/// everything the task writes (its result, its staged parts, its set-aside
+/// and late rows, its partial states).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskId {
+    /// The lease epoch of the run it runs under.
+    pub epoch: u64,
+    /// The batch.
+    pub batch: u64,
+    /// The task, within the batch.
+    pub task: u32,
+}
 
 impl Checkpoint {
-    /// The result task `task` of batch `batch` recorded under `epoch`
-    /// (`None`: it did not finish under that run).
-    pub async fn task_result<T: DeserializeOwned>(
-        &self,
-        batch: u64,
-        task: u32,
-        epoch: u64,
-    ) -> Result<Option<T>> {
-        let key = paths::checkpoint::work(batch, task, epoch);
+    /// The result task `id` recorded (`None`: it did not finish under its
+    /// run).
+    pub async fn task_result<T: DeserializeOwned>(&self, id: TaskId) -> Result<Option<T>> {
+        let key = paths::checkpoint::work(id.batch, id.task, id.epoch);
         Ok(self.read(&key).await?.map(|(r, _)| r))
     }
 
-    /// Record task `task`'s result (overwriting an earlier attempt's).
-    pub async fn put_task_result<T: Serialize>(
-        &self,
-        batch: u64,
-        task: u32,
-        epoch: u64,
-        result: &T,
-    ) -> Result<()> {
-        let key = paths::checkpoint::work(batch, task, epoch);
+    /// Record task `id`'s result (overwriting an earlier attempt's).
+    pub async fn put_task_result<T: Serialize>(&self, id: TaskId, result: &T) -> Result<()> {
+        let key = paths::checkpoint::work(id.batch, id.task, id.epoch);
         self.write(&key, result, PutMode::Overwrite).await?;
         Ok(())
+    }
+
+    /// Write the partial states task `id` made for state partition
+    /// `partition` (overwriting an earlier attempt's); their key.
+    pub(crate) async fn put_partial(
+        &self,
+        id: TaskId,
+        partition: u32,
+        bytes: Vec<u8>,
+    ) -> Result<String> {
+        let key = paths::checkpoint::partial(id.batch, partition, id.task, id.epoch);
+        self.store()
+            .put(&key, bytes.into(), PutMode::Overwrite)
+            .await?;
+        Ok(key)
+    }
+
+    /// Record why task `id` refused its input (overwriting an earlier
+    /// attempt's), where the commit of a Distributed Map's failure finds
+    /// it.
+    pub(crate) async fn put_refusal<T: Serialize>(&self, id: TaskId, refusal: &T) -> Result<()> {
+        let key = paths::checkpoint::refusal(id.batch, id.task, id.epoch);
+        self.write(&key, refusal, PutMode::Overwrite).await?;
+        Ok(())
+    }
+
+    /// A refusal a task of batch `batch` recorded under `epoch`, if any.
+    pub(crate) async fn refusal<T: DeserializeOwned>(
+        &self,
+        batch: u64,
+        epoch: u64,
+    ) -> Result<Option<T>> {
+        let listed = self
+            .store()
+            .list(&paths::checkpoint::refusal_prefix(batch), None)
+            .await?;
+        for m in listed {
+            if paths::epoch_of(&m.key) == Some(epoch)
+                && let Some((r, _)) = self.read(&m.key).await?
+            {
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Remove batch `batch`'s working records of the run under `epoch` and
+    /// of older runs (a newer run's are its own to remove).
+    pub(crate) async fn remove_work(&self, batch: u64, epoch: u64) -> Result<()> {
+        let done: Vec<String> = self
+            .store()
+            .list(&paths::checkpoint::work_prefix(batch), None)
+            .await?
+            .into_iter()
+            .map(|m| m.key)
+            .filter(|k| paths::epoch_of(k).is_none_or(|e| e <= epoch))
+            .collect();
+        delete_all(self.store(), done).await
+    }
+
+    /// Remove `keys`, one at a time and in order (a crash leaves a suffix).
+    pub(crate) async fn remove_in_order(&self, keys: Vec<String>) -> Result<()> {
+        for key in keys {
+            self.store().delete(&key).await?;
+        }
+        Ok(())
+    }
+
+    /// Remove `keys`, in parallel.
+    pub(crate) async fn remove_all(&self, keys: Vec<String>) -> Result<()> {
+        delete_all(self.store(), keys).await
     }
 
     /// The result of the merge of state partition `partition` of batch

@@ -390,7 +390,7 @@ async fn merge_results(
     let Some(shape) = super::state::stateful_shape(ctx, off).await? else {
         return Ok(None);
     };
-    let partitions = super::state::state_partitions(ctx);
+    let partitions = crate::state::shape::partitions(&ctx.pipeline);
     let before = control.stateful.clone().unwrap_or_default();
     let mut state = Vec::with_capacity(partitions.len());
     let mut outputs = Vec::new();
@@ -429,14 +429,7 @@ async fn merge_results(
         };
     }
     let max_event = results.iter().filter_map(|r| r.max_event_us).max();
-    let watermark_us = match (&ctx.pipeline.watermark, max_event) {
-        (Some(w), Some(m)) => Some(
-            before
-                .watermark_us
-                .map_or(m - w.delay_us, |old| old.max(m - w.delay_us)),
-        ),
-        _ => before.watermark_us,
-    };
+    let watermark_us = crate::state::watermark::after_batch(&ctx.pipeline, &before, max_event);
     Ok(Some(Merged {
         state: crate::checkpoint::StatefulState {
             watermark_us,
@@ -467,7 +460,15 @@ async fn task_results(
 ) -> Result<Vec<TaskResult>> {
     let mut results: Vec<TaskResult> = Vec::with_capacity(off.tasks.len());
     for t in &off.tasks {
-        let result = super::operate::finished_task(ctx, batch, t.task, run.epoch).await?;
+        let result = super::operate::finished_task(
+            ctx,
+            crate::checkpoint::TaskId {
+                epoch: run.epoch,
+                batch,
+                task: t.task,
+            },
+        )
+        .await?;
         results.push(result);
     }
     Ok(results)
@@ -501,15 +502,7 @@ pub(super) async fn finish_commit(
     ctx.sink.remove_staged_through(record.batch).await?;
     // This batch's work files of this run and older ones (a newer run's
     // are its own to remove).
-    let work = ctx.checkpoint.store();
-    let done: Vec<String> = work
-        .list(&paths::checkpoint::work_prefix(record.batch), None)
-        .await?
-        .into_iter()
-        .map(|m| m.key)
-        .filter(|k| paths::epoch_of(k).is_none_or(|e| e <= run.epoch))
-        .collect();
-    crate::storage::fanout::delete_all(work, done).await?;
+    ctx.checkpoint.remove_work(record.batch, run.epoch).await?;
     let listing = discovery::Source::of(p)
         .settle(&ctx.scope(), control, record)
         .await?;
@@ -547,10 +540,8 @@ pub(super) async fn finish_commit(
         .await?;
     if c.last_committed == Some(record.batch) {
         // Oldest first, so a crash leaves a suffix of records.
-        for key in pruned {
-            ctx.checkpoint.store().delete(&key).await?;
-        }
-        crate::storage::fanout::delete_all(ctx.checkpoint.store(), stale).await?;
+        ctx.checkpoint.remove_in_order(pruned).await?;
+        ctx.checkpoint.remove_all(stale).await?;
     }
     Ok(())
 }
@@ -618,26 +609,7 @@ pub(crate) async fn abandon(ctx: &Context, run: &RunState, batch: u64) -> Result
 /// inline Map's Catch does) and is reported as `Sluice.InvalidInput`;
 /// anything else is `Sluice.Fatal` and keeps the lease for the next run.
 pub(super) async fn settle(ctx: &Context, run: &RunState, batch: u64) -> Error {
-    let found = async {
-        let suffix = format!("-e{}.json", run.epoch);
-        let listed = ctx
-            .checkpoint
-            .store()
-            .list(&paths::checkpoint::work_prefix(batch), None)
-            .await?;
-        for m in listed {
-            let name = m.key.rsplit('/').next().unwrap_or_default();
-            if name.starts_with("refused-")
-                && name.ends_with(&suffix)
-                && let Some(obj) = ctx.checkpoint.store().get(&m.key).await?
-            {
-                let r: Refusal = serde_json::from_slice(&obj.bytes)
-                    .map_err(|e| ctx.broken(m.key.clone(), e.to_string()))?;
-                return Ok(Some(r));
-            }
-        }
-        Ok::<_, Error>(None)
-    };
+    let found = ctx.checkpoint.refusal::<Refusal>(batch, run.epoch);
     match found.await {
         Err(e) => e,
         Ok(Some(r)) => match abandon(ctx, run, batch).await {

@@ -106,7 +106,15 @@ pub async fn merge(
     }
     let mut partials = Vec::new();
     for t in &off.tasks {
-        let result = super::operate::finished_task(ctx, batch, t.task, run.epoch).await?;
+        let result = super::operate::finished_task(
+            ctx,
+            crate::checkpoint::TaskId {
+                epoch: run.epoch,
+                batch,
+                task: t.task,
+            },
+        )
+        .await?;
         for f in result.partials.iter().filter(|f| f.partition == partition) {
             let obj = store
                 .get(&f.key)
@@ -116,7 +124,7 @@ pub async fn merge(
         }
     }
     let session = crate::operators::staging_session();
-    let merged = crate::operators::merge_states(
+    let merged = crate::state::merge::merge(
         &session,
         &staged,
         state,
@@ -134,15 +142,19 @@ pub async fn merge(
     })?;
     let rows_out: u64 = merged.emit.iter().map(|b| b.num_rows() as u64).sum();
     let mut outputs = Vec::new();
+    // A merge's parts are named as a task's, its partition the task (a
+    // stateful query's tasks stage no parts of their own).
+    let id = crate::checkpoint::TaskId {
+        epoch: run.epoch,
+        batch,
+        task: partition,
+    };
     if rows_out > 0 {
         let schema = merged.emit[0].schema();
         let stream = crate::operators::batches_stream(schema.clone(), merged.emit);
-        outputs = sink
-            .write_partition(run.epoch, batch, partition, 0, schema, stream)
-            .await?;
+        outputs = sink.write_partition(id, 0, schema, stream).await?;
     }
-    sink.remove_stale_parts(run.epoch, batch, partition, &outputs)
-        .await?;
+    sink.remove_stale_parts(id, &outputs).await?;
     let state_rows: u64 = merged.state.iter().map(|b| b.num_rows() as u64).sum();
     let state = if state_rows > 0 {
         let key = paths::checkpoint::state(partition, batch, run.epoch);

@@ -4,11 +4,10 @@
 
 use super::context::Context;
 use super::payloads::{Refusal, RunState, TaskRequest};
-use crate::checkpoint::Control;
+use crate::checkpoint::{Control, TaskId};
 use crate::error::{Error, Result};
-use crate::operators::{SqlOperator, TaskResult};
+use crate::operators::{SqlOperator, Task, TaskResult};
 use crate::paths;
-use crate::storage::PutMode;
 
 /// Operate step: run one task of a batch, and leave its result in the
 /// checkpoint for the committer (`work/N/task-T-eE.json`).
@@ -45,11 +44,18 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     // This invocation's context counts its requests (`ctx.counted()`).
     let source = ctx.source.as_ref();
     let sink = &ctx.sink;
+    let id = TaskId {
+        epoch: run.epoch,
+        batch,
+        task,
+    };
+    let task = Task {
+        id,
+        inputs: &off.inputs,
+        plan,
+    };
     let mut result = match op.stateful().await? {
-        None => {
-            op.run(source, sink, run.epoch, batch, &off.inputs, plan)
-                .await?
-        }
+        None => op.run(source, sink, task).await?,
         Some(q) => {
             // The watermark in force is the last commit's: the batch
             // before this one (batches commit in order).
@@ -63,21 +69,11 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
                 ));
             }
             let state = crate::operators::TaskState {
-                watermark_us: control.stateful.as_ref().and_then(|s| s.watermark_us),
+                watermark_us: crate::state::watermark::in_force(&control),
                 partitions: ctx.pipeline.limits.state_partitions,
             };
-            op.run_partial(
-                source,
-                sink,
-                ctx.checkpoint.store().as_ref(),
-                run.epoch,
-                batch,
-                &off.inputs,
-                plan,
-                &q,
-                &state,
-            )
-            .await?
+            op.run_partial(source, sink, &ctx.checkpoint, task, &q, &state)
+                .await?
         }
     };
     // Every request of this invocation, and the result written below.
@@ -86,10 +82,8 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     result.millis = super::usage::billed_ms(started);
     result.memory_mb = crate::deploy::memory_mb(crate::deploy::OPERATOR);
     result.retries = super::usage::retries();
-    ctx.checkpoint
-        .put_task_result(batch, task, run.epoch, &result)
-        .await?;
-    tracing::debug!(pipeline = %ctx.pipeline.name, batch, task, rows = result.rows_out, "task done");
+    ctx.checkpoint.put_task_result(id, &result).await?;
+    tracing::debug!(pipeline = %ctx.pipeline.name, batch, task = id.task, rows = result.rows_out, "task done");
     Ok(result)
 }
 
@@ -117,30 +111,22 @@ pub(super) async fn record_refusal(ctx: &Context, req: &TaskRequest, e: &Error) 
         task: req.task,
         message: e.to_string(),
     };
-    let key = paths::checkpoint::refusal(req.batch, req.task, req.run.epoch);
-    let put = ctx
-        .checkpoint
-        .store()
-        .put(
-            &key,
-            serde_json::to_vec(&r).expect("serialisable").into(),
-            PutMode::Overwrite,
-        )
-        .await;
-    if let Err(w) = put {
+    let id = TaskId {
+        epoch: req.run.epoch,
+        batch: req.batch,
+        task: req.task,
+    };
+    if let Err(w) = ctx.checkpoint.put_refusal(id, &r).await {
+        let key = paths::checkpoint::refusal(id.batch, id.task, id.epoch);
         tracing::warn!(key, error = %w, "could not record the task's refusal");
     }
 }
 
-/// The result task `task` of `batch` recorded under `epoch`; an error
-/// when it did not finish under that run.
-pub(super) async fn finished_task(
-    ctx: &Context,
-    batch: u64,
-    task: u32,
-    epoch: u64,
-) -> Result<TaskResult> {
-    match ctx.checkpoint.task_result(batch, task, epoch).await? {
+/// The result task `id` recorded; an error when it did not finish under
+/// its run.
+pub(super) async fn finished_task(ctx: &Context, id: TaskId) -> Result<TaskResult> {
+    let TaskId { epoch, batch, task } = id;
+    match ctx.checkpoint.task_result(id).await? {
         Some(result) => Ok(result),
         None => Err(Error::Execution {
             pipeline: ctx.pipeline.name.clone(),

@@ -11,15 +11,18 @@ use super::lease::{continue_run, release, release_idle};
 use super::ownership::{self, SinkCheck};
 use super::payloads::{BatchRef, PlanOutcome, RunState, TaskList};
 use super::schema::{evolve, in_force, resolve_schema};
-use super::state::{check_state_shape, closing_owed, current_watermark, merges};
+use super::state::{check_state_shape, merges, plan_query};
+
 use crate::checkpoint::owner::Owner;
 use crate::checkpoint::{self, Claim, Control, Offsets, PipelineRecord, RunStatus};
 use crate::deploy::{EVENT_BUDGET, batch_events};
 use crate::discovery::{Look, Seen, Source};
 use crate::error::{Error, Result};
 use crate::operators::SqlOperator;
+use crate::paths;
 use crate::pipeline::schema::columns_of;
 use crate::planning;
+use crate::state::watermark::{self, closing_owed};
 use crate::storage::{ObjectMeta, RequestCounts};
 
 /// Plan step. Without a run: check for new input cheaply (one control read
@@ -135,8 +138,8 @@ async fn trailing_batch(
     }
     // The wall clock's advance is recorded before the batch that closes
     // windows with it, so its tasks and merges read it from control.
-    let wm = current_watermark(&ctx.pipeline, control, ctx.now());
-    if wm != control.stateful.as_ref().and_then(|s| s.watermark_us) {
+    let wm = watermark::current(&ctx.pipeline, control, ctx.now());
+    if wm != watermark::in_force(control) {
         ctx.checkpoint
             .update_control(run.epoch, &|c| {
                 if let Some(s) = &mut c.stateful {
@@ -145,10 +148,12 @@ async fn trailing_batch(
             })
             .await?;
     }
-    let schema = ctx.schema().await?;
+    let schema = in_force(&ctx.pipeline, Some(control), ctx.schema().await?.as_ref());
+    let batch = control.next_batch();
+    let query = plan_query(ctx, &schema, paths::checkpoint::offsets(batch)).await?;
     let off = Offsets {
         format_version: checkpoint::FORMAT_VERSION,
-        batch: control.next_batch(),
+        batch,
         epoch: run.epoch,
         history: control.history.clone(),
         planned_ms: ctx.now(),
@@ -156,8 +161,9 @@ async fn trailing_batch(
         tasks: Vec::new(),
         consumed: Vec::new(),
         source: None,
-        schema: Some(in_force(&ctx.pipeline, Some(control), schema.as_ref())),
+        schema: Some(schema),
         added_columns: Vec::new(),
+        query: Some(query),
         plan_ms: 0,
         plan_requests: RequestCounts::default(),
     };
@@ -532,9 +538,11 @@ async fn discover_and_plan(
         schema = read_with;
         let tasks = planning::split_tasks(&inputs, p.limits.max_bytes_per_task);
         let consumed = fresh.consumed(&inputs);
+        let batch = first + i as u64;
+        let query = plan_query(ctx, &schema, paths::checkpoint::offsets(batch)).await?;
         plans.push(Offsets {
             format_version: checkpoint::FORMAT_VERSION,
-            batch: first + i as u64,
+            batch,
             epoch: run.epoch,
             history: control.history.clone(),
             planned_ms: now,
@@ -544,6 +552,7 @@ async fn discover_and_plan(
             source,
             schema: Some(schema.clone()),
             added_columns,
+            query: Some(query),
             plan_ms: 0,
             plan_requests: RequestCounts::default(),
         });

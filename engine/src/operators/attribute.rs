@@ -7,12 +7,8 @@ use super::*;
 impl SqlOperator {
     /// How a query error of task `task` is reported: an input problem, which
     /// [`Self::culprit`] then pins on a file or the query.
-    pub(super) fn exec_err(
-        &self,
-        batch: u64,
-        task: &TaskPlan,
-    ) -> impl Fn(DataFusionError) -> Error + Copy + '_ {
-        let task = task.task;
+    pub(super) fn exec_err(&self, id: TaskId) -> impl Fn(DataFusionError) -> Error + Copy + '_ {
+        let TaskId { batch, task, .. } = id;
         move |e: DataFusionError| Error::Execution {
             pipeline: self.pipeline.name.clone(),
             batch,
@@ -234,13 +230,8 @@ impl SqlOperator {
 
     /// The error of a task that failed with `original`, naming the input
     /// at fault if one was found.
-    pub(super) fn attribute(
-        &self,
-        batch: u64,
-        task: &TaskPlan,
-        culprit: Option<Culprit>,
-        original: Error,
-    ) -> Error {
+    pub(super) fn attribute(&self, id: TaskId, culprit: Option<Culprit>, original: Error) -> Error {
+        let batch = id.batch;
         if let Some(c) = culprit {
             return Error::Input {
                 pipeline: self.pipeline.name.clone(),
@@ -253,7 +244,7 @@ impl SqlOperator {
             Error::Execution { message, .. } => Error::Execution {
                 pipeline: self.pipeline.name.clone(),
                 batch,
-                task: Some(task.task),
+                task: Some(id.task),
                 message,
                 class: ErrorClass::Fatal,
             },

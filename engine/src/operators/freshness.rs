@@ -139,16 +139,13 @@ impl SqlOperator {
     /// pins every read to the version planned (its ETag): a file replaced
     /// since fails its read rather than being read as input the plan did
     /// not name. (Local files were checked against the listing.)
-    pub(super) async fn readable(
-        &self,
-        source: &dyn Store,
-        batch: u64,
-        inputs: &[InputFile],
-        task: &TaskPlan,
-    ) -> Result<Readable> {
+    pub(super) async fn readable(&self, source: &dyn Store, task: Task<'_>) -> Result<Readable> {
         let access = source.scan_access()?;
-        let planned = self.planned_inputs(batch, inputs, task)?;
-        let (mut files, deferred, gone) = self.readable_now(&access, batch, task, &planned).await?;
+        let batch = task.id.batch;
+        let planned = self.planned_inputs(batch, task.inputs, task.plan)?;
+        let (mut files, deferred, gone) = self
+            .readable_now(&access, batch, task.plan, &planned)
+            .await?;
         // A 0-byte CSV or JSON Lines file holds no rows (not even a
         // header): read as such, not as a file missing every column. (A
         // 0-byte Parquet file is not a Parquet file: a bad file.)

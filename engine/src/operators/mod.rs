@@ -6,18 +6,18 @@
 //! planned sizes, so DataFusion never lists the source.
 
 mod adapt;
-mod aggregate;
+pub(crate) mod aggregate;
 mod attribute;
 mod classify;
 mod drift;
 mod event_time;
 mod freshness;
-mod merge;
+mod partial;
 mod partition;
 mod salvage;
 mod scan;
 mod stateful;
-mod window;
+pub(crate) mod window;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -38,7 +38,7 @@ use datafusion::physical_plan::{
 };
 use datafusion::prelude::{SessionConfig, SessionContext};
 
-use crate::checkpoint::{InputFile, OutputFile, Quarantined, TaskPlan};
+use crate::checkpoint::{InputFile, OutputFile, Quarantined, TaskId, TaskPlan};
 use crate::discovery::{Freshness, Source};
 use crate::error::{Error, ErrorClass, Result};
 use crate::pipeline::{
@@ -52,6 +52,17 @@ use scan::BatchTable;
 
 /// Input bytes per output partition below which a task uses fewer partitions.
 const SMALL_TASK_BYTES: u64 = 8 << 20;
+
+/// One task as an operator runs it: which it is, and what it reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Task<'a> {
+    /// Which task, of which batch, under which run.
+    pub id: TaskId,
+    /// Its batch's planned inputs (the task's plan indexes into them).
+    pub inputs: &'a [InputFile],
+    /// The task's part of the batch.
+    pub plan: &'a TaskPlan,
+}
 
 /// What one task did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -127,7 +138,6 @@ pub struct PartialFile {
 }
 
 pub(crate) use aggregate::Staged;
-pub(crate) use merge::merge as merge_states;
 
 /// What the operators' unit tests share.
 #[cfg(test)]
@@ -158,7 +168,8 @@ pub(crate) mod testing {
         out
     }
 }
-pub(crate) use stateful::{StatefulQuery, TaskState};
+pub(crate) use partial::TaskState;
+pub(crate) use stateful::StatefulQuery;
 
 /// A session for merging and finishing states.
 pub(crate) fn staging_session() -> SessionContext {
@@ -392,17 +403,14 @@ impl SqlOperator {
         &self,
         source: &dyn Store,
         sink: &ParquetSink,
-        epoch: u64,
-        batch: u64,
-        inputs: &[InputFile],
-        task: &TaskPlan,
+        task: Task<'_>,
     ) -> Result<TaskResult> {
         let started = Instant::now();
         // Small tasks run as one partition: one output file, not one per core.
         let op = SqlOperator {
             partitions: self
                 .partitions
-                .min((task.bytes / SMALL_TASK_BYTES).max(1) as usize),
+                .min((task.plan.bytes / SMALL_TASK_BYTES).max(1) as usize),
             ..self.clone()
         };
         let Readable {
@@ -410,15 +418,13 @@ impl SqlOperator {
             files,
             deferred,
             mut gone,
-        } = self.readable(source, batch, inputs, task).await?;
-        let read = op
-            .read_and_write(&access, sink, epoch, batch, task, files)
-            .await?;
+        } = self.readable(source, task).await?;
+        let read = op.read_and_write(&access, sink, task, files).await?;
         gone.extend(read.gone);
         Ok(TaskResult {
             deferred,
             gone,
-            task: task.task,
+            task: task.id.task,
             rows_in: read.rows_in,
             rows_out: read.outputs.iter().map(|o| o.rows).sum(),
             bytes_read: read.bytes,
@@ -449,18 +455,17 @@ impl SqlOperator {
         &self,
         access: &ScanAccess,
         sink: &ParquetSink,
-        epoch: u64,
-        batch: u64,
-        task: &TaskPlan,
+        task: Task<'_>,
         mut files: Vec<InputFile>,
     ) -> Result<TaskRead> {
+        let (id, batch) = (task.id, task.id.batch);
         let quarantine = self.pipeline.source.on_bad_file == BadFilePolicy::Quarantine;
         let mut quarantined: Vec<Quarantined> = Vec::new();
         let mut salvaged: Vec<(InputFile, salvage::Salvaged)> = Vec::new();
         let mut adapted: Vec<(InputFile, SchemaRef)> = Vec::new();
         let mut gone: Vec<String> = Vec::new();
         let mut drift_checked = false;
-        let exec = self.exec_err(batch, task);
+        let exec = self.exec_err(id);
         loop {
             let mut set_aside = |f: &InputFile, reason: String| {
                 tracing::warn!(pipeline = %self.pipeline.name, batch, key = %f.key, %reason, "input file quarantined");
@@ -479,9 +484,7 @@ impl SqlOperator {
                     ..TaskRead::default()
                 };
                 let apart = Apart { salvaged, adapted };
-                return self
-                    .finish_task(access, sink, (epoch, batch), task, read, apart)
-                    .await;
+                return self.finish_task(access, sink, id, read, apart).await;
             }
             let session = self.scan_session(access);
             if !drift_checked {
@@ -522,54 +525,52 @@ impl SqlOperator {
                 .map_err(exec)?;
             let schema = plan.schema();
             let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
-            let outputs =
-                match write_partitions(sink, epoch, (batch, task.task, 0), schema, streams).await {
-                    Ok(outputs) => outputs,
-                    Err(e) if e.class() == ErrorClass::InvalidInput => {
-                        let culprit = self.culprit(access, &refs).await;
-                        let Some(c) = culprit.as_ref().filter(|c| c.unreadable) else {
-                            return Err(self.attribute(batch, task, culprit, e));
-                        };
-                        let f = files.iter().find(|f| f.key == c.key).expect("a task input");
-                        // JSON numbers or booleans in a column held as text:
-                        // DataFusion's reader refuses them; read apart, they
-                        // are taken as written (as Spark and DuckDB do).
-                        // Under `rescue`, a CSV value its column's type
-                        // cannot hold: read apart (as text), it goes into
-                        // `_rescued`.
-                        let source = &self.pipeline.source;
-                        let to_text = (source.format == SourceFormat::Jsonl
-                            && c.reason.contains("expected string got"))
-                            || (source.format == SourceFormat::Csv
-                                && source.on_schema_change
-                                    == crate::pipeline::SchemaChangePolicy::Rescue
-                                && source.on_bad_row == BadRowPolicy::Fail
-                                && !c.gone);
-                        let found = if to_text {
-                            let schemas =
-                                self.file_schemas(access, std::slice::from_ref(f)).await?;
-                            schemas.into_iter().next().and_then(|(_, s)| s.ok())
-                        } else {
-                            None
-                        };
-                        if let Some(found) = found {
-                            adapted.push((f.clone(), found));
-                        } else if c.gone {
-                            self.warn_gone(batch, &f.key);
-                            gone.push(f.key.clone());
-                        } else if let Some(s) = self.salvage(access, f).await? {
-                            salvaged.push((f.clone(), s));
-                        } else if quarantine {
-                            set_aside(f, c.why.clone());
-                        } else {
-                            return Err(self.attribute(batch, task, culprit, e));
-                        }
-                        let key = f.key.clone();
-                        files.retain(|f| f.key != key);
-                        continue;
+            let outputs = match write_partitions(sink, id, 0, schema, streams).await {
+                Ok(outputs) => outputs,
+                Err(e) if e.class() == ErrorClass::InvalidInput => {
+                    let culprit = self.culprit(access, &refs).await;
+                    let Some(c) = culprit.as_ref().filter(|c| c.unreadable) else {
+                        return Err(self.attribute(id, culprit, e));
+                    };
+                    let f = files.iter().find(|f| f.key == c.key).expect("a task input");
+                    // JSON numbers or booleans in a column held as text:
+                    // DataFusion's reader refuses them; read apart, they
+                    // are taken as written (as Spark and DuckDB do).
+                    // Under `rescue`, a CSV value its column's type
+                    // cannot hold: read apart (as text), it goes into
+                    // `_rescued`.
+                    let source = &self.pipeline.source;
+                    let to_text = (source.format == SourceFormat::Jsonl
+                        && c.reason.contains("expected string got"))
+                        || (source.format == SourceFormat::Csv
+                            && source.on_schema_change
+                                == crate::pipeline::SchemaChangePolicy::Rescue
+                            && source.on_bad_row == BadRowPolicy::Fail
+                            && !c.gone);
+                    let found = if to_text {
+                        let schemas = self.file_schemas(access, std::slice::from_ref(f)).await?;
+                        schemas.into_iter().next().and_then(|(_, s)| s.ok())
+                    } else {
+                        None
+                    };
+                    if let Some(found) = found {
+                        adapted.push((f.clone(), found));
+                    } else if c.gone {
+                        self.warn_gone(batch, &f.key);
+                        gone.push(f.key.clone());
+                    } else if let Some(s) = self.salvage(access, f).await? {
+                        salvaged.push((f.clone(), s));
+                    } else if quarantine {
+                        set_aside(f, c.why.clone());
+                    } else {
+                        return Err(self.attribute(id, culprit, e));
                     }
-                    Err(e) => return Err(e),
-                };
+                    let key = f.key.clone();
+                    files.retain(|f| f.key != key);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let read = TaskRead {
                 rows_in: leaf_rows(&plan),
                 bytes: files.iter().map(|f| f.size).sum(),
@@ -579,9 +580,7 @@ impl SqlOperator {
                 ..TaskRead::default()
             };
             let apart = Apart { salvaged, adapted };
-            return self
-                .finish_task(access, sink, (epoch, batch), task, read, apart)
-                .await;
+            return self.finish_task(access, sink, id, read, apart).await;
         }
     }
 
@@ -594,14 +593,13 @@ impl SqlOperator {
         &self,
         access: &ScanAccess,
         sink: &ParquetSink,
-        (epoch, batch): (u64, u64),
-        task: &TaskPlan,
+        id: TaskId,
         mut read: TaskRead,
         apart: Apart,
     ) -> Result<TaskRead> {
         let Apart { salvaged, adapted } = apart;
         if !adapted.is_empty() {
-            self.write_adapted(access, sink, (epoch, batch), task, &mut read, adapted)
+            self.write_adapted(access, sink, id, &mut read, adapted)
                 .await?;
         }
         if !salvaged.is_empty() {
@@ -612,7 +610,7 @@ impl SqlOperator {
                 MemTable::try_new(self.schema.clone(), vec![kept]).map_err(|e| self.sql_err(e))?;
             ctx.register_table(self.pipeline.source.table.as_str(), Arc::new(table))
                 .map_err(|e| self.sql_err(e))?;
-            let exec = self.exec_err(batch, task);
+            let exec = self.exec_err(id);
             let plan = ctx
                 .sql(&self.pipeline.sql)
                 .await
@@ -622,14 +620,7 @@ impl SqlOperator {
                 .map_err(exec)?;
             let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
             let first = self.partitions.max(1);
-            let more = write_partitions(
-                sink,
-                epoch,
-                (batch, task.task, first),
-                plan.schema(),
-                streams,
-            )
-            .await?;
+            let more = write_partitions(sink, id, first, plan.schema(), streams).await?;
             read.outputs.extend(more);
             read.rows_in += rows;
             read.bytes += salvaged.iter().map(|(f, _)| f.size).sum::<u64>();
@@ -637,11 +628,10 @@ impl SqlOperator {
                 salvaged.iter().flat_map(|(_, s)| s.bad.iter()).collect();
             read.nulled = salvaged.iter().map(|(_, s)| s.nulled).sum();
             if !bad.is_empty() {
-                read.rejected = Some(sink.write_rejected(epoch, batch, task.task, &bad).await?);
+                read.rejected = Some(sink.write_rejected(id, &bad).await?);
             }
         }
-        sink.remove_stale_parts(epoch, batch, task.task, &read.outputs)
-            .await?;
+        sink.remove_stale_parts(id, &read.outputs).await?;
         Ok(read)
     }
 
@@ -653,13 +643,13 @@ impl SqlOperator {
         &self,
         access: &ScanAccess,
         sink: &ParquetSink,
-        (epoch, batch): (u64, u64),
-        task: &TaskPlan,
+        id: TaskId,
         read: &mut TaskRead,
         mut adapted: Vec<(InputFile, SchemaRef)>,
     ) -> Result<()> {
         let quarantine = self.pipeline.source.on_bad_file == BadFilePolicy::Quarantine;
-        let exec = self.exec_err(batch, task);
+        let exec = self.exec_err(id);
+        let batch = id.batch;
         let run = |files: &[(InputFile, SchemaRef)], sql: &str| {
             let tally = Arc::new(adapt::Tally::default());
             let table = self.adapted_table(access, files, &tally);
@@ -675,15 +665,7 @@ impl SqlOperator {
             let (ctx, plan, tally) = run(&adapted, &self.pipeline.sql).await.map_err(exec)?;
             let streams = execute_stream_partitioned(plan.clone(), ctx.task_ctx()).map_err(exec)?;
             let first = 2 * self.partitions.max(1);
-            let e = match write_partitions(
-                sink,
-                epoch,
-                (batch, task.task, first),
-                plan.schema(),
-                streams,
-            )
-            .await
-            {
+            let e = match write_partitions(sink, id, first, plan.schema(), streams).await {
                 Ok(more) => {
                     read.outputs.extend(more);
                     read.rows_in += tally.rows.load(std::sync::atomic::Ordering::Relaxed);
@@ -720,7 +702,7 @@ impl SqlOperator {
                     adapted.retain(|(a, _)| a.key != f.key);
                 }
                 Some((f, reason)) => return Err(self.unreadable(access, batch, &f, reason).await),
-                None => return Err(self.attribute(batch, task, None, e)),
+                None => return Err(self.attribute(id, None, e)),
             }
         }
         Ok(())
@@ -765,8 +747,8 @@ fn leaf_rows(plan: &Arc<dyn ExecutionPlan>) -> u64 {
 /// cores. Returns every part written, or the first error.
 async fn write_partitions(
     sink: &ParquetSink,
-    epoch: u64,
-    (batch, task, first): (u64, u32, usize),
+    id: TaskId,
+    first: usize,
     schema: SchemaRef,
     streams: Vec<SendableRecordBatchStream>,
 ) -> Result<Vec<OutputFile>> {
@@ -777,10 +759,7 @@ async fn write_partitions(
         .map(|(p, stream)| {
             let sink = sink.clone();
             let schema = schema.clone();
-            tokio::spawn(async move {
-                sink.write_partition(epoch, batch, task, p as u32, schema, stream)
-                    .await
-            })
+            tokio::spawn(async move { sink.write_partition(id, p as u32, schema, stream).await })
         })
         .collect();
     let mut outputs = Vec::new();
@@ -789,8 +768,8 @@ async fn write_partitions(
         let w = w.unwrap_or_else(|e| {
             Err(Error::Execution {
                 pipeline: sink.pipeline().to_string(),
-                batch,
-                task: Some(task),
+                batch: id.batch,
+                task: Some(id.task),
                 message: format!("writer task failed: {e}"),
                 class: ErrorClass::Fatal,
             })

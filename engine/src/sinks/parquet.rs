@@ -19,7 +19,7 @@ use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::properties::WriterProperties;
 use futures::StreamExt;
 
-use crate::checkpoint::{Commit, Manifest, OutputFile, SinkOwner};
+use crate::checkpoint::{Commit, Manifest, OutputFile, SinkOwner, TaskId};
 use crate::error::{Error, ErrorClass, Result};
 use crate::paths;
 use crate::storage::fanout::{concurrently, delete_all};
@@ -138,13 +138,12 @@ impl ParquetSink {
     /// Returns the files written (none for an empty partition).
     pub(crate) async fn write_partition(
         &self,
-        epoch: u64,
-        batch: u64,
-        task: u32,
+        id: TaskId,
         partition: u32,
         schema: SchemaRef,
         mut stream: SendableRecordBatchStream,
     ) -> Result<Vec<OutputFile>> {
+        let TaskId { batch, task, .. } = id;
         let props = writer_properties();
         let mut outputs = Vec::new();
         let mut roll = 0u32;
@@ -176,18 +175,12 @@ impl ParquetSink {
             *rows += rb.num_rows() as u64;
             if w.bytes_written() + w.in_progress_size() >= TARGET_PART_BYTES {
                 let (w, rows) = writer.take().expect("writer is open");
-                outputs.push(
-                    self.finish_part(epoch, batch, task, partition, roll, w, rows)
-                        .await?,
-                );
+                outputs.push(self.finish_part(id, partition, roll, w, rows).await?);
                 roll += 1;
             }
         }
         if let Some((w, rows)) = writer.take() {
-            outputs.push(
-                self.finish_part(epoch, batch, task, partition, roll, w, rows)
-                    .await?,
-            );
+            outputs.push(self.finish_part(id, partition, roll, w, rows).await?);
         }
         Ok(outputs)
     }
@@ -198,9 +191,7 @@ impl ParquetSink {
     /// task of the same run rewrites its own; the rest is never published.
     pub(crate) async fn write_rejected<T: serde::Serialize>(
         &self,
-        epoch: u64,
-        batch: u64,
-        task: u32,
+        id: TaskId,
         rows: &[T],
     ) -> Result<OutputFile> {
         let mut body = Vec::new();
@@ -208,7 +199,7 @@ impl ParquetSink {
             serde_json::to_writer(&mut body, r).expect("plain records serialize");
             body.push(b'\n');
         }
-        let key = paths::sink::rejected_rows(batch, task, epoch);
+        let key = paths::sink::rejected_rows(id.batch, id.task, id.epoch);
         let bytes = body.len() as u64;
         self.store
             .put(
@@ -230,14 +221,12 @@ impl ParquetSink {
     /// published).
     pub(crate) async fn write_late(
         &self,
-        epoch: u64,
-        batch: u64,
-        task: u32,
+        id: TaskId,
         schema: SchemaRef,
         rows: &[datafusion::arrow::record_batch::RecordBatch],
     ) -> Result<OutputFile> {
-        let key = paths::sink::late_rows(batch, task, epoch);
-        let fail = |e: String| self.exec_err(batch, task, e, ErrorClass::Fatal);
+        let key = paths::sink::late_rows(id.batch, id.task, id.epoch);
+        let fail = |e: String| self.exec_err(id.batch, id.task, e, ErrorClass::Fatal);
         // The same writer settings as the sink's parts: types every reader
         // knows (a seconds timestamp would be a bare INT64), compressed.
         let schema = readable_schema(&schema);
@@ -267,12 +256,11 @@ impl ParquetSink {
         })
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Close part `roll` of output partition `partition` of task `id` and
+    /// stage it.
     async fn finish_part(
         &self,
-        epoch: u64,
-        batch: u64,
-        task: u32,
+        id: TaskId,
         partition: u32,
         roll: u32,
         w: ArrowWriter<Vec<u8>>,
@@ -280,13 +268,14 @@ impl ParquetSink {
     ) -> Result<OutputFile> {
         let bytes = w.into_inner().map_err(|e| {
             self.exec_err(
-                batch,
-                task,
+                id.batch,
+                id.task,
                 format!("parquet close: {e}"),
                 ErrorClass::Fatal,
             )
         })?;
-        let key = paths::sink::part(batch, task, partition * PARTS_PER_PARTITION + roll, epoch);
+        let part = partition * PARTS_PER_PARTITION + roll;
+        let key = paths::sink::part(id.batch, id.task, part, id.epoch);
         let size = bytes.len() as u64;
         self.store
             .put(
@@ -305,19 +294,9 @@ impl ParquetSink {
     /// Delete staged parts of a task that an earlier attempt of this run
     /// wrote and this attempt did not. Parts of other runs are left alone
     /// (the commit publishes only the parts its record names).
-    pub(crate) async fn remove_stale_parts(
-        &self,
-        epoch: u64,
-        batch: u64,
-        task: u32,
-        keep: &[OutputFile],
-    ) -> Result<()> {
-        let mine = paths::sink::epoch_suffix(epoch);
-        let prefix = format!(
-            "{}{}",
-            paths::sink::STAGING_PREFIX,
-            paths::sink::task_prefix(batch, task)
-        );
+    pub(crate) async fn remove_stale_parts(&self, id: TaskId, keep: &[OutputFile]) -> Result<()> {
+        let mine = paths::sink::epoch_suffix(id.epoch);
+        let prefix = paths::sink::staged_task_prefix(id.batch, id.task);
         for meta in self.store.list(&prefix, None).await? {
             let Some(part) = paths::sink::published(&meta.key) else {
                 continue;

@@ -27,8 +27,8 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_plan::collect;
 use datafusion::prelude::SessionContext;
 
-use super::aggregate::Staged;
-use super::window::WINDOW_END;
+use crate::operators::Staged;
+use crate::operators::window::WINDOW_END;
 pub(crate) use crate::pipeline::OutputMode;
 
 /// What one merge gives.

@@ -1,0 +1,293 @@
+//! One task of a stateful query: read the task's files (late rows
+//! dropped, windows assigned), aggregate them partially, and write the
+//! partial states to the checkpoint, split into the state partitions by a
+//! stable hash of the group key. Nothing goes to the sink: the merges of
+//! the batch write it (`crate::state::merge`).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::datasource::{MemTable, TableProvider};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionContext;
+
+use super::aggregate::{Staged, session};
+use super::event_time::{EventTally, EventTimeTable};
+use super::scan::BatchTable;
+use super::{PartialFile, Readable, SqlOperator, StatefulQuery, Task, TaskResult};
+use crate::checkpoint::{Checkpoint, InputFile, TaskId};
+use crate::error::{Error, Result};
+use crate::sinks::ParquetSink;
+use crate::storage::{RequestCounts, ScanAccess, Store};
+
+/// What a stateful task reads with, from the last commit.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TaskState {
+    /// The watermark in force: rows at or below it are late.
+    pub watermark_us: Option<i64>,
+    /// State partitions.
+    pub partitions: u32,
+}
+
+/// A task's partial aggregation, run.
+struct Partials {
+    /// The aggregate in stages.
+    staged: Staged,
+    /// The partial stage's plan (its leaves count the rows read).
+    plan: Arc<dyn ExecutionPlan>,
+    /// The partial states.
+    states: Vec<RecordBatch>,
+}
+
+impl SqlOperator {
+    /// The query planned over an empty input in a staging session: its
+    /// aggregate in stages (what merges and finishes states).
+    pub(crate) async fn staged(&self, q: &StatefulQuery) -> Result<Staged> {
+        let schema = self.windowed_schema(q.window.as_ref())?;
+        let ctx = session(1);
+        let empty = MemTable::try_new(schema, vec![vec![]]).map_err(|e| self.sql_err(e))?;
+        ctx.register_table(self.pipeline.source.table.as_str(), Arc::new(empty))
+            .map_err(|e| self.sql_err(e))?;
+        let plan = ctx
+            .sql(&q.sql)
+            .await
+            .map_err(|e| self.sql_err(e))?
+            .create_physical_plan()
+            .await
+            .map_err(|e| self.sql_err(e))?;
+        Ok(Staged::of(plan)
+            .map_err(|e| self.sql_err(e))?
+            .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))?
+            .with_sessions(q.window.as_ref().is_some_and(|w| w.session)))
+    }
+
+    /// Run one task of a stateful query: read, aggregate partially, and
+    /// write the partial states to the checkpoint
+    /// (`work/N/partials/p=P/task-T-eE.arrow`); late rows, when the
+    /// watermark keeps them, are staged for the sink's `_late/`.
+    pub(crate) async fn run_partial(
+        &self,
+        source: &dyn Store,
+        sink: &ParquetSink,
+        checkpoint: &Checkpoint,
+        task: Task<'_>,
+        q: &StatefulQuery,
+        state: &TaskState,
+    ) -> Result<TaskResult> {
+        let id = task.id;
+        let started = std::time::Instant::now();
+        let Readable {
+            access,
+            files,
+            deferred,
+            mut gone,
+        } = self.readable(source, task).await?;
+        gone.extend(self.partial_gone(&access, id.batch, &files).await?);
+        let files: Vec<&InputFile> = files.iter().filter(|f| !gone.contains(&f.key)).collect();
+        let (provider, tally) = self.event_time_input(&access, &files, q, state)?;
+        let ctx = session(self.partitions);
+        ctx.register_object_store(access.url.as_ref(), access.store.clone());
+        ctx.register_table(self.pipeline.source.table.as_str(), provider)
+            .map_err(|e| self.sql_err(e))?;
+        let partial = self.aggregate_partially(&ctx, id, q).await?;
+        let partials = self
+            .write_partials(checkpoint, id, &partial, state.partitions.max(1))
+            .await?;
+        let late: Vec<RecordBatch> = tally
+            .late_rows
+            .as_ref()
+            .map(|m| std::mem::take(&mut *m.lock().expect("not poisoned")))
+            .unwrap_or_default();
+        let late_file = if late.is_empty() {
+            None
+        } else {
+            Some(sink.write_late(id, self.schema.clone(), &late).await?)
+        };
+        Ok(TaskResult {
+            late_file,
+            task: id.task,
+            rows_in: super::leaf_rows(&partial.plan),
+            rows_out: 0,
+            bytes_read: files.iter().map(|f| f.size).sum(),
+            outputs: Vec::new(),
+            millis: started.elapsed().as_millis() as u64,
+            memory_mb: 0,
+            retries: 0,
+            requests: source.counts().plus(&RequestCounts {
+                put: partials.len() as u64,
+                ..Default::default()
+            }),
+            deferred,
+            gone,
+            quarantined: Vec::new(),
+            rejected: None,
+            nulled_fields: 0,
+            rescued_fields: 0,
+            partials,
+            late_rows: tally.late.load(Ordering::Relaxed),
+            max_event_us: tally.max_event_us(),
+        })
+    }
+
+    /// Check the task's files against the pinned schema before a stateful
+    /// read: a file that does not read, or whose columns differ, refuses
+    /// the task (a stateful query takes neither bad files nor drift yet);
+    /// the keys of files gone since the plan.
+    async fn partial_gone(
+        &self,
+        access: &ScanAccess,
+        batch: u64,
+        files: &[InputFile],
+    ) -> Result<Vec<String>> {
+        let refs: Vec<&InputFile> = files.iter().collect();
+        let scan = self.scan_session(access);
+        let checked = self.check_drift(&scan, access, batch, &refs).await?;
+        if let Some((f, reason)) = checked.unreadable.first() {
+            return Err(self.unreadable(access, batch, f, reason).await);
+        }
+        if let Some((f, _)) = checked.adapted.first() {
+            return Err(Error::Input {
+                pipeline: self.pipeline.name.clone(),
+                batch,
+                key: f.key.clone(),
+                message: "its columns differ from the schema, which a stateful query does not \
+                          take yet (on_schema_change applies to row-by-row queries)"
+                    .into(),
+            });
+        }
+        Ok(checked.gone.iter().map(|f| f.key.clone()).collect())
+    }
+
+    /// The task's files as the table its query reads: through the
+    /// event-time filter (late rows dropped and counted, or kept for the
+    /// side output; windows assigned) when the query has event time.
+    fn event_time_input(
+        &self,
+        access: &ScanAccess,
+        files: &[&InputFile],
+        q: &StatefulQuery,
+        state: &TaskState,
+    ) -> Result<(Arc<dyn TableProvider>, Arc<EventTally>)> {
+        let table = BatchTable {
+            schema: self.schema.clone(),
+            format: Self::format(&self.pipeline),
+            url: access.url.clone(),
+            files: files
+                .iter()
+                .map(|f| {
+                    datafusion::datasource::listing::PartitionedFile::new_from_meta(
+                        Self::object_meta(access, f),
+                    )
+                })
+                .collect(),
+            partitions: self.partitions,
+        };
+        let side_output = q.watermark.as_ref().is_some_and(|w| w.late_side_output);
+        let tally = Arc::new(if side_output {
+            EventTally::keeping_late()
+        } else {
+            EventTally::default()
+        });
+        let column = q
+            .watermark
+            .as_ref()
+            .map(|w| w.column.clone())
+            .or_else(|| q.window.as_ref().map(|w| w.column.clone()));
+        let provider: Arc<dyn TableProvider> = match &column {
+            Some(c) => Arc::new(
+                EventTimeTable::new(
+                    Arc::new(table),
+                    c,
+                    q.window.clone(),
+                    q.watermark.as_ref().and(state.watermark_us),
+                    tally.clone(),
+                )
+                .map_err(|e| self.sql_err(e))?,
+            ),
+            None => Arc::new(table),
+        };
+        Ok((provider, tally))
+    }
+
+    /// Plan the query in `ctx` (its table registered) and run its partial
+    /// aggregate; session windows are merged within the task first, so the
+    /// partials hold sessions, not rows.
+    async fn aggregate_partially(
+        &self,
+        ctx: &SessionContext,
+        id: TaskId,
+        q: &StatefulQuery,
+    ) -> Result<Partials> {
+        let exec = self.exec_err(id);
+        let plan = ctx
+            .sql(&q.sql)
+            .await
+            .map_err(exec)?
+            .create_physical_plan()
+            .await
+            .map_err(exec)?;
+        let staged = Staged::of(plan)
+            .map_err(|e| self.sql_err(e))?
+            .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))?
+            .with_sessions(q.window.as_ref().is_some_and(|w| w.session));
+        let partial = staged.partial().map_err(exec)?;
+        let mut states = datafusion::physical_plan::collect(partial.clone(), ctx.task_ctx())
+            .await
+            .map_err(exec)?;
+        if q.window.as_ref().is_some_and(|w| w.session) {
+            let merged = staged.merge_sessions(states).map_err(exec)?;
+            states = datafusion::physical_plan::collect(
+                staged.reduce(merged).map_err(exec)?,
+                ctx.task_ctx(),
+            )
+            .await
+            .map_err(exec)?;
+        }
+        Ok(Partials {
+            staged,
+            plan: partial,
+            states,
+        })
+    }
+
+    /// Split the partial states into `n` state partitions by a stable hash
+    /// of the group key and write each non-empty one to the checkpoint.
+    async fn write_partials(
+        &self,
+        checkpoint: &Checkpoint,
+        id: TaskId,
+        partial: &Partials,
+        n: u32,
+    ) -> Result<Vec<PartialFile>> {
+        let exec = self.exec_err(id);
+        let keys = partial.staged.partition_columns().map_err(exec)?;
+        let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); n as usize];
+        for b in &partial.states {
+            for (p, piece) in super::partition::split(b, &keys, n)
+                .map_err(|e| self.sql_err(e))?
+                .into_iter()
+                .enumerate()
+            {
+                if piece.num_rows() > 0 {
+                    parts[p].push(piece);
+                }
+            }
+        }
+        let mut partials = Vec::new();
+        for (p, batches) in parts.into_iter().enumerate() {
+            if batches.is_empty() {
+                continue;
+            }
+            let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
+            let bytes = partial.staged.write_state(&batches).map_err(exec)?;
+            let key = checkpoint.put_partial(id, p as u32, bytes).await?;
+            partials.push(PartialFile {
+                partition: p as u32,
+                key,
+                rows,
+            });
+        }
+        Ok(partials)
+    }
+}

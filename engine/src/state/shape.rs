@@ -1,0 +1,81 @@
+//! A query's stateful shape: whether it keeps state between batches, and
+//! a hash of everything that state depends on (the rewritten SQL, the
+//! window, the watermark column, the output mode, the state partitions).
+//! The planner computes it once per batch and writes it into the plan;
+//! the merges and the commit read it from there. State built under one
+//! shape is never merged under another.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+
+use crate::checkpoint::StatefulState;
+use crate::error::{Error, Result};
+use crate::operators::SqlOperator;
+use crate::pipeline::Pipeline;
+
+/// The stateful shape of `pipeline`'s query reading `schema`; `None` for
+/// a row-by-row query.
+pub(crate) async fn of(pipeline: &Arc<Pipeline>, schema: SchemaRef) -> Result<Option<String>> {
+    let op = SqlOperator::new(pipeline.clone(), schema);
+    Ok(op
+        .stateful()
+        .await?
+        .map(|q| q.shape(partition_count(pipeline))))
+}
+
+/// How many state partitions the pipeline's state is split into.
+fn partition_count(p: &Pipeline) -> u32 {
+    p.limits.state_partitions.max(1)
+}
+
+/// Every state partition of the pipeline: one merge each.
+pub(crate) fn partitions(p: &Pipeline) -> Vec<u32> {
+    (0..partition_count(p)).collect()
+}
+
+/// Refuse to go on with the query's shape `now` while state built under
+/// another shape exists (`s`, the committed state).
+pub(crate) fn check(p: &Pipeline, s: &StatefulState, now: Option<&str>) -> Result<()> {
+    if s.state.iter().all(Option::is_none) || now == Some(s.shape.as_str()) {
+        return Ok(());
+    }
+    Err(Error::Incompatible {
+        pipeline: p.name.clone(),
+        message: "the query's aggregate, keys, window, watermark column, sink.mode or \
+                  limits.state_partitions changed while state built under the old ones \
+                  exists: merging it would give wrong answers. Restore them, or run \
+                  `sluice reset` on the pipeline file to start over"
+            .into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(shape: &str, files: Vec<Option<String>>) -> StatefulState {
+        StatefulState {
+            shape: shape.into(),
+            state: files,
+            ..StatefulState::default()
+        }
+    }
+
+    #[test]
+    fn state_is_merged_only_under_the_shape_it_was_built_under() {
+        let toml = "name = \"w\"\n[source]\nuri = \"in\"\nformat = \"parquet\"\ntable = \"t\"\n\
+                    [query]\nsql = \"SELECT * FROM t\"\n[sink]\nuri = \"out\"\n\
+                    [checkpoint]\nuri = \"ck\"\n";
+        let p = Pipeline::parse(toml, "w.toml", std::path::Path::new("/tmp")).unwrap();
+        let built = state("abc", vec![Some("state/0.parquet".into()), None]);
+        assert!(check(&p, &built, Some("abc")).is_ok());
+        for other in [Some("abd"), None] {
+            let e = check(&p, &built, other).unwrap_err();
+            assert!(e.to_string().contains("sluice reset"), "{e}");
+        }
+        // No state file yet: nothing would be merged wrongly.
+        assert!(check(&p, &state("abc", vec![None, None]), Some("xyz")).is_ok());
+        assert!(check(&p, &state("abc", vec![]), None).is_ok());
+    }
+}
