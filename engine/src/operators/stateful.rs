@@ -7,14 +7,19 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::datasource::MemTable;
 use datafusion::logical_expr::LogicalPlan;
 
 use super::SqlOperator;
 use super::aggregate::{Staged, session};
+use super::event_time::{EventTally, EventTimeTable};
+use super::scan::BatchTable;
 use super::window::{WINDOW_END, WINDOW_START, WindowSpec, rewrite};
+use crate::checkpoint::{InputFile, TaskPlan};
 use crate::error::Result;
 use crate::pipeline::{OutputMode, Watermark};
+use crate::storage::ScanAccess;
 
 /// A pipeline's query as a stateful query.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,7 +153,21 @@ impl SqlOperator {
         if let Some(reason) = staged.refusal() {
             return Err(self.sql_err(reason));
         }
-        let s = &p.source;
+        self.check_bad_input_policies()?;
+        let q = StatefulQuery {
+            sql: w.sql,
+            window: w.window,
+            mode: p.output_mode,
+            watermark: p.watermark.clone(),
+        };
+        self.check_output_mode(&q)?;
+        Ok(Some(q))
+    }
+
+    /// Refuses the bad-input settings on a stateful query: they apply to
+    /// row-by-row queries for now.
+    fn check_bad_input_policies(&self) -> Result<()> {
+        let s = &self.pipeline.source;
         if s.on_bad_file != crate::pipeline::BadFilePolicy::Fail
             || s.on_bad_row != crate::pipeline::BadRowPolicy::Fail
             || s.on_schema_change != crate::pipeline::SchemaChangePolicy::Fail
@@ -160,47 +179,236 @@ impl SqlOperator {
                  input; remove them",
             ));
         }
-        let q = StatefulQuery {
-            sql: w.sql,
-            window: w.window,
-            mode: p.output_mode,
-            watermark: p.watermark.clone(),
-        };
+        Ok(())
+    }
+
+    /// Refuses an output mode that does not fit `q`'s window and watermark:
+    /// append without a window, or with one but no `[watermark]`; a session
+    /// window in update mode; a watermark on another column than the
+    /// window's.
+    fn check_output_mode(&self, q: &StatefulQuery) -> Result<()> {
         match (&q.window, q.mode, &q.watermark) {
-            (None, OutputMode::Append, _) => {
-                return Err(self.sql_err(
-                    "sink.mode = \"append\" emits each group once, when it can no longer \
-                     change, which only an event-time window closed by the watermark knows: \
-                     group by window(<timestamp column>, '<size>') with [watermark], or set \
-                     sink.mode = \"update\" (changed groups per batch) or \"complete\" (the \
-                     whole result per batch)",
-                ));
-            }
-            (Some(w), OutputMode::Append, None) => {
-                return Err(self.sql_err(format!(
-                    "window({}, ...) in append mode needs [watermark] (column = \"{}\", delay = \
-                     \"10 minutes\"): without it no window ever closes",
-                    w.column, w.column
-                )));
-            }
-            (Some(w), OutputMode::Update, _) if w.session => {
-                return Err(self.sql_err(
-                    "session_window(...) in update mode is not supported (as in Spark: a \
-                     session's bounds change as it merges, so an update could not say which \
-                     earlier row it replaces): use sink.mode = \"append\" with [watermark], or \
-                     \"complete\"",
-                ));
-            }
-            (Some(w), _, Some(m)) if m.column != w.column => {
-                return Err(self.sql_err(format!(
-                    "[watermark] column = \"{}\" but the window is over {}: the watermark \
-                     closes windows of its own column, so name the window's",
-                    m.column, w.column
-                )));
-            }
-            _ => {}
+            (None, OutputMode::Append, _) => Err(self.sql_err(
+                "sink.mode = \"append\" emits each group once, when it can no longer \
+                 change, which only an event-time window closed by the watermark knows: \
+                 group by window(<timestamp column>, '<size>') with [watermark], or set \
+                 sink.mode = \"update\" (changed groups per batch) or \"complete\" (the \
+                 whole result per batch)",
+            )),
+            (Some(w), OutputMode::Append, None) => Err(self.sql_err(format!(
+                "window({}, ...) in append mode needs [watermark] (column = \"{}\", delay = \
+                 \"10 minutes\"): without it no window ever closes",
+                w.column, w.column
+            ))),
+            (Some(w), OutputMode::Update, _) if w.session => Err(self.sql_err(
+                "session_window(...) in update mode is not supported (as in Spark: a \
+                 session's bounds change as it merges, so an update could not say which \
+                 earlier row it replaces): use sink.mode = \"append\" with [watermark], or \
+                 \"complete\"",
+            )),
+            (Some(w), _, Some(m)) if m.column != w.column => Err(self.sql_err(format!(
+                "[watermark] column = \"{}\" but the window is over {}: the watermark \
+                 closes windows of its own column, so name the window's",
+                m.column, w.column
+            ))),
+            _ => Ok(()),
         }
-        Ok(Some(q))
+    }
+}
+
+/// A task's rows aggregated partially: the query's aggregate in stages,
+/// the partial plan that read them, and the partial states it gave.
+struct PartialStates {
+    staged: Staged,
+    partial: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    states: Vec<RecordBatch>,
+}
+
+/// The steps of `run_partial`, below.
+impl SqlOperator {
+    /// Refuses a task's file that cannot be read, or whose columns differ
+    /// from the schema (a stateful query does not take schema changes yet);
+    /// files deleted since they were planned join `gone`.
+    async fn check_stateful_inputs(
+        &self,
+        access: &ScanAccess,
+        batch: u64,
+        files: &[InputFile],
+        gone: &mut Vec<String>,
+    ) -> Result<()> {
+        let refs: Vec<&crate::checkpoint::InputFile> = files.iter().collect();
+        let scan = self.scan_session(access);
+        let checked = self.check_drift(&scan, access, batch, &refs).await?;
+        if let Some((f, reason)) = checked.unreadable.first() {
+            return Err(self.unreadable(access, batch, f, reason).await);
+        }
+        if let Some((f, _)) = checked.adapted.first() {
+            return Err(crate::error::Error::Input {
+                pipeline: self.pipeline.name.clone(),
+                batch,
+                key: f.key.clone(),
+                message: "its columns differ from the schema, which a stateful query does not \
+                          take yet (on_schema_change applies to row-by-row queries)"
+                    .into(),
+            });
+        }
+        gone.extend(checked.gone.iter().map(|f| f.key.clone()));
+        Ok(())
+    }
+
+    /// The table the task's `files` are read through: a scan of them, with
+    /// late rows dropped and windows assigned (counted in `tally`) when the
+    /// query has an event-time column.
+    fn event_time_provider(
+        &self,
+        access: &ScanAccess,
+        files: &[&InputFile],
+        q: &StatefulQuery,
+        state: &TaskState,
+        tally: &Arc<EventTally>,
+    ) -> Result<Arc<dyn datafusion::datasource::TableProvider>> {
+        let table = BatchTable {
+            schema: self.schema.clone(),
+            format: Self::format(&self.pipeline),
+            url: access.url.clone(),
+            files: files
+                .iter()
+                .map(|f| {
+                    datafusion::datasource::listing::PartitionedFile::new_from_meta(
+                        Self::object_meta(access, f),
+                    )
+                })
+                .collect(),
+            partitions: self.partitions,
+        };
+        let column = q
+            .watermark
+            .as_ref()
+            .map(|w| w.column.clone())
+            .or_else(|| q.window.as_ref().map(|w| w.column.clone()));
+        let provider: Arc<dyn datafusion::datasource::TableProvider> = match &column {
+            Some(c) => Arc::new(
+                EventTimeTable::new(
+                    Arc::new(table),
+                    c,
+                    q.window.clone(),
+                    q.watermark.as_ref().and(state.watermark_us),
+                    tally.clone(),
+                )
+                .map_err(|e| self.sql_err(e))?,
+            ),
+            None => Arc::new(table),
+        };
+        Ok(provider)
+    }
+
+    /// Aggregate the task's rows, read through `provider`, partially; a
+    /// session window's sessions merged first, so the partials hold
+    /// sessions, not rows.
+    async fn partial_states(
+        &self,
+        access: &ScanAccess,
+        provider: Arc<dyn datafusion::datasource::TableProvider>,
+        q: &StatefulQuery,
+        batch: u64,
+        task: &TaskPlan,
+    ) -> Result<PartialStates> {
+        let ctx = session(self.partitions);
+        ctx.register_object_store(access.url.as_ref(), access.store.clone());
+        ctx.register_table(self.pipeline.source.table.as_str(), provider)
+            .map_err(|e| self.sql_err(e))?;
+        let exec = self.exec_err(batch, task);
+        let plan = ctx
+            .sql(&q.sql)
+            .await
+            .map_err(exec)?
+            .create_physical_plan()
+            .await
+            .map_err(exec)?;
+        let staged = Staged::of(plan)
+            .map_err(|e| self.sql_err(e))?
+            .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))?
+            .with_sessions(q.window.as_ref().is_some_and(|w| w.session));
+        let partial = staged.partial().map_err(exec)?;
+        let mut states = datafusion::physical_plan::collect(partial.clone(), ctx.task_ctx())
+            .await
+            .map_err(exec)?;
+        if q.window.as_ref().is_some_and(|w| w.session) {
+            // One window per row so far: merge the task's own sessions
+            // first, so the partials it writes hold sessions, not rows.
+            let merged = staged.merge_sessions(states).map_err(exec)?;
+            states = datafusion::physical_plan::collect(
+                staged.reduce(merged).map_err(exec)?,
+                ctx.task_ctx(),
+            )
+            .await
+            .map_err(exec)?;
+        }
+        Ok(PartialStates {
+            staged,
+            partial,
+            states,
+        })
+    }
+
+    /// `states` split into the state `partitions` by a stable hash of their
+    /// group key; each part holds its non-empty pieces.
+    fn partitioned(
+        &self,
+        staged: &Staged,
+        states: &[RecordBatch],
+        partitions: u32,
+        batch: u64,
+        task: &TaskPlan,
+    ) -> Result<Vec<Vec<RecordBatch>>> {
+        let exec = self.exec_err(batch, task);
+        let keys = staged.partition_columns().map_err(exec)?;
+        let n = partitions.max(1);
+        let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); n as usize];
+        for b in states {
+            for (p, piece) in super::partition::split(b, &keys, n)
+                .map_err(|e| self.sql_err(e))?
+                .into_iter()
+                .enumerate()
+            {
+                if piece.num_rows() > 0 {
+                    parts[p].push(piece);
+                }
+            }
+        }
+        Ok(parts)
+    }
+
+    /// Write each non-empty part of `parts` as the task's partial state file
+    /// of its partition (`work/N/partials/p=P/task-T-eE.arrow`).
+    async fn write_partials(
+        &self,
+        checkpoint: &dyn crate::storage::Store,
+        staged: &Staged,
+        parts: Vec<Vec<RecordBatch>>,
+        batch: u64,
+        task: &TaskPlan,
+        epoch: u64,
+    ) -> Result<Vec<super::PartialFile>> {
+        let exec = self.exec_err(batch, task);
+        let mut partials = Vec::new();
+        for (p, batches) in parts.into_iter().enumerate() {
+            if batches.is_empty() {
+                continue;
+            }
+            let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
+            let key = crate::paths::checkpoint::partial(batch, p as u32, task.task, epoch);
+            let bytes = staged.write_state(&batches).map_err(exec)?;
+            checkpoint
+                .put(&key, bytes.into(), crate::storage::PutMode::Overwrite)
+                .await?;
+            partials.push(super::PartialFile {
+                partition: p as u32,
+                key,
+                rows,
+            });
+        }
+        Ok(partials)
     }
 }
 
@@ -394,8 +602,6 @@ impl SqlOperator {
         q: &StatefulQuery,
         state: &TaskState,
     ) -> Result<super::TaskResult> {
-        use super::event_time::{EventTally, EventTimeTable};
-        use super::scan::BatchTable;
         let started = std::time::Instant::now();
         let super::Readable {
             access,
@@ -403,126 +609,28 @@ impl SqlOperator {
             deferred,
             mut gone,
         } = self.readable(source, batch, inputs, task).await?;
-        let refs: Vec<&crate::checkpoint::InputFile> = files.iter().collect();
-        let scan = self.scan_session(&access);
-        let checked = self.check_drift(&scan, &access, batch, &refs).await?;
-        if let Some((f, reason)) = checked.unreadable.first() {
-            return Err(self.unreadable(&access, batch, f, reason).await);
-        }
-        if let Some((f, _)) = checked.adapted.first() {
-            return Err(crate::error::Error::Input {
-                pipeline: self.pipeline.name.clone(),
-                batch,
-                key: f.key.clone(),
-                message: "its columns differ from the schema, which a stateful query does not \
-                          take yet (on_schema_change applies to row-by-row queries)"
-                    .into(),
-            });
-        }
-        gone.extend(checked.gone.iter().map(|f| f.key.clone()));
+        self.check_stateful_inputs(&access, batch, &files, &mut gone)
+            .await?;
         let files: Vec<&crate::checkpoint::InputFile> =
             files.iter().filter(|f| !gone.contains(&f.key)).collect();
-        let table = BatchTable {
-            schema: self.schema.clone(),
-            format: Self::format(&self.pipeline),
-            url: access.url.clone(),
-            files: files
-                .iter()
-                .map(|f| {
-                    datafusion::datasource::listing::PartitionedFile::new_from_meta(
-                        Self::object_meta(&access, f),
-                    )
-                })
-                .collect(),
-            partitions: self.partitions,
-        };
         let side_output = q.watermark.as_ref().is_some_and(|w| w.late_side_output);
         let tally = Arc::new(if side_output {
             EventTally::keeping_late()
         } else {
             EventTally::default()
         });
-        let column = q
-            .watermark
-            .as_ref()
-            .map(|w| w.column.clone())
-            .or_else(|| q.window.as_ref().map(|w| w.column.clone()));
-        let provider: Arc<dyn datafusion::datasource::TableProvider> = match &column {
-            Some(c) => Arc::new(
-                EventTimeTable::new(
-                    Arc::new(table),
-                    c,
-                    q.window.clone(),
-                    q.watermark.as_ref().and(state.watermark_us),
-                    tally.clone(),
-                )
-                .map_err(|e| self.sql_err(e))?,
-            ),
-            None => Arc::new(table),
-        };
-        let ctx = session(self.partitions);
-        ctx.register_object_store(access.url.as_ref(), access.store.clone());
-        ctx.register_table(self.pipeline.source.table.as_str(), provider)
-            .map_err(|e| self.sql_err(e))?;
-        let exec = self.exec_err(batch, task);
-        let plan = ctx
-            .sql(&q.sql)
-            .await
-            .map_err(exec)?
-            .create_physical_plan()
-            .await
-            .map_err(exec)?;
-        let staged = Staged::of(plan)
-            .map_err(|e| self.sql_err(e))?
-            .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))?
-            .with_sessions(q.window.as_ref().is_some_and(|w| w.session));
-        let partial = staged.partial().map_err(exec)?;
-        let mut states = datafusion::physical_plan::collect(partial.clone(), ctx.task_ctx())
-            .await
-            .map_err(exec)?;
-        if q.window.as_ref().is_some_and(|w| w.session) {
-            // One window per row so far: merge the task's own sessions
-            // first, so the partials it writes hold sessions, not rows.
-            let merged = staged.merge_sessions(states).map_err(exec)?;
-            states = datafusion::physical_plan::collect(
-                staged.reduce(merged).map_err(exec)?,
-                ctx.task_ctx(),
-            )
-            .await
-            .map_err(exec)?;
-        }
-        let keys = staged.partition_columns().map_err(exec)?;
-        let n = state.partitions.max(1);
-        let mut parts: Vec<Vec<datafusion::arrow::record_batch::RecordBatch>> =
-            vec![Vec::new(); n as usize];
-        for b in &states {
-            for (p, piece) in super::partition::split(b, &keys, n)
-                .map_err(|e| self.sql_err(e))?
-                .into_iter()
-                .enumerate()
-            {
-                if piece.num_rows() > 0 {
-                    parts[p].push(piece);
-                }
-            }
-        }
-        let mut partials = Vec::new();
-        for (p, batches) in parts.into_iter().enumerate() {
-            if batches.is_empty() {
-                continue;
-            }
-            let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
-            let key = crate::paths::checkpoint::partial(batch, p as u32, task.task, epoch);
-            let bytes = staged.write_state(&batches).map_err(exec)?;
-            checkpoint
-                .put(&key, bytes.into(), crate::storage::PutMode::Overwrite)
-                .await?;
-            partials.push(super::PartialFile {
-                partition: p as u32,
-                key,
-                rows,
-            });
-        }
+        let provider = self.event_time_provider(&access, &files, q, state, &tally)?;
+        let PartialStates {
+            staged,
+            partial,
+            states,
+        } = self
+            .partial_states(&access, provider, q, batch, task)
+            .await?;
+        let parts = self.partitioned(&staged, &states, state.partitions, batch, task)?;
+        let partials = self
+            .write_partials(checkpoint, &staged, parts, batch, task, epoch)
+            .await?;
         let late: Vec<datafusion::arrow::record_batch::RecordBatch> = tally
             .late_rows
             .as_ref()
