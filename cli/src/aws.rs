@@ -35,7 +35,7 @@ pub(crate) async fn wake_on_aws(
         &sfn,
     )
     .await?;
-    let (epoch, text, mut value) = match &report.woken[&name] {
+    let (epoch, text, value) = match &report.woken[&name] {
         WakeOutcome::Held => {
             emit(
                 json,
@@ -74,9 +74,24 @@ pub(crate) async fn wake_on_aws(
     if !json {
         println!("{text}");
     }
+    follow(ctx, &sfn, epoch, value, json).await
+}
+
+/// Wait for the execution of `epoch` to end, then report it and the
+/// batches it committed (into `value` with `--json`); the command fails
+/// unless the execution succeeded.
+async fn follow(
+    ctx: &Context,
+    sfn: &sluice_engine::triggers::StepFunctions,
+    epoch: u64,
+    mut value: serde_json::Value,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    use sluice_engine::triggers;
+    let name = &ctx.pipeline.name;
     let end = sfn
         .wait(
-            &triggers::execution_name(&name, epoch),
+            &triggers::execution_name(name, epoch),
             std::time::Duration::from_secs(1),
         )
         .await?;

@@ -155,22 +155,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let raw_rate = total_rows as f64 / raw_s;
     let our_rate = total_rows as f64 / ours_s;
 
-    // Idle: nothing new since the last run.
-    let (idle, idle_ms, idle_requests) = timed_run(&ctx).await?;
-    anyhow::ensure!(
-        matches!(idle.end, RunEnd::Idle(_)),
-        "idle run ended {:?}",
-        idle.end
-    );
-
-    // Five new files.
-    sluice_cli::generator::write_taxi_files(&input, 5, args.rows, SourceFormat::Parquet, None)?;
-    let (inc, inc_ms, inc_requests) = timed_run(&ctx).await?;
-    let inc_files: u64 = inc.batches.iter().map(|b| b.files).sum();
-    anyhow::ensure!(
-        inc_files == 5,
-        "incremental run took {inc_files} files, expected 5"
-    );
+    let Incremental {
+        idle_ms,
+        idle_requests,
+        inc_ms,
+        inc_requests,
+    } = idle_and_incremental(&ctx, &input, args.rows).await?;
 
     println!();
     println!("| measure | value |");
@@ -243,6 +233,47 @@ async fn full_runs(
     progress.finish();
     let ctx = last_ctx.expect("at least one round");
     Ok((median(raw), median(ours), ctx))
+}
+
+/// What an idle run and a run over five new files each took: wall time in
+/// milliseconds and storage requests.
+struct Incremental {
+    idle_ms: f64,
+    idle_requests: RequestCounts,
+    inc_ms: f64,
+    inc_requests: RequestCounts,
+}
+
+/// After the full runs: an idle run (nothing new since the last), then a
+/// run over five new files (`rows` each, written under `input`).
+async fn idle_and_incremental(
+    ctx: &Context,
+    input: &Path,
+    rows: usize,
+) -> anyhow::Result<Incremental> {
+    // Idle: nothing new since the last run.
+    let (idle, idle_ms, idle_requests) = timed_run(ctx).await?;
+    anyhow::ensure!(
+        matches!(idle.end, RunEnd::Idle(_)),
+        "idle run ended {:?}",
+        idle.end
+    );
+
+    // Five new files.
+    sluice_cli::generator::write_taxi_files(input, 5, rows, SourceFormat::Parquet, None)?;
+    let (inc, inc_ms, inc_requests) = timed_run(ctx).await?;
+    let inc_files: u64 = inc.batches.iter().map(|b| b.files).sum();
+    anyhow::ensure!(
+        inc_files == 5,
+        "incremental run took {inc_files} files, expected 5"
+    );
+
+    Ok(Incremental {
+        idle_ms,
+        idle_requests,
+        inc_ms,
+        inc_requests,
+    })
 }
 
 /// One `sluice run`: its summary, wall time in milliseconds and the storage

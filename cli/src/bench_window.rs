@@ -112,80 +112,19 @@ pub async fn run(dir: &Path, files: u64, rows: usize, rounds: usize) -> anyhow::
 
     // Rounds, merges with 1, 2, 4 partitions, state in two modes.
     let progress = crate::progress::Progress::new(rounds.max(1) as u64 + 5, "steps");
-    // Throughput: the whole backlog in one run (one data batch and the
-    // closing batch), against the same GROUP BY once in raw DataFusion.
-    let (mut raw, mut ours) = (Vec::new(), Vec::new());
-    let (mut raw_groups, mut our_groups, mut batches) = (0, 0, 0);
-    for round in 0..rounds.max(1) {
-        let (secs, groups) =
-            crate::bench::raw_datafusion(&input, &out.join(format!("raw-{round}")), RAW_SQL)
-                .await?;
-        raw.push(secs);
-        raw_groups = groups;
-        let ctx = open(
-            dir,
-            &pipeline_toml(&format!("window{round}"), "input", "append", 4, 100_000),
-        )?;
-        let (summary, secs) = run_to_end(&ctx).await?;
-        ours.push(secs);
-        let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
-        anyhow::ensure!(
-            rows_in == total_rows,
-            "sluice read {rows_in} rows, expected {total_rows}"
-        );
-        our_groups = summary.batches.iter().map(|b| b.rows_out).sum();
-        batches = summary.batches.len();
-        progress.inc(1);
-    }
-    let (raw_s, ours_s) = (median(raw), median(ours));
-
-    // The merge stage with 1, 2, 4 partitions: one file per batch, so state
-    // carries across batches.
-    let mut merges = Vec::new();
-    for partitions in [1u32, 2, 4] {
-        let ctx = open(
-            dir,
-            &pipeline_toml(
-                &format!("merge{partitions}"),
-                "input",
-                "append",
-                partitions,
-                1,
-            ),
-        )?;
-        let (summary, secs) = run_to_end(&ctx).await?;
-        let ms = merge_ms(&ctx, &summary).await?;
-        merges.push((partitions, summary.batches.len(), ms, secs));
-        progress.inc(1);
-    }
-
+    let Throughput {
+        raw_s,
+        ours_s,
+        raw_groups,
+        our_groups,
+        batches,
+    } = throughput(dir, &input, &out, rounds, total_rows, &progress).await?;
+    let merges = merge_runs(dir, &progress).await?;
     // State after 100 batches, in append mode (open windows only) and in
     // complete mode (every group kept).
     let small = (total_rows / 100).max(1) as usize;
     sluice_cli::generator::write_taxi_files(&input100, 100, small, SourceFormat::Parquet, None)?;
-    let mut states = Vec::new();
-    for mode in ["append", "complete"] {
-        let ctx = open(
-            dir,
-            &pipeline_toml(&format!("state-{mode}"), "input100", mode, 4, 1),
-        )?;
-        let (summary, secs) = run_to_end(&ctx).await?;
-        let data_batches = summary.batches.iter().filter(|b| b.files > 0).count();
-        anyhow::ensure!(
-            data_batches == 100,
-            "{mode}: {data_batches} data batches, expected 100"
-        );
-        let ms = merge_ms(&ctx, &summary).await?;
-        let mut restore = Vec::new();
-        let mut size = handlers::StateSize::default();
-        for _ in 0..5 {
-            let started = Instant::now();
-            size = handlers::restore_state(&ctx).await?;
-            restore.push(started.elapsed().as_secs_f64() * 1000.0);
-        }
-        states.push((mode, secs, ms, size, median(restore)));
-        progress.inc(1);
-    }
+    let states = state_runs(dir, &progress).await?;
     progress.finish();
 
     println!();
@@ -211,11 +150,149 @@ pub async fn run(dir: &Path, files: u64, rows: usize, rounds: usize) -> anyhow::
             "| one file per batch, {partitions} state partition(s): {batches} batches | run {secs:.3} s, merge stage {ms} ms (sum of each batch's longest merge) |"
         );
     }
-    for (mode, secs, ms, size, restore_ms) in states {
+    for StateRun {
+        mode,
+        secs,
+        ms,
+        size,
+        restore_ms,
+    } in states
+    {
         println!(
             "| state after 100 batches ({mode}) | {} groups in {} partitions, {} bytes; restore {restore_ms:.1} ms (median of 5); run {secs:.3} s, merge stage {ms} ms |",
             size.groups, size.partitions, size.bytes
         );
     }
     Ok(())
+}
+
+/// What the throughput rounds measured: the median seconds of raw
+/// DataFusion and of Sluice, the groups each wrote (the last round's), and
+/// the batches of Sluice's run.
+struct Throughput {
+    raw_s: f64,
+    ours_s: f64,
+    raw_groups: u64,
+    our_groups: u64,
+    batches: usize,
+}
+
+/// Throughput: the whole backlog under `input` in one run (one data batch
+/// and the closing batch), against the same GROUP BY once in raw
+/// DataFusion, `rounds` times.
+async fn throughput(
+    dir: &Path,
+    input: &Path,
+    out: &Path,
+    rounds: usize,
+    total_rows: u64,
+    progress: &crate::progress::Progress,
+) -> anyhow::Result<Throughput> {
+    let (mut raw, mut ours) = (Vec::new(), Vec::new());
+    let (mut raw_groups, mut our_groups, mut batches): (u64, u64, usize) = (0, 0, 0);
+    for round in 0..rounds.max(1) {
+        let (secs, groups) =
+            crate::bench::raw_datafusion(input, &out.join(format!("raw-{round}")), RAW_SQL).await?;
+        raw.push(secs);
+        raw_groups = groups;
+        let ctx = open(
+            dir,
+            &pipeline_toml(&format!("window{round}"), "input", "append", 4, 100_000),
+        )?;
+        let (summary, secs) = run_to_end(&ctx).await?;
+        ours.push(secs);
+        let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
+        anyhow::ensure!(
+            rows_in == total_rows,
+            "sluice read {rows_in} rows, expected {total_rows}"
+        );
+        our_groups = summary.batches.iter().map(|b| b.rows_out).sum();
+        batches = summary.batches.len();
+        progress.inc(1);
+    }
+    Ok(Throughput {
+        raw_s: median(raw),
+        ours_s: median(ours),
+        raw_groups,
+        our_groups,
+        batches,
+    })
+}
+
+/// The merge stage with 1, 2, 4 partitions: one file per batch, so state
+/// carries across batches. Per partition count: its batches, the merge
+/// stage's milliseconds and the run's seconds.
+async fn merge_runs(
+    dir: &Path,
+    progress: &crate::progress::Progress,
+) -> anyhow::Result<Vec<(u32, usize, u64, f64)>> {
+    let mut merges = Vec::new();
+    for partitions in [1u32, 2, 4] {
+        let ctx = open(
+            dir,
+            &pipeline_toml(
+                &format!("merge{partitions}"),
+                "input",
+                "append",
+                partitions,
+                1,
+            ),
+        )?;
+        let (summary, secs) = run_to_end(&ctx).await?;
+        let ms = merge_ms(&ctx, &summary).await?;
+        merges.push((partitions, summary.batches.len(), ms, secs));
+        progress.inc(1);
+    }
+    Ok(merges)
+}
+
+/// The state of a run of 100 batches in one output mode.
+struct StateRun {
+    mode: &'static str,
+    /// The run's seconds.
+    secs: f64,
+    /// The merge stage's milliseconds.
+    ms: u64,
+    size: handlers::StateSize,
+    /// The median of five restores, milliseconds.
+    restore_ms: f64,
+}
+
+/// The state after the 100 batches under `input100`, in append mode (open
+/// windows only) and in complete mode (every group kept): its size, and
+/// how long restoring it takes.
+async fn state_runs(
+    dir: &Path,
+    progress: &crate::progress::Progress,
+) -> anyhow::Result<Vec<StateRun>> {
+    let mut states = Vec::new();
+    for mode in ["append", "complete"] {
+        let ctx = open(
+            dir,
+            &pipeline_toml(&format!("state-{mode}"), "input100", mode, 4, 1),
+        )?;
+        let (summary, secs) = run_to_end(&ctx).await?;
+        let data_batches = summary.batches.iter().filter(|b| b.files > 0).count();
+        anyhow::ensure!(
+            data_batches == 100,
+            "{mode}: {data_batches} data batches, expected 100"
+        );
+        let ms = merge_ms(&ctx, &summary).await?;
+        let mut restore = Vec::new();
+        let mut size = handlers::StateSize::default();
+        for _ in 0..5 {
+            let started = Instant::now();
+            size = handlers::restore_state(&ctx).await?;
+            restore.push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+        states.push(StateRun {
+            mode,
+            secs,
+            ms,
+            size,
+            restore_ms: median(restore),
+        });
+        progress.inc(1);
+    }
+    Ok(states)
 }

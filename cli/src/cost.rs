@@ -99,6 +99,13 @@ pub async fn run(
         crate::text::count(r.runs, "run"),
         r.prices
     );
+    print_batches(&r);
+    print_totals(&r);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sluice cost`'s table: one line per batch, with its usage and bill.
+fn print_batches(r: &Report) {
     println!(
         "{:>6}  {:<20}  {:>5}  {:>6}  {:>10}  {:>6}  {:>8}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {:>11}",
         "batch",
@@ -136,6 +143,11 @@ pub async fn run(
             dollars(b.bill.total()),
         );
     }
+}
+
+/// `sluice cost`'s totals: per batch, per run, the month at the interval
+/// between runs, the always-on job, and the break-even rate.
+fn print_totals(r: &Report) {
     let t = &r.batches_bill;
     println!(
         "per batch     {} (all batches: Lambda {}, Step Functions {}, S3 {}; and {} of S3 \
@@ -177,5 +189,4 @@ pub async fn run(
             crate::text::duration_ms((3_600_000.0 / k).round() as u64)
         );
     }
-    Ok(ExitCode::SUCCESS)
 }

@@ -596,25 +596,7 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
     let summary = runner::run(&ctx, |b| {
         if !json {
             progress.inc(b.files);
-            progress.line(&format!(
-                "batch {:>6}  files {:>5}  {:>12}  rows in {:>10}  out {:>10}  {:>7} ms{}{}",
-                b.batch,
-                b.files,
-                mib(b.bytes),
-                b.rows_in,
-                b.rows_out,
-                b.millis,
-                if b.resumed { "  (resumed)" } else { "" },
-                BadData {
-                    files: b.quarantined,
-                    rows: b.rows_quarantined,
-                    nulled: b.nulled_fields,
-                    rescued: b.rescued_fields,
-                    late: b.late_rows,
-                    added: &b.added_columns,
-                    version: b.schema_version,
-                }
-            ));
+            progress.line(&batch_line(b));
         }
     })
     .await?;
@@ -627,6 +609,51 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
             exit::SUCCESS
         }));
     }
+    match &summary.end {
+        RunEnd::Idle(reason) => println!(
+            "{name}: {reason}; nothing written ({}, {})",
+            duration_ms(summary.millis),
+            count(summary.requests.total(), "storage request")
+        ),
+        RunEnd::Busy(why) => println!("{name}: not started: {why}"),
+        RunEnd::Paused => {
+            println!(
+                "{name}: paused: nothing started; the request is recorded and `sluice resume` \
+                 starts it"
+            );
+            return Ok(ExitCode::from(exit::PAUSED));
+        }
+        RunEnd::Done => println!("{}", committed_line(&name, &summary)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sluice run`'s line for one committed batch.
+fn batch_line(b: &runner::BatchReport) -> String {
+    format!(
+        "batch {:>6}  files {:>5}  {:>12}  rows in {:>10}  out {:>10}  {:>7} ms{}{}",
+        b.batch,
+        b.files,
+        mib(b.bytes),
+        b.rows_in,
+        b.rows_out,
+        b.millis,
+        if b.resumed { "  (resumed)" } else { "" },
+        BadData {
+            files: b.quarantined,
+            rows: b.rows_quarantined,
+            nulled: b.nulled_fields,
+            rescued: b.rescued_fields,
+            late: b.late_rows,
+            added: &b.added_columns,
+            version: b.schema_version,
+        }
+    )
+}
+
+/// `sluice run`'s closing line after it committed batches: what they read
+/// and wrote, and what they did with bad data and new columns.
+fn committed_line(name: &str, summary: &runner::RunSummary) -> String {
     let files: u64 = summary.batches.iter().map(|b| b.files).sum();
     let bytes: u64 = summary.batches.iter().map(|b| b.bytes).sum();
     let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
@@ -645,65 +672,49 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
         .iter()
         .filter_map(|b| b.schema_version)
         .max();
-    match &summary.end {
-        RunEnd::Idle(reason) => println!(
-            "{name}: {reason}; nothing written ({}, {})",
-            duration_ms(summary.millis),
-            count(summary.requests.total(), "storage request")
-        ),
-        RunEnd::Busy(why) => println!("{name}: not started: {why}"),
-        RunEnd::Paused => {
-            println!(
-                "{name}: paused: nothing started; the request is recorded and `sluice resume` \
-                 starts it"
-            );
-            return Ok(ExitCode::from(exit::PAUSED));
+    format!(
+        "{name}: committed {}: {}, {}, {} in, {} out in {} ({}){}",
+        count(summary.batches.len() as u64, "batch"),
+        count(files, "file"),
+        mib(bytes),
+        count(rows_in, "row"),
+        count(rows_out, "row"),
+        duration_ms(summary.millis),
+        count(summary.requests.total(), "storage request"),
+        if quarantined > 0 {
+            format!(
+                "; {} quarantined: `sluice show` lists them, `sluice retry-quarantined` \
+                 reads them again once fixed",
+                count(quarantined, "file")
+            )
+        } else {
+            String::new()
+        } + &if bad_rows + nulled > 0 {
+            format!(
+                "; {} quarantined under the sink's _quarantine/, {} made null",
+                count(bad_rows, "malformed row"),
+                count(nulled, "bad field")
+            )
+        } else {
+            String::new()
+        } + &if rescued > 0 {
+            format!(
+                "; {} that did not fit the schema kept in _rescued",
+                count(rescued, "field")
+            )
+        } else {
+            String::new()
+        } + &if added.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; new {} {} joined the output (schema version {})",
+                noun(added.len() as u64, "column"),
+                added.join(", "),
+                version.unwrap_or(1)
+            )
         }
-        RunEnd::Done => println!(
-            "{name}: committed {}: {}, {}, {} in, {} out in {} ({}){}",
-            count(summary.batches.len() as u64, "batch"),
-            count(files, "file"),
-            mib(bytes),
-            count(rows_in, "row"),
-            count(rows_out, "row"),
-            duration_ms(summary.millis),
-            count(summary.requests.total(), "storage request"),
-            if quarantined > 0 {
-                format!(
-                    "; {} quarantined: `sluice show` lists them, `sluice retry-quarantined` \
-                     reads them again once fixed",
-                    count(quarantined, "file")
-                )
-            } else {
-                String::new()
-            } + &if bad_rows + nulled > 0 {
-                format!(
-                    "; {} quarantined under the sink's _quarantine/, {} made null",
-                    count(bad_rows, "malformed row"),
-                    count(nulled, "bad field")
-                )
-            } else {
-                String::new()
-            } + &if rescued > 0 {
-                format!(
-                    "; {} that did not fit the schema kept in _rescued",
-                    count(rescued, "field")
-                )
-            } else {
-                String::new()
-            } + &if added.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "; new {} {} joined the output (schema version {})",
-                    noun(added.len() as u64, "column"),
-                    added.join(", "),
-                    version.unwrap_or(1)
-                )
-            }
-        ),
-    }
-    Ok(ExitCode::SUCCESS)
+    )
 }
 
 /// A command's result: `text` for a person, or (`--json`) `value` with

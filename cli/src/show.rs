@@ -33,49 +33,9 @@ pub(crate) async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     match &status.control {
         None => println!("state        never run"),
         Some(c) => {
-            let when = |ms: Option<i64>| {
-                ms.and_then(chrono::DateTime::from_timestamp_millis)
-                    .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-                    .unwrap_or_else(|| "-".into())
-            };
-            let state = match (c.paused, c.status) {
-                (true, _) if c.requested => {
-                    "paused (a run was asked for: `sluice resume` starts it)"
-                }
-                (true, _) => "paused",
-                (false, sluice_engine::checkpoint::RunStatus::Running) => "running",
-                (false, sluice_engine::checkpoint::RunStatus::Idle) => "idle",
-            };
-            println!(
-                "state        {state} (epoch {}, owner {}, heartbeat {})",
-                c.epoch,
-                c.owner.as_deref().unwrap_or("-"),
-                when(c.heartbeat_ms)
-            );
-            match c.last_committed {
-                Some(n) => println!("last batch   {n} committed {}", when(c.last_commit_ms)),
-                None => println!("last batch   none committed"),
-            }
+            print_state(c);
             if let Some(lc) = &status.last_commit {
-                println!(
-                    "  that batch {}, {}, {} in, {} out, {}{}",
-                    count(lc.files, "file"),
-                    mib(lc.bytes_read),
-                    count(lc.rows_in, "row"),
-                    count(lc.rows_out, "row"),
-                    count(lc.outputs.len() as u64, "output file"),
-                    BadData {
-                        files: lc.quarantined.len() as u64,
-                        rows: lc.rejected.iter().map(|r| r.rows).sum(),
-                        nulled: lc.nulled_fields,
-                        rescued: lc.rescued_fields,
-                        late: lc.stateful.as_ref().map_or(0, |s| s.late_rows),
-                        added: &lc.added_columns,
-                        version: lc.schema_version,
-                    }
-                    .to_string()
-                    .replacen("  ", ", ", 1)
-                );
+                print_last_batch(lc);
             }
             if let Some(lc) = &status.last_commit {
                 let run_commits = admin::run_commits(&ctx, lc.epoch).await?;
@@ -87,50 +47,112 @@ pub(crate) async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                     cost::dollars(run)
                 );
             }
-            let t = &c.totals;
-            println!(
-                "so far       {}, {}, {}, {} in, {} out{}",
-                count(t.batches, "batch"),
-                count(t.files, "file"),
-                mib(t.bytes),
-                count(t.rows_in, "row"),
-                count(t.rows_out, "row"),
-                BadData {
-                    files: t.files_quarantined,
-                    rows: t.rows_quarantined,
-                    nulled: t.nulled_fields,
-                    rescued: t.rescued_fields,
-                    late: t.late_rows,
-                    ..BadData::default()
-                }
-                .to_string()
-                .replacen("  ", ", ", 1)
-            );
-            if let Some(s) = &c.stateful {
-                let held = s.state.iter().filter(|k| k.is_some()).count();
-                println!(
-                    "stateful     {held} of {} partitions hold state; watermark {}",
-                    s.state.len(),
-                    s.watermark_us
-                        .and_then(chrono::DateTime::from_timestamp_micros)
-                        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-                        .unwrap_or_else(|| "none yet".into())
-                );
-            }
-            if let Some(v) = &c.schema {
-                let columns: Vec<String> = v
-                    .columns
-                    .iter()
-                    .map(|c| format!("{} {}", c.name, shown_type(&c.data_type)))
-                    .collect();
-                println!(
-                    "schema       version {} (columns added since the first run): {}",
-                    v.version,
-                    columns.join(", ")
-                );
-            }
+            print_so_far(c);
         }
     }
+    print_waiting(&status);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sluice show`'s lease state (paused, running or idle, with its epoch,
+/// owner and heartbeat) and its last committed batch.
+fn print_state(c: &sluice_engine::checkpoint::Control) {
+    let when = |ms: Option<i64>| {
+        ms.and_then(chrono::DateTime::from_timestamp_millis)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .unwrap_or_else(|| "-".into())
+    };
+    let state = match (c.paused, c.status) {
+        (true, _) if c.requested => "paused (a run was asked for: `sluice resume` starts it)",
+        (true, _) => "paused",
+        (false, sluice_engine::checkpoint::RunStatus::Running) => "running",
+        (false, sluice_engine::checkpoint::RunStatus::Idle) => "idle",
+    };
+    println!(
+        "state        {state} (epoch {}, owner {}, heartbeat {})",
+        c.epoch,
+        c.owner.as_deref().unwrap_or("-"),
+        when(c.heartbeat_ms)
+    );
+    match c.last_committed {
+        Some(n) => println!("last batch   {n} committed {}", when(c.last_commit_ms)),
+        None => println!("last batch   none committed"),
+    }
+}
+
+/// `sluice show`'s line on what the last committed batch read and wrote.
+fn print_last_batch(lc: &sluice_engine::checkpoint::Commit) {
+    println!(
+        "  that batch {}, {}, {} in, {} out, {}{}",
+        count(lc.files, "file"),
+        mib(lc.bytes_read),
+        count(lc.rows_in, "row"),
+        count(lc.rows_out, "row"),
+        count(lc.outputs.len() as u64, "output file"),
+        BadData {
+            files: lc.quarantined.len() as u64,
+            rows: lc.rejected.iter().map(|r| r.rows).sum(),
+            nulled: lc.nulled_fields,
+            rescued: lc.rescued_fields,
+            late: lc.stateful.as_ref().map_or(0, |s| s.late_rows),
+            added: &lc.added_columns,
+            version: lc.schema_version,
+        }
+        .to_string()
+        .replacen("  ", ", ", 1)
+    );
+}
+
+/// `sluice show`'s totals so far, the state of a stateful query, and the
+/// schema version once columns joined it.
+fn print_so_far(c: &sluice_engine::checkpoint::Control) {
+    let t = &c.totals;
+    println!(
+        "so far       {}, {}, {}, {} in, {} out{}",
+        count(t.batches, "batch"),
+        count(t.files, "file"),
+        mib(t.bytes),
+        count(t.rows_in, "row"),
+        count(t.rows_out, "row"),
+        BadData {
+            files: t.files_quarantined,
+            rows: t.rows_quarantined,
+            nulled: t.nulled_fields,
+            rescued: t.rescued_fields,
+            late: t.late_rows,
+            ..BadData::default()
+        }
+        .to_string()
+        .replacen("  ", ", ", 1)
+    );
+    if let Some(s) = &c.stateful {
+        let held = s.state.iter().filter(|k| k.is_some()).count();
+        println!(
+            "stateful     {held} of {} partitions hold state; watermark {}",
+            s.state.len(),
+            s.watermark_us
+                .and_then(chrono::DateTime::from_timestamp_micros)
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                .unwrap_or_else(|| "none yet".into())
+        );
+    }
+    if let Some(v) = &c.schema {
+        let columns: Vec<String> = v
+            .columns
+            .iter()
+            .map(|c| format!("{} {}", c.name, shown_type(&c.data_type)))
+            .collect();
+        println!(
+            "schema       version {} (columns added since the first run): {}",
+            v.version,
+            columns.join(", ")
+        );
+    }
+}
+
+/// `sluice show`'s input waiting (with how long the oldest has waited), the
+/// quarantined files, and the files whose names cannot be keys.
+fn print_waiting(status: &admin::Status) {
     let lag = match status.oldest_waiting_ms {
         Some(t) => format!(
             "; the oldest waiting for {}",
@@ -143,7 +165,7 @@ pub(crate) async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         count(status.waiting_files, "file"),
         mib(status.waiting_bytes)
     );
-    print_quarantine(&status);
+    print_quarantine(status);
     if !status.skipped.is_empty() {
         println!(
             "skipped      {} files whose names cannot be keys (rename them to read them): {}",
@@ -151,7 +173,6 @@ pub(crate) async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             status.skipped.join(", ")
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 pub(crate) async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Result<ExitCode> {

@@ -11,8 +11,8 @@ use crate::handlers::{Context, resolve_schema};
 use crate::operators::SqlOperator;
 use crate::pipeline::ColumnSpec;
 use crate::pipeline::schema::columns_of;
-use crate::storage::PutMode;
 use crate::storage::fanout::delete_all;
+use crate::storage::{ObjectMeta, PutMode};
 
 /// Register the pipeline: resolve its source schema (declared, pinned, or
 /// inferred from the first input file), check its SQL against it, and write
@@ -114,7 +114,25 @@ pub async fn check(ctx: &Context) -> Result<CheckReport> {
         ),
         None => format!("checkpoint {}: never run", p.checkpoint.display()),
     });
-    let first = control.as_ref().map_or(0, |c| c.first_batch);
+    check_schema_and_query(ctx, control.as_ref(), &mut report).await?;
+    crate::handlers::check_sink_ownership(ctx, control.as_ref()).await?;
+    report.checked.push(format!(
+        "sink {} is this pipeline's to write",
+        p.sink.display()
+    ));
+    Ok(report)
+}
+
+/// [`check`]'s source schema (declared, pinned or inferred from the first
+/// files) and the SQL against it; without a schema yet, the SQL against
+/// the hinted columns alone, and what waits for a file.
+async fn check_schema_and_query(
+    ctx: &Context,
+    control: Option<&Control>,
+    report: &mut CheckReport,
+) -> Result<()> {
+    let p = &ctx.pipeline;
+    let first = control.map_or(0, |c| c.first_batch);
     let record = ctx
         .checkpoint
         .pipeline_record()
@@ -123,7 +141,7 @@ pub async fn check(ctx: &Context) -> Result<CheckReport> {
     let listed = discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?;
     match resolve_schema(ctx, record.as_ref(), &listed).await? {
         Some(schema) => {
-            let reading = crate::handlers::in_force(p, control.as_ref(), &schema);
+            let reading = crate::handlers::in_force(p, control, &schema);
             let reading =
                 crate::handlers::arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?;
             SqlOperator::new(p.clone(), reading).check().await?;
@@ -138,7 +156,7 @@ pub async fn check(ctx: &Context) -> Result<CheckReport> {
                  (declare it to check everything now)",
                 p.source.location.display()
             );
-            match crate::handlers::check_against_hints(ctx, control.as_ref()).await? {
+            match crate::handlers::check_against_hints(ctx, control).await? {
                 crate::handlers::HintCheck::Planned(n) => {
                     report.checked.push(format!(
                         "query.sql against the {n} hinted column{} alone",
@@ -162,12 +180,7 @@ pub async fn check(ctx: &Context) -> Result<CheckReport> {
             }
         }
     }
-    crate::handlers::check_sink_ownership(ctx, control.as_ref()).await?;
-    report.checked.push(format!(
-        "sink {} is this pipeline's to write",
-        p.sink.display()
-    ));
-    Ok(report)
+    Ok(())
 }
 
 /// The batches the run of `epoch` committed that are still retained,
@@ -387,54 +400,87 @@ pub struct ResetReport {
 /// late deletes only what is below its first batch, so it cannot touch the
 /// history that followed it.
 pub async fn reset(ctx: &Context) -> Result<ResetReport> {
-    let now = ctx.now();
-    let ttl = ctx.ttl_ms();
+    let marked = mark_resetting(ctx).await?;
     let sink = ctx.sink.store();
     let store = ctx.checkpoint.store();
-    let marked = ctx.checkpoint.change_control(|read| {
-        if let Some(c) = read
-            && !c.resetting
-        {
-            let gone = c.owner.as_deref().is_some_and(|o| (ctx.owner_gone)(o));
-            if let checkpoint::Claim::Busy { owner, .. } =
-                checkpoint::decide_claim(Some(c), now, ttl, gone)
-            {
-                return Err(Error::Run {
-                    pipeline: ctx.pipeline.name.clone(),
-                    message: format!(
-                        "a run holds the lease ({owner}); cancel it or let it finish, then reset"
-                    ),
-                    class: crate::error::ErrorClass::Conflict,
-                });
-            }
-        }
-        let mut next = read
-            .cloned()
-            .unwrap_or_else(|| Control::new(ctx.pipeline.spec_hash()));
-        if !next.resetting {
-            next.epoch = next_epoch(ctx, next.epoch)?;
-            next.first_batch = next.next_batch();
-        }
-        next.status = RunStatus::Idle;
-        next.owner = Some(ctx.owner.clone());
-        next.resetting = true;
-        next.paused = true;
-        Ok((next.clone(), next))
-    })
-    .await?;
     // Listed once the mark is in: no run of the new history can have
     // written yet.
     let sink_keys = sink.list("", None).await?;
     let records = store.list("", None).await?;
-    // Past every batch number the sink and the checkpoint hold (a
-    // checkpoint deleted by hand, plans written beyond the last commit).
+    let marked = past_used_batches(ctx, marked, &sink_keys, &records).await?;
+    let first = marked.first_batch;
+    let sink_objects = retire_sink(ctx, &sink_keys, &marked).await?;
+    let checkpoint_objects = retire_records(ctx, records, first).await?;
+    let done = clear_control(ctx, &marked).await?;
+    let report = ResetReport {
+        sink_objects,
+        checkpoint_objects,
+        finished_by_another: !done,
+    };
+    if !done {
+        tracing::info!(pipeline = %ctx.pipeline.name, "another reset finished this one");
+    }
+    tracing::info!(pipeline = %ctx.pipeline.name, ?report, first_batch = first, "reset");
+    Ok(report)
+}
+
+/// [`reset`]'s first step: mark control `resetting` (refused while a run
+/// holds the lease). The epoch moves on, fencing any run of the old one,
+/// and the new history starts at the next batch; a reset resumed keeps the
+/// mark it made.
+async fn mark_resetting(ctx: &Context) -> Result<Control> {
+    let now = ctx.now();
+    let ttl = ctx.ttl_ms();
+    ctx.checkpoint
+        .change_control(|read| {
+            if let Some(c) = read
+                && !c.resetting
+            {
+                let gone = c.owner.as_deref().is_some_and(|o| (ctx.owner_gone)(o));
+                if let checkpoint::Claim::Busy { owner, .. } =
+                    checkpoint::decide_claim(Some(c), now, ttl, gone)
+                {
+                    return Err(Error::Run {
+                        pipeline: ctx.pipeline.name.clone(),
+                        message: format!(
+                            "a run holds the lease ({owner}); cancel it or let it finish, then reset"
+                        ),
+                        class: crate::error::ErrorClass::Conflict,
+                    });
+                }
+            }
+            let mut next = read
+                .cloned()
+                .unwrap_or_else(|| Control::new(ctx.pipeline.spec_hash()));
+            if !next.resetting {
+                next.epoch = next_epoch(ctx, next.epoch)?;
+                next.first_batch = next.next_batch();
+            }
+            next.status = RunStatus::Idle;
+            next.owner = Some(ctx.owner.clone());
+            next.resetting = true;
+            next.paused = true;
+            Ok((next.clone(), next))
+        })
+        .await
+}
+
+/// `marked` with its first batch moved past every batch number the sink
+/// and the checkpoint hold (`sink_keys`, `records`: a checkpoint deleted by
+/// hand, plans written beyond the last commit).
+async fn past_used_batches(
+    ctx: &Context,
+    marked: Control,
+    sink_keys: &[ObjectMeta],
+    records: &[ObjectMeta],
+) -> Result<Control> {
     let used = sink_keys
         .iter()
         .filter_map(|m| sink_batch(&m.key))
         .chain(records.iter().filter_map(|m| checkpoint_batch(&m.key)))
         .max()
         .map_or(0, |n| n + 1);
-    let marked = if used > marked.first_batch {
+    if used > marked.first_batch {
         ctx.checkpoint
             .change_control(|read| match read {
                 Some(c) if c.resetting && c.epoch == marked.epoch => {
@@ -444,17 +490,24 @@ pub async fn reset(ctx: &Context) -> Result<ResetReport> {
                 }
                 _ => Err(taken_over(ctx)),
             })
-            .await?
+            .await
     } else {
-        marked
-    };
+        Ok(marked)
+    }
+}
+
+/// Delete the sink's objects of batches below `marked`'s first (of
+/// `sink_keys`, then any staged since) and record in the sink that they
+/// are retired. Returns how many objects went.
+async fn retire_sink(ctx: &Context, sink_keys: &[ObjectMeta], marked: &Control) -> Result<u64> {
+    let sink = ctx.sink.store();
     let first = marked.first_batch;
-    let mut report = ResetReport::default();
+    let mut removed: u64 = 0;
     // Staged files first (every publish copies from them), then manifests
     // (readers that follow them see nothing rather than names of deleted
     // parts), then parts and side outputs.
     let mut order: Vec<Vec<String>> = vec![Vec::new(), Vec::new(), Vec::new()];
-    for m in &sink_keys {
+    for m in sink_keys {
         if sink_batch(&m.key).is_none_or(|b| b >= first) {
             continue;
         }
@@ -468,7 +521,7 @@ pub async fn reset(ctx: &Context) -> Result<ResetReport> {
         order[rank].push(m.key.clone());
     }
     for keys in order {
-        report.sink_objects += keys.len() as u64;
+        removed += keys.len() as u64;
         delete_all(sink, keys).await?;
     }
     // Anything staged since the listing above.
@@ -479,22 +532,30 @@ pub async fn reset(ctx: &Context) -> Result<ResetReport> {
         .map(|m| m.key)
         .filter(|k| sink_batch(k).is_some_and(|b| b < first))
         .collect();
-    report.sink_objects += late.len() as u64;
+    removed += late.len() as u64;
     delete_all(sink, late).await?;
     if ctx
         .sink
         .retire(first, &marked.history, &ctx.checkpoint.store().describe())
         .await?
     {
-        report.sink_objects += 1;
+        removed += 1;
     }
     sink.sweep_temp("_sluice/").await?;
+    Ok(removed)
+}
+
+/// Delete the checkpoint's records of batches below `first` (of
+/// `records`), the index and claims of earlier histories, and the spec and
+/// schema the retired history pinned. Returns how many objects went.
+async fn retire_records(ctx: &Context, records: Vec<ObjectMeta>, first: u64) -> Result<u64> {
+    let store = ctx.checkpoint.store();
     let retired: Vec<String> = records
         .into_iter()
         .map(|m| m.key)
         .filter(|k| checkpoint_batch(k).is_some_and(|b| b < first) || index_retired(k, first))
         .collect();
-    report.checkpoint_objects = retired.len() as u64;
+    let mut removed = retired.len() as u64;
     delete_all(store, retired).await?;
     // The spec and schema the retired history pinned (a record of the new
     // history, written since by a run or `sluice register`, stays).
@@ -504,11 +565,18 @@ pub async fn reset(ctx: &Context) -> Result<ResetReport> {
             .delete_if(crate::paths::checkpoint::PIPELINE, &etag)
             .await?
     {
-        report.checkpoint_objects += 1;
+        removed += 1;
     }
+    Ok(removed)
+}
+
+/// [`reset`]'s last step: clear control for the new history starting at
+/// `marked`'s first batch. `false` when another `sluice reset` finished
+/// this one meanwhile.
+async fn clear_control(ctx: &Context, marked: &Control) -> Result<bool> {
+    let first = marked.first_batch;
     let spec = ctx.pipeline.spec_hash();
-    let done = ctx
-        .checkpoint
+    ctx.checkpoint
         .change_control(|read| match read {
             Some(c) if c.resetting && c.epoch == marked.epoch => {
                 let mut next = Control::new(spec.clone());
@@ -520,13 +588,7 @@ pub async fn reset(ctx: &Context) -> Result<ResetReport> {
             Some(c) if !c.resetting && c.first_batch >= first => Ok((c.clone(), false)),
             _ => Err(taken_over(ctx)),
         })
-        .await?;
-    if !done {
-        tracing::info!(pipeline = %ctx.pipeline.name, "another reset finished this one");
-        report.finished_by_another = true;
-    }
-    tracing::info!(pipeline = %ctx.pipeline.name, ?report, first_batch = first, "reset");
-    Ok(report)
+        .await
 }
 
 /// A reset found control changed under it by another reset.

@@ -268,27 +268,7 @@ pub fn report(
     prices_name: &str,
     every_s: Option<f64>,
 ) -> Report {
-    let mut batches: Vec<BatchCost> = commits
-        .iter()
-        .map(|c| BatchCost {
-            batch: c.batch,
-            epoch: c.epoch,
-            committed_ms: c.committed_ms,
-            files: c.files,
-            rows_in: c.rows_in,
-            rows_out: c.rows_out,
-            gb_seconds: c
-                .usage
-                .functions
-                .iter()
-                .map(|f| gb_seconds(f.billed_ms, f.memory_mb))
-                .sum(),
-            invocations: c.usage.functions.iter().map(|f| f.invocations).sum(),
-            transitions: c.usage.transitions,
-            requests: c.requests,
-            bill: bill(&c.usage, &c.requests, prices),
-        })
-        .collect();
+    let mut batches: Vec<BatchCost> = commits.iter().map(|c| batch_cost(c, prices)).collect();
     batches.sort_by_key(|b| b.batch);
     let mut epochs: Vec<u64> = batches.iter().map(|b| b.epoch).collect();
     epochs.sort();
@@ -297,17 +277,6 @@ pub fn report(
     let batches_bill = batches
         .iter()
         .fold(Bill::default(), |acc, b| acc.plus(&b.bill));
-    let mean = |b: Bill, n: u64| {
-        if n == 0 {
-            return Bill::default();
-        }
-        let n = n as f64;
-        Bill {
-            lambda: b.lambda / n,
-            step_functions: b.step_functions / n,
-            s3: b.s3 / n,
-        }
-    };
     let ends = bill(&totals.run_ends, &totals.run_end_requests, prices).plus(&bill(
         &totals.wakes,
         &totals.wake_requests,
@@ -357,6 +326,41 @@ pub fn report(
         always_on_hourly: prices.always_on_hourly(),
         always_on_month: prices.always_on_monthly(),
         break_even_runs_per_hour: (per_run > 0.0).then(|| prices.always_on_hourly() / per_run),
+    }
+}
+
+/// One commit's usage and its bill at `prices`.
+fn batch_cost(c: &crate::checkpoint::Commit, prices: &Prices) -> BatchCost {
+    BatchCost {
+        batch: c.batch,
+        epoch: c.epoch,
+        committed_ms: c.committed_ms,
+        files: c.files,
+        rows_in: c.rows_in,
+        rows_out: c.rows_out,
+        gb_seconds: c
+            .usage
+            .functions
+            .iter()
+            .map(|f| gb_seconds(f.billed_ms, f.memory_mb))
+            .sum(),
+        invocations: c.usage.functions.iter().map(|f| f.invocations).sum(),
+        transitions: c.usage.transitions,
+        requests: c.requests,
+        bill: bill(&c.usage, &c.requests, prices),
+    }
+}
+
+/// `b` shared over `n` (nothing over none).
+fn mean(b: Bill, n: u64) -> Bill {
+    if n == 0 {
+        return Bill::default();
+    }
+    let n = n as f64;
+    Bill {
+        lambda: b.lambda / n,
+        step_functions: b.step_functions / n,
+        s3: b.s3 / n,
     }
 }
 

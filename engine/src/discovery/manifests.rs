@@ -84,7 +84,7 @@ pub(crate) async fn read_upstream(
     let after = start_after.map(|k| k.to_string());
     // From the cursor on; without one, from the source history's first
     // batch (a reset source numbers on past its retired batches).
-    let mut next = match &after {
+    let next = match &after {
         None => first,
         Some(k) => sk::manifest_batch(k).map_or(first, |n| n + 1),
     };
@@ -95,6 +95,24 @@ pub(crate) async fn read_upstream(
         .filter_map(|m| sk::manifest_batch(&m.key).map(|n| (n, m.key)))
         .collect();
     numbered.sort();
+    let run = unbroken_run(numbered, next);
+    let manifests = concurrently(run, |(n, key)| async move {
+        let obj = store.get(&key).await?.ok_or_else(|| {
+            broken(
+                &key,
+                "listed, then gone: was the source pipeline reset? Run again".into(),
+            )
+        })?;
+        let files = manifest_files(&obj.bytes, n).map_err(|m| broken(&key, m))?;
+        Ok(ManifestFiles { key, files })
+    })
+    .await?;
+    Ok(Upstream { history, manifests })
+}
+
+/// Of the manifests `numbered` (sorted), the unbroken run from batch `next`
+/// on.
+fn unbroken_run(numbered: Vec<(u64, String)>, mut next: u64) -> Vec<(u64, String)> {
     let mut run = Vec::new();
     for (n, key) in numbered {
         // Below the cursor or the history's first batch: a retired
@@ -110,48 +128,42 @@ pub(crate) async fn read_upstream(
         run.push((n, key));
         next += 1;
     }
-    let manifests = concurrently(run, |(n, key)| async move {
-        let obj = store.get(&key).await?.ok_or_else(|| {
-            broken(
-                &key,
-                "listed, then gone: was the source pipeline reset? Run again".into(),
-            )
-        })?;
-        let manifest: Manifest = serde_json::from_slice(&obj.bytes)
-            .map_err(|e| broken(&key, format!("not a manifest Sluice wrote ({e})")))?;
-        if manifest.batch != n {
-            return Err(broken(
-                &key,
-                format!("names batch {} under the name of batch {n}", manifest.batch),
-            ));
-        }
-        if manifest.complete {
-            // Each batch of a complete-mode sink replaces the earlier ones:
-            // read as new rows, every group would count once per batch.
-            return Err(broken(
-                &key,
-                "is a complete snapshot (the source pipeline's sink.mode = \"complete\"): each \
-                 batch of it replaces the earlier ones, so reading its batches as new rows \
-                 would count every group again per batch; read that sink's last manifest as a \
-                 table instead, or give the source pipeline sink.mode = \"append\" or \
-                 \"update\""
-                    .into(),
-            ));
-        }
-        let files = manifest
-            .files
-            .into_iter()
-            .map(|f| InputFile {
-                key: f.key,
-                size: f.bytes,
-                etag: None,
-                modified_ms: None,
-            })
-            .collect();
-        Ok(ManifestFiles { key, files })
-    })
-    .await?;
-    Ok(Upstream { history, manifests })
+    run
+}
+
+/// The files the manifest `bytes`, listed as batch `n`, names; or why it is
+/// not a batch of new rows to read.
+fn manifest_files(bytes: &[u8], n: u64) -> std::result::Result<Vec<InputFile>, String> {
+    let manifest: Manifest =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a manifest Sluice wrote ({e})"))?;
+    if manifest.batch != n {
+        return Err(format!(
+            "names batch {} under the name of batch {n}",
+            manifest.batch
+        ));
+    }
+    if manifest.complete {
+        // Each batch of a complete-mode sink replaces the earlier ones:
+        // read as new rows, every group would count once per batch.
+        return Err(
+            "is a complete snapshot (the source pipeline's sink.mode = \"complete\"): each \
+             batch of it replaces the earlier ones, so reading its batches as new rows \
+             would count every group again per batch; read that sink's last manifest as a \
+             table instead, or give the source pipeline sink.mode = \"append\" or \
+             \"update\""
+                .into(),
+        );
+    }
+    Ok(manifest
+        .files
+        .into_iter()
+        .map(|f| InputFile {
+            key: f.key,
+            size: f.bytes,
+            etag: None,
+            modified_ms: None,
+        })
+        .collect())
 }
 
 /// Refuse a source sink whose history is not the one the committed batches

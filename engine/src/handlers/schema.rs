@@ -65,30 +65,7 @@ pub(crate) async fn evolve(
 ) -> Result<(SchemaVersion, Vec<String>)> {
     let p = &ctx.pipeline;
     let hints = p.source.hints();
-    // A hint changed since its column joined a later schema version.
-    for c in &current.columns {
-        if let Some(t) = hinted(&hints, &c.name)
-            && schema_of(std::slice::from_ref(c))
-                .ok()
-                .is_some_and(|s| s.field(0).data_type() != t)
-        {
-            return Err(Error::Incompatible {
-                pipeline: p.name.clone(),
-                message: format!(
-                    "source.schema_hints types {} as {}, but schema version {} holds it as {}: \
-                     hints type columns when they are first seen. Remove the hint, register a \
-                     new pipeline (new name), or run `sluice reset` on the pipeline file to \
-                     start over",
-                    c.name,
-                    type_name(t),
-                    current.version,
-                    crate::pipeline::types::parse_type(&c.data_type)
-                        .map(|t| type_name(&t))
-                        .unwrap_or_else(|_| c.data_type.clone())
-                ),
-            });
-        }
-    }
+    check_version_hints_kept(p, current, &hints)?;
     if p.source.on_schema_change != SchemaChangePolicy::AddColumns || inputs.is_empty() {
         return Ok((current.clone(), Vec::new()));
     }
@@ -143,6 +120,39 @@ pub(crate) async fn evolve(
         },
         names,
     ))
+}
+
+/// Refuses a schema hint that schema version `current` contradicts: a hint
+/// changed since its column joined a later schema version.
+fn check_version_hints_kept(
+    p: &Pipeline,
+    current: &SchemaVersion,
+    hints: &[(String, DataType)],
+) -> Result<()> {
+    for c in &current.columns {
+        if let Some(t) = hinted(hints, &c.name)
+            && schema_of(std::slice::from_ref(c))
+                .ok()
+                .is_some_and(|s| s.field(0).data_type() != t)
+        {
+            return Err(Error::Incompatible {
+                pipeline: p.name.clone(),
+                message: format!(
+                    "source.schema_hints types {} as {}, but schema version {} holds it as {}: \
+                     hints type columns when they are first seen. Remove the hint, register a \
+                     new pipeline (new name), or run `sluice reset` on the pipeline file to \
+                     start over",
+                    c.name,
+                    type_name(t),
+                    current.version,
+                    crate::pipeline::types::parse_type(&c.data_type)
+                        .map(|t| type_name(&t))
+                        .unwrap_or_else(|_| c.data_type.clone())
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The source schema: declared, else pinned, else inferred from the first
@@ -288,8 +298,61 @@ const MAX_INFER_FILES: usize = 32;
 /// whose writer declared it null (declare `source.schema`).
 async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<SchemaRef>> {
     let p = &ctx.pipeline;
+    let FirstColumns {
+        mut fields,
+        read,
+        first_key,
+    } = first_columns(ctx, candidates).await?;
+    let Some(first_key) = first_key else {
+        if read > 0 {
+            tracing::info!(pipeline = %p.name, files = read, "no input file has columns yet; the schema waits for one");
+        }
+        return Ok(None);
+    };
+    let hints = p.source.hints();
+    apply_hints(p, &mut fields, &hints);
+    type_untyped(p, &mut fields, read, &first_key)?;
+    // A text source's timestamps are pinned fine enough for later values.
+    if p.source.format != crate::pipeline::SourceFormat::Parquet {
+        for f in fields
+            .iter_mut()
+            .filter(|f| hinted(&hints, f.name()).is_none())
+        {
+            let t = crate::pipeline::schema::text_pin(f.data_type());
+            *f = f.clone().with_data_type(t);
+        }
+    }
+    // Keep only names and types: file metadata does not belong in the pin.
+    let schema = Schema::new(fields);
+    let pinned = schema_of(&columns_of(&schema)).map_err(|e| Error::Input {
+        pipeline: p.name.clone(),
+        batch: 0,
+        key: first_key,
+        message: format!(
+            "the inferred schema cannot be pinned: column{e}; declare source.schema instead"
+        ),
+    })?;
+    Ok(Some(pinned))
+}
+
+/// The columns the first new files give, as [`infer_schema`] gathers them.
+struct FirstColumns {
+    /// The first file's columns, each null one typed by the next file
+    /// that has values in it.
+    fields: Vec<Field>,
+    /// Files read.
+    read: usize,
+    /// The key of the first file that has columns; `None` while none has.
+    first_key: Option<String>,
+}
+
+/// Read the schemas of `candidates` in order, up to [`MAX_INFER_FILES`],
+/// until every column of the first file with columns has a type. Under
+/// `on_bad_file = "quarantine"` an unreadable file is passed over.
+async fn first_columns(ctx: &Context, candidates: &[InputFile]) -> Result<FirstColumns> {
+    let p = &ctx.pipeline;
     let mut fields: Vec<Field> = Vec::new();
-    let mut read = 0;
+    let mut read: usize = 0;
     let mut first_key = None;
     let quarantine = p.source.on_bad_file == crate::pipeline::BadFilePolicy::Quarantine;
     for file in candidates.iter().take(MAX_INFER_FILES) {
@@ -326,18 +389,21 @@ async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<
             break;
         }
     }
-    let Some(first_key) = first_key else {
-        if read > 0 {
-            tracing::info!(pipeline = %p.name, files = read, "no input file has columns yet; the schema waits for one");
-        }
-        return Ok(None);
-    };
+    Ok(FirstColumns {
+        fields,
+        read,
+        first_key,
+    })
+}
+
+/// Type the columns of `fields` that `hints` name, and add the hinted
+/// columns no file has yet where the format reads a missing column as null.
+fn apply_hints(p: &Pipeline, fields: &mut Vec<Field>, hints: &[(String, DataType)]) {
     // Schema hints type the named columns (matched as written, else in
     // any case); a hinted column no file has yet joins the schema where a
     // missing column reads as null (JSON; Parquet unless the policy is
     // `fail`), as Auto Loader adds it. In CSV, read by position, it waits
     // for a file that has it (under `add-columns`).
-    let hints = p.source.hints();
     let absent_is_null = match p.source.format {
         crate::pipeline::SourceFormat::Jsonl => true,
         crate::pipeline::SourceFormat::Parquet => {
@@ -346,15 +412,21 @@ async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<
         crate::pipeline::SourceFormat::Csv => false,
     };
     for f in fields.iter_mut() {
-        if let Some(t) = hinted(&hints, f.name()) {
+        if let Some(t) = hinted(hints, f.name()) {
             *f = f.clone().with_data_type(t.clone());
         }
     }
-    for (name, t) in &hints {
+    for (name, t) in hints {
         if absent_is_null && !fields.iter().any(|f| f.name().eq_ignore_ascii_case(name)) {
             fields.push(Field::new(name, t.clone(), true));
         }
     }
+}
+
+/// Columns still without a type after the files read (`read` of them; the
+/// first with columns is `first_key`): text in CSV and JSON, refused in
+/// Parquet, whose writer declared them null.
+fn type_untyped(p: &Pipeline, fields: &mut [Field], read: usize, first_key: &str) -> Result<()> {
     let untyped: Vec<String> = fields
         .iter()
         .filter(|f| f.data_type() == &DataType::Null)
@@ -365,7 +437,7 @@ async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<
             return Err(Error::Input {
                 pipeline: p.name.clone(),
                 batch: 0,
-                key: first_key,
+                key: first_key.to_string(),
                 message: format!(
                     "column(s) {} hold only nulls and have no type in the first {read} file(s) \
                      (the writer declared them null): declare source.schema with their types",
@@ -381,27 +453,7 @@ async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<
             *f = f.clone().with_data_type(DataType::Utf8);
         }
     }
-    // A text source's timestamps are pinned fine enough for later values.
-    if p.source.format != crate::pipeline::SourceFormat::Parquet {
-        for f in fields
-            .iter_mut()
-            .filter(|f| hinted(&hints, f.name()).is_none())
-        {
-            let t = crate::pipeline::schema::text_pin(f.data_type());
-            *f = f.clone().with_data_type(t);
-        }
-    }
-    // Keep only names and types: file metadata does not belong in the pin.
-    let schema = Schema::new(fields);
-    let pinned = schema_of(&columns_of(&schema)).map_err(|e| Error::Input {
-        pipeline: p.name.clone(),
-        batch: 0,
-        key: first_key,
-        message: format!(
-            "the inferred schema cannot be pinned: column{e}; declare source.schema instead"
-        ),
-    })?;
-    Ok(Some(pinned))
+    Ok(())
 }
 
 /// Rows of a CSV file [`csv_timestamps`] looks at: what DataFusion's

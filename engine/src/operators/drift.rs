@@ -9,13 +9,13 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::prelude::SessionContext;
 
 use super::SqlOperator;
 use crate::checkpoint::InputFile;
 use crate::error::{Error, Result};
-use crate::pipeline::schema::{DriftCheck, drift};
+use crate::pipeline::schema::{Drift, DriftCheck, drift};
 use crate::pipeline::{RESCUED, SchemaChangePolicy, SourceFormat};
 use crate::storage::ScanAccess;
 use crate::storage::fanout::concurrently;
@@ -68,6 +68,68 @@ async fn parquet_facts(
         .map(|f| f.name().to_string())
         .collect();
     Some((names, file.num_rows()))
+}
+
+/// A file's schema as inference gave it, with (Parquet) its own top-level
+/// column names and row count from its footer.
+struct Inferred {
+    schema: datafusion::error::Result<SchemaRef>,
+    facts: Option<(Vec<String>, i64)>,
+}
+
+/// Whether a column the schema holds as text is of another type in `file`
+/// (numbers in a column pinned from nulls): the value reads as its text,
+/// but only by the file's own type, read apart.
+fn retyped_to_text(pinned: &Schema, file: &Schema) -> bool {
+    pinned.fields().iter().any(|p| {
+        is_text(p.data_type())
+            && file
+                .field_with_name(p.name())
+                .is_ok_and(|f| !is_text(f.data_type()) && f.data_type() != &DataType::Null)
+    })
+}
+
+/// The columns `d` found added that have a type in `file`: columns null
+/// throughout the file hold nothing to add or rescue.
+fn typed_new<'d>(d: &'d Drift, file: &Schema) -> Vec<&'d String> {
+    d.added
+        .iter()
+        .filter(|n| {
+            file.field_with_name(n)
+                .is_ok_and(|f| f.data_type() != &DataType::Null)
+        })
+        .collect()
+}
+
+/// Why the schema `policy` refuses a file whose columns drifted as `d`
+/// (`typed_new`: its added columns that have a type); `None` if it takes it.
+fn refusal(policy: SchemaChangePolicy, d: &Drift, typed_new: &[&String]) -> Option<String> {
+    match policy {
+        SchemaChangePolicy::Fail => Some(format!(
+            "its columns do not match the pinned source schema: {d}. Fix or replace the \
+             file (same key); to take such files as they come, set \
+             source.on_schema_change = \"add-columns\" (new columns join the output) or \
+             \"rescue\" (what does not fit goes into {RESCUED}); if the source changed \
+             for good, declare source.schema with the new columns and run `sluice reset` \
+             on the pipeline file"
+        )),
+        SchemaChangePolicy::AddColumns if !d.retyped.is_empty() => Some(format!(
+            "a column changed type, which add-columns does not take: {d}. Fix or replace \
+             the file (same key), or set source.on_schema_change = \"rescue\" to keep \
+             such values in {RESCUED}"
+        )),
+        SchemaChangePolicy::AddColumns if !typed_new.is_empty() => Some(format!(
+            "it has column(s) the batch's plan did not see ({}): it was replaced since \
+             the batch was planned; the batch's plan is dropped and the next run plans \
+             afresh",
+            typed_new
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        _ => None,
+    }
 }
 
 impl SqlOperator {
@@ -148,45 +210,13 @@ impl SqlOperator {
         let Some(check) = self.drift_check() else {
             return Ok(Checked::default());
         };
-        let format = Self::inference_format(&self.pipeline);
-        let state = std::sync::Arc::new(session.state());
-        let owned: Vec<InputFile> = files.iter().map(|f| (*f).clone()).collect();
-        let parquet = self.pipeline.source.format == SourceFormat::Parquet;
-        let found = concurrently(owned, |f| {
-            let (format, state) = (format.clone(), state.clone());
-            let (store, meta) = (access.store.clone(), Self::object_meta(access, &f));
-            async move {
-                let schema = format
-                    .infer_schema(state.as_ref(), &store, std::slice::from_ref(&meta))
-                    .await;
-                // Schema inference merges a Parquet file's columns by name:
-                // its own list (and row count) come from its footer, which
-                // inference left in the session's cache.
-                let facts = match (&schema, parquet) {
-                    (Ok(_), true) => parquet_facts(&state, &store, &meta).await,
-                    _ => None,
-                };
-                Ok((f, schema, facts))
-            }
-        })
-        .await?;
+        let found = self.infer_each(session, access, files).await?;
         // `_rescued` and `_corrupt_record` are filled, never read from a file.
         let pinned = self.file_schema();
         let policy = self.pipeline.source.on_schema_change;
-        // The columns the pipeline file types (declared, or hinted in any
-        // case): JSON values are read into their types.
-        let source = &self.pipeline.source;
-        let hints = source.hints();
-        let user_typed: Vec<String> = pinned
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .filter(|n| {
-                source.schema.is_some() || hints.iter().any(|(h, _)| h.eq_ignore_ascii_case(n))
-            })
-            .collect();
+        let user_typed = self.user_typed(&pinned);
         let mut checked = Checked::default();
-        for (i, (_, schema, facts)) in found.into_iter().enumerate() {
+        for (i, Inferred { schema, facts }) in found.into_iter().enumerate() {
             let schema = match schema {
                 Err(e) if super::is_not_found(&e) => {
                     checked.gone.push(files[i]);
@@ -220,58 +250,15 @@ impl SqlOperator {
             if facts.as_ref().is_some_and(|(_, rows)| *rows == 0) {
                 continue;
             }
-            // A column the schema holds as text, of another type in this
-            // file (numbers in a column pinned from nulls): the value reads
-            // as its text, but only by the file's own type, read apart.
-            let to_text = pinned.fields().iter().any(|p| {
-                is_text(p.data_type())
-                    && schema
-                        .field_with_name(p.name())
-                        .is_ok_and(|f| !is_text(f.data_type()) && f.data_type() != &DataType::Null)
-            });
+            let to_text = retyped_to_text(&pinned, &schema);
             let Some(d) = drift(&pinned, &schema, check, &user_typed) else {
                 if to_text && self.pipeline.source.format != SourceFormat::Csv {
                     checked.adapted.push((files[i], schema));
                 }
                 continue;
             };
-            // Columns null throughout the file hold nothing to add or rescue.
-            let typed_new: Vec<&String> = d
-                .added
-                .iter()
-                .filter(|n| {
-                    schema
-                        .field_with_name(n)
-                        .is_ok_and(|f| f.data_type() != &DataType::Null)
-                })
-                .collect();
-            let refused = match policy {
-                SchemaChangePolicy::Fail => Some(format!(
-                    "its columns do not match the pinned source schema: {d}. Fix or replace the \
-                     file (same key); to take such files as they come, set \
-                     source.on_schema_change = \"add-columns\" (new columns join the output) or \
-                     \"rescue\" (what does not fit goes into {RESCUED}); if the source changed \
-                     for good, declare source.schema with the new columns and run `sluice reset` \
-                     on the pipeline file"
-                )),
-                SchemaChangePolicy::AddColumns if !d.retyped.is_empty() => Some(format!(
-                    "a column changed type, which add-columns does not take: {d}. Fix or replace \
-                     the file (same key), or set source.on_schema_change = \"rescue\" to keep \
-                     such values in {RESCUED}"
-                )),
-                SchemaChangePolicy::AddColumns if !typed_new.is_empty() => Some(format!(
-                    "it has column(s) the batch's plan did not see ({}): it was replaced since \
-                     the batch was planned; the batch's plan is dropped and the next run plans \
-                     afresh",
-                    typed_new
-                        .iter()
-                        .map(|s| s.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
-                _ => None,
-            };
-            if let Some(message) = refused {
+            let typed_new = typed_new(&d, &schema);
+            if let Some(message) = refusal(policy, &d, &typed_new) {
                 return Err(Error::Input {
                     pipeline: self.pipeline.name.clone(),
                     batch,
@@ -292,6 +279,53 @@ impl SqlOperator {
             }
         }
         Ok(checked)
+    }
+
+    /// The schema DataFusion infers from each of `files` (concurrently), in
+    /// order, with a Parquet file's own column list and row count.
+    async fn infer_each(
+        &self,
+        session: &SessionContext,
+        access: &ScanAccess,
+        files: &[&InputFile],
+    ) -> Result<Vec<Inferred>> {
+        let format = Self::inference_format(&self.pipeline);
+        let state = std::sync::Arc::new(session.state());
+        let owned: Vec<InputFile> = files.iter().map(|f| (*f).clone()).collect();
+        let parquet = self.pipeline.source.format == SourceFormat::Parquet;
+        concurrently(owned, |f| {
+            let (format, state) = (format.clone(), state.clone());
+            let (store, meta) = (access.store.clone(), Self::object_meta(access, &f));
+            async move {
+                let schema = format
+                    .infer_schema(state.as_ref(), &store, std::slice::from_ref(&meta))
+                    .await;
+                // Schema inference merges a Parquet file's columns by name:
+                // its own list (and row count) come from its footer, which
+                // inference left in the session's cache.
+                let facts = match (&schema, parquet) {
+                    (Ok(_), true) => parquet_facts(&state, &store, &meta).await,
+                    _ => None,
+                };
+                Ok(Inferred { schema, facts })
+            }
+        })
+        .await
+    }
+
+    /// The columns of `pinned` the pipeline file types (declared, or hinted
+    /// in any case): JSON values are read into their types.
+    fn user_typed(&self, pinned: &Schema) -> Vec<String> {
+        let source = &self.pipeline.source;
+        let hints = source.hints();
+        pinned
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|n| {
+                source.schema.is_some() || hints.iter().any(|(h, _)| h.eq_ignore_ascii_case(n))
+            })
+            .collect()
     }
 
     /// A file whose schema cannot be read at all.

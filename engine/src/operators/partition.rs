@@ -61,7 +61,66 @@ pub(crate) fn split(
 /// with their length first).
 fn feed(hashers: &mut [Fnv], col: &ArrayRef, name: &str) -> Result<(), ArrowError> {
     use DataType::*;
-    let widened: ArrayRef = match col.data_type() {
+    let widened = widened(col, name)?;
+    match widened.data_type() {
+        Int64 => {
+            let a = widened.as_primitive::<Int64Type>();
+            each_row(hashers, &widened, |h, i| h.write(&a.value(i).to_le_bytes()));
+        }
+        UInt64 => {
+            let a = widened.as_primitive::<UInt64Type>();
+            each_row(hashers, &widened, |h, i| h.write(&a.value(i).to_le_bytes()));
+        }
+        Float64 => {
+            let a = widened.as_primitive::<Float64Type>();
+            each_row(hashers, &widened, |h, i| {
+                let v = a.value(i);
+                let v = if v == 0.0 {
+                    0.0
+                } else if v.is_nan() {
+                    f64::NAN
+                } else {
+                    v
+                };
+                h.write(&v.to_bits().to_le_bytes());
+            });
+        }
+        Utf8 => {
+            let a = widened.as_string::<i32>();
+            each_row(hashers, &widened, |h, i| {
+                let v = a.value(i).as_bytes();
+                h.write(&(v.len() as u64).to_le_bytes());
+                h.write(v);
+            });
+        }
+        Binary => {
+            let a = widened.as_binary::<i32>();
+            each_row(hashers, &widened, |h, i| {
+                let v = a.value(i);
+                h.write(&(v.len() as u64).to_le_bytes());
+                h.write(v);
+            });
+        }
+        Boolean => {
+            let a = widened.as_boolean();
+            each_row(hashers, &widened, |h, i| h.write(&[u8::from(a.value(i))]));
+        }
+        Decimal128(_, _) => {
+            let a = widened.as_primitive::<datafusion::arrow::datatypes::Decimal128Type>();
+            each_row(hashers, &widened, |h, i| h.write(&a.value(i).to_le_bytes()));
+        }
+        _ => unreachable!("widened above"),
+    }
+    Ok(())
+}
+
+/// `col` cast to the one type of its kind that [`feed`] encodes (64-bit
+/// integers, f64, text, bytes), so equal values of different widths hash
+/// alike; a type that cannot be a group key is refused, naming column
+/// `name`.
+fn widened(col: &ArrayRef, name: &str) -> Result<ArrayRef, ArrowError> {
+    use DataType::*;
+    Ok(match col.data_type() {
         Int8
         | Int16
         | Int32
@@ -83,84 +142,19 @@ fn feed(hashers: &mut [Fnv], col: &ArrayRef, name: &str) -> Result<(), ArrowErro
                  (use a text, number, boolean, date or timestamp key)"
             )));
         }
-    };
-    let present = |h: &mut Fnv, i: usize| {
-        let valid = widened.is_valid(i);
+    })
+}
+
+/// For each row of `col`, write its tag byte (null or not) to its hasher
+/// and, if the value is there, `value`'s encoding of it.
+fn each_row(hashers: &mut [Fnv], col: &ArrayRef, mut value: impl FnMut(&mut Fnv, usize)) {
+    for (i, h) in hashers.iter_mut().enumerate() {
+        let valid = col.is_valid(i);
         h.write(&[u8::from(valid)]);
-        valid
-    };
-    match widened.data_type() {
-        Int64 => {
-            let a = widened.as_primitive::<Int64Type>();
-            for (i, h) in hashers.iter_mut().enumerate() {
-                if present(h, i) {
-                    h.write(&a.value(i).to_le_bytes());
-                }
-            }
+        if valid {
+            value(h, i);
         }
-        UInt64 => {
-            let a = widened.as_primitive::<UInt64Type>();
-            for (i, h) in hashers.iter_mut().enumerate() {
-                if present(h, i) {
-                    h.write(&a.value(i).to_le_bytes());
-                }
-            }
-        }
-        Float64 => {
-            let a = widened.as_primitive::<Float64Type>();
-            for (i, h) in hashers.iter_mut().enumerate() {
-                if present(h, i) {
-                    let v = a.value(i);
-                    let v = if v == 0.0 {
-                        0.0
-                    } else if v.is_nan() {
-                        f64::NAN
-                    } else {
-                        v
-                    };
-                    h.write(&v.to_bits().to_le_bytes());
-                }
-            }
-        }
-        Utf8 => {
-            let a = widened.as_string::<i32>();
-            for (i, h) in hashers.iter_mut().enumerate() {
-                if present(h, i) {
-                    let v = a.value(i).as_bytes();
-                    h.write(&(v.len() as u64).to_le_bytes());
-                    h.write(v);
-                }
-            }
-        }
-        Binary => {
-            let a = widened.as_binary::<i32>();
-            for (i, h) in hashers.iter_mut().enumerate() {
-                if present(h, i) {
-                    let v = a.value(i);
-                    h.write(&(v.len() as u64).to_le_bytes());
-                    h.write(v);
-                }
-            }
-        }
-        Boolean => {
-            let a = widened.as_boolean();
-            for (i, h) in hashers.iter_mut().enumerate() {
-                if present(h, i) {
-                    h.write(&[u8::from(a.value(i))]);
-                }
-            }
-        }
-        Decimal128(_, _) => {
-            let a = widened.as_primitive::<datafusion::arrow::datatypes::Decimal128Type>();
-            for (i, h) in hashers.iter_mut().enumerate() {
-                if present(h, i) {
-                    h.write(&a.value(i).to_le_bytes());
-                }
-            }
-        }
-        _ => unreachable!("widened above"),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -101,23 +101,22 @@ impl TextRows {
     }
 }
 
-/// Split CSV `text` into rows of `ncols` text fields; a row with another
-/// number of fields or invalid UTF-8 is set aside (`quarantine`) or kept
-/// with those fields null (`null`).
-fn csv_records(
-    key: &str,
-    text: &[u8],
-    ncols: usize,
-    header: bool,
-    delimiter: u8,
-    policy: BadRowPolicy,
-) -> Result<TextRows, String> {
+/// CSV records, each with where it starts: its byte offset and (1-based)
+/// line.
+struct Records {
+    records: Vec<::csv::ByteRecord>,
+    starts: Vec<usize>,
+    lines: Vec<u64>,
+}
+
+/// The records of CSV `text` (any number of fields each), placed where
+/// each one's text starts.
+fn records(text: &[u8], delimiter: u8) -> Result<Records, String> {
     let mut rdr = ::csv::ReaderBuilder::new()
         .has_headers(false)
         .delimiter(delimiter)
         .flexible(true)
         .from_reader(text);
-    // Where each record starts: its byte offset and (1-based) line.
     let mut starts: Vec<usize> = Vec::new();
     let mut lines: Vec<u64> = Vec::new();
     let mut records = Vec::new();
@@ -137,6 +136,29 @@ fn csv_records(
         lines.push(line);
         records.push(rec);
     }
+    Ok(Records {
+        records,
+        starts,
+        lines,
+    })
+}
+
+/// Split CSV `text` into rows of `ncols` text fields; a row with another
+/// number of fields or invalid UTF-8 is set aside (`quarantine`) or kept
+/// with those fields null (`null`).
+fn csv_records(
+    key: &str,
+    text: &[u8],
+    ncols: usize,
+    header: bool,
+    delimiter: u8,
+    policy: BadRowPolicy,
+) -> Result<TextRows, String> {
+    let Records {
+        records,
+        starts,
+        lines,
+    } = records(text, delimiter)?;
     let mut out = TextRows {
         cols: vec![Vec::new(); ncols],
         rows: Vec::new(),

@@ -148,7 +148,21 @@ impl SqlOperator {
         if let Some(reason) = staged.refusal() {
             return Err(self.sql_err(reason));
         }
-        let s = &p.source;
+        self.check_bad_input_policies()?;
+        let q = StatefulQuery {
+            sql: w.sql,
+            window: w.window,
+            mode: p.output_mode,
+            watermark: p.watermark.clone(),
+        };
+        self.check_output_mode(&q)?;
+        Ok(Some(q))
+    }
+
+    /// Refuses the bad-input settings on a stateful query: they apply to
+    /// row-by-row queries for now.
+    fn check_bad_input_policies(&self) -> Result<()> {
+        let s = &self.pipeline.source;
         if s.on_bad_file != crate::pipeline::BadFilePolicy::Fail
             || s.on_bad_row != crate::pipeline::BadRowPolicy::Fail
             || s.on_schema_change != crate::pipeline::SchemaChangePolicy::Fail
@@ -160,47 +174,40 @@ impl SqlOperator {
                  input; remove them",
             ));
         }
-        let q = StatefulQuery {
-            sql: w.sql,
-            window: w.window,
-            mode: p.output_mode,
-            watermark: p.watermark.clone(),
-        };
+        Ok(())
+    }
+
+    /// Refuses an output mode that does not fit `q`'s window and watermark:
+    /// append without a window, or with one but no `[watermark]`; a session
+    /// window in update mode; a watermark on another column than the
+    /// window's.
+    fn check_output_mode(&self, q: &StatefulQuery) -> Result<()> {
         match (&q.window, q.mode, &q.watermark) {
-            (None, OutputMode::Append, _) => {
-                return Err(self.sql_err(
-                    "sink.mode = \"append\" emits each group once, when it can no longer \
-                     change, which only an event-time window closed by the watermark knows: \
-                     group by window(<timestamp column>, '<size>') with [watermark], or set \
-                     sink.mode = \"update\" (changed groups per batch) or \"complete\" (the \
-                     whole result per batch)",
-                ));
-            }
-            (Some(w), OutputMode::Append, None) => {
-                return Err(self.sql_err(format!(
-                    "window({}, ...) in append mode needs [watermark] (column = \"{}\", delay = \
-                     \"10 minutes\"): without it no window ever closes",
-                    w.column, w.column
-                )));
-            }
-            (Some(w), OutputMode::Update, _) if w.session => {
-                return Err(self.sql_err(
-                    "session_window(...) in update mode is not supported (as in Spark: a \
-                     session's bounds change as it merges, so an update could not say which \
-                     earlier row it replaces): use sink.mode = \"append\" with [watermark], or \
-                     \"complete\"",
-                ));
-            }
-            (Some(w), _, Some(m)) if m.column != w.column => {
-                return Err(self.sql_err(format!(
-                    "[watermark] column = \"{}\" but the window is over {}: the watermark \
-                     closes windows of its own column, so name the window's",
-                    m.column, w.column
-                )));
-            }
-            _ => {}
+            (None, OutputMode::Append, _) => Err(self.sql_err(
+                "sink.mode = \"append\" emits each group once, when it can no longer \
+                 change, which only an event-time window closed by the watermark knows: \
+                 group by window(<timestamp column>, '<size>') with [watermark], or set \
+                 sink.mode = \"update\" (changed groups per batch) or \"complete\" (the \
+                 whole result per batch)",
+            )),
+            (Some(w), OutputMode::Append, None) => Err(self.sql_err(format!(
+                "window({}, ...) in append mode needs [watermark] (column = \"{}\", delay = \
+                 \"10 minutes\"): without it no window ever closes",
+                w.column, w.column
+            ))),
+            (Some(w), OutputMode::Update, _) if w.session => Err(self.sql_err(
+                "session_window(...) in update mode is not supported (as in Spark: a \
+                 session's bounds change as it merges, so an update could not say which \
+                 earlier row it replaces): use sink.mode = \"append\" with [watermark], or \
+                 \"complete\"",
+            )),
+            (Some(w), _, Some(m)) if m.column != w.column => Err(self.sql_err(format!(
+                "[watermark] column = \"{}\" but the window is over {}: the watermark \
+                 closes windows of its own column, so name the window's",
+                m.column, w.column
+            ))),
+            _ => Ok(()),
         }
-        Ok(Some(q))
     }
 }
 

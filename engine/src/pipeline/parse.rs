@@ -271,11 +271,50 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
             "source.header and source.delimiter apply to format = \"csv\" only".to_string(),
         );
     }
-    let delimiter = match &src.delimiter {
+    let delimiter = delimiter(src.delimiter.as_deref())?;
+    let discovery = src.discovery.unwrap_or(DiscoveryMode::List);
+    check_source_options(src, discovery)?;
+    if let Some(cols) = &src.schema {
+        check_declared_schema(cols, src.format)?;
+    }
+    let hints = src.schema_hints.clone().unwrap_or_default();
+    if !hints.is_empty() && src.schema.is_some() {
+        return Err(
+            "source.schema_hints types columns of an inferred schema, and source.schema \
+             declares them all: keep one (put the hinted types into source.schema)"
+                .to_string(),
+        );
+    }
+    check_schema_hints(&hints, src.format)?;
+    Ok(Source {
+        location,
+        format: src.format,
+        compression: src.compression,
+        table: src.table.clone(),
+        schema: src.schema.clone(),
+        schema_hints: hints,
+        discovery,
+        lookback: src.lookback.unwrap_or(100),
+        reconcile_every: src
+            .reconcile_every
+            .unwrap_or_else(super::default_reconcile_every),
+        header: src.header.unwrap_or(true),
+        delimiter,
+        on_bad_file: src.on_bad_file.unwrap_or_default(),
+        on_bad_row: src.on_bad_row.unwrap_or_default(),
+        on_schema_change: src.on_schema_change.unwrap_or_default(),
+        corrupt_record: src.corrupt_record.unwrap_or(false),
+    })
+}
+
+/// `source.delimiter` as the byte that separates CSV fields (`,` unless
+/// written); one that cannot separate fields is refused.
+fn delimiter(written: Option<&str>) -> std::result::Result<u8, String> {
+    Ok(match written {
         None => b',',
         // A line break or the quote character cannot separate fields: a
         // file would read as rows of one empty field, committed as nothing.
-        Some(d) if matches!(d.as_str(), "\n" | "\r" | "\"") => {
+        Some(d) if matches!(d, "\n" | "\r" | "\"") => {
             return Err(format!(
                 "source.delimiter = {d:?} cannot separate fields (it ends lines or quotes \
                  them); use one other ASCII character, such as \",\", \";\", \"|\" or \"\\t\""
@@ -287,8 +326,15 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
                 "source.delimiter = \"{d}\": use one ASCII character, such as \",\" or \"|\""
             ));
         }
-    };
-    let discovery = src.discovery.unwrap_or(DiscoveryMode::List);
+    })
+}
+
+/// The `[source]` settings that apply only with some discovery mode, format
+/// or bad-row policy, checked against those; the counts bounded.
+fn check_source_options(
+    src: &SourceFile,
+    discovery: DiscoveryMode,
+) -> std::result::Result<(), String> {
     if src.lookback.is_some() && discovery != DiscoveryMode::Ordered {
         return Err("source.lookback applies to discovery = \"ordered\" only".to_string());
     }
@@ -324,62 +370,68 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
     if let Some(n) = src.lookback {
         check_count("source.lookback", n, MAX_WINDOW)?;
     }
-    if let Some(cols) = &src.schema {
-        if cols.is_empty() {
-            return Err(
-                "source.schema is empty; list the columns or remove it to infer".to_string(),
-            );
-        }
-        let declared = super::schema::schema_of(cols).map_err(|e| format!("source.schema{e}"))?;
-        // A column of type Null holds no value: every value read into it
-        // would be stored as NULL.
-        if let Some((i, f)) = declared
+    Ok(())
+}
+
+/// A declared `source.schema`: not empty, no column of type Null, every
+/// type readable from CSV when the source is CSV, no column Sluice fills.
+fn check_declared_schema(
+    cols: &[ColumnSpec],
+    format: SourceFormat,
+) -> std::result::Result<(), String> {
+    if cols.is_empty() {
+        return Err("source.schema is empty; list the columns or remove it to infer".to_string());
+    }
+    let declared = super::schema::schema_of(cols).map_err(|e| format!("source.schema{e}"))?;
+    // A column of type Null holds no value: every value read into it
+    // would be stored as NULL.
+    if let Some((i, f)) = declared
+        .fields()
+        .iter()
+        .enumerate()
+        .find(|(_, f)| f.data_type().is_null())
+    {
+        return Err(format!(
+            "source.schema[{i}] (column {}): type Null holds no value, so every value of \
+             the column would be stored as NULL; declare the column's type (string for \
+             text)",
+            f.name()
+        ));
+    }
+    if format == SourceFormat::Csv
+        && let Some((i, f)) = declared
             .fields()
             .iter()
             .enumerate()
-            .find(|(_, f)| f.data_type().is_null())
-        {
-            return Err(format!(
-                "source.schema[{i}] (column {}): type Null holds no value, so every value of \
-                 the column would be stored as NULL; declare the column's type (string for \
-                 text)",
-                f.name()
-            ));
-        }
-        if src.format == SourceFormat::Csv
-            && let Some((i, f)) = declared
-                .fields()
-                .iter()
-                .enumerate()
-                .find(|(_, f)| !super::types::csv_readable(f.data_type()))
-        {
-            return Err(format!(
-                "source.schema[{i}] (column {}): {}",
-                f.name(),
-                super::types::not_csv_readable(f.data_type())
-            ));
-        }
-        if let Some(c) = cols
-            .iter()
-            .find(|c| super::DERIVED.contains(&c.name.as_str()))
-        {
-            return Err(format!(
-                "source.schema declares {}, a column Sluice fills (on_schema_change = \
-                 \"rescue\" adds _rescued, corrupt_record = true adds _corrupt_record): leave \
-                 it out",
-                c.name
-            ));
-        }
+            .find(|(_, f)| !super::types::csv_readable(f.data_type()))
+    {
+        return Err(format!(
+            "source.schema[{i}] (column {}): {}",
+            f.name(),
+            super::types::not_csv_readable(f.data_type())
+        ));
     }
-    let hints = src.schema_hints.clone().unwrap_or_default();
-    if !hints.is_empty() && src.schema.is_some() {
-        return Err(
-            "source.schema_hints types columns of an inferred schema, and source.schema \
-             declares them all: keep one (put the hinted types into source.schema)"
-                .to_string(),
-        );
+    if let Some(c) = cols
+        .iter()
+        .find(|c| super::DERIVED.contains(&c.name.as_str()))
+    {
+        return Err(format!(
+            "source.schema declares {}, a column Sluice fills (on_schema_change = \
+             \"rescue\" adds _rescued, corrupt_record = true adds _corrupt_record): leave \
+             it out",
+            c.name
+        ));
     }
-    for (name, t) in &hints {
+    Ok(())
+}
+
+/// `source.schema_hints`: each a type that holds values, readable from CSV
+/// when the source is CSV, and not a column Sluice fills.
+fn check_schema_hints(
+    hints: &std::collections::BTreeMap<String, String>,
+    format: SourceFormat,
+) -> std::result::Result<(), String> {
+    for (name, t) in hints {
         let parsed = super::types::parse_type(t)
             .map_err(|e| format!("source.schema_hints.{name} = \"{t}\": {e}"))?;
         if parsed.is_null() {
@@ -388,7 +440,7 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
                  (string for text)"
             ));
         }
-        if src.format == SourceFormat::Csv && !super::types::csv_readable(&parsed) {
+        if format == SourceFormat::Csv && !super::types::csv_readable(&parsed) {
             return Err(format!(
                 "source.schema_hints.{name} = \"{t}\": {}",
                 super::types::not_csv_readable(&parsed)
@@ -400,25 +452,7 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
             ));
         }
     }
-    Ok(Source {
-        location,
-        format: src.format,
-        compression: src.compression,
-        table: src.table.clone(),
-        schema: src.schema.clone(),
-        schema_hints: hints,
-        discovery,
-        lookback: src.lookback.unwrap_or(100),
-        reconcile_every: src
-            .reconcile_every
-            .unwrap_or_else(super::default_reconcile_every),
-        header: src.header.unwrap_or(true),
-        delimiter,
-        on_bad_file: src.on_bad_file.unwrap_or_default(),
-        on_bad_row: src.on_bad_row.unwrap_or_default(),
-        on_schema_change: src.on_schema_change.unwrap_or_default(),
-        corrupt_record: src.corrupt_record.unwrap_or(false),
-    })
+    Ok(())
 }
 
 /// Sink and checkpoint may not overlap the source (output would be read

@@ -259,56 +259,63 @@ impl Parser<'_> {
                 }
             }
             "timestamptz" | "timestamp_ltz" => Timestamp(self.unit()?, Some("UTC".into())),
-            "decimal" | "numeric" => {
-                let (p, s) = if self.eat('(') {
-                    let p = self.number("the decimal's precision")?;
-                    let s = if self.eat(',') {
-                        self.number("the decimal's scale")?
-                    } else {
-                        0
-                    };
-                    self.expect(')', "after the decimal's precision and scale")?;
-                    (p, s)
-                } else {
-                    // Spark's and Hive's default.
-                    (10, 0)
-                };
-                if p == 0 || p > 76 || s > p {
-                    return Err(format!(
-                        "decimal({p},{s}): the precision is 1 to 76 digits and the scale at \
-                         most the precision"
-                    ));
-                }
-                if p <= 38 {
-                    Decimal128(p as u8, s as i8)
-                } else {
-                    Decimal256(p as u8, s as i8)
-                }
-            }
+            "decimal" | "numeric" => self.decimal()?,
             "array" | "list" => {
                 self.expect('<', "after array")?;
                 let item = self.ty()?;
                 self.expect('>', "to close array<...>")?;
                 List(Arc::new(Field::new_list_field(item, true)))
             }
-            "struct" => {
-                self.expect('<', "after struct")?;
-                let mut fields = Vec::new();
-                loop {
-                    let name = self.field_name()?;
-                    self.eat(':');
-                    let t = self.ty()?;
-                    fields.push(Field::new(name, t, true));
-                    if !self.eat(',') {
-                        break;
-                    }
-                }
-                self.expect('>', "to close struct<...>")?;
-                Struct(Fields::from(fields))
-            }
+            "struct" => self.struct_type()?,
             "" => return Err("no type name".into()),
             other => return Err(format!("unknown type \"{other}\"")),
         })
+    }
+
+    /// What follows `decimal`: optional `(precision[, scale])`, Spark's
+    /// and Hive's `(10,0)` when absent; 128-bit up to 38 digits, else 256.
+    fn decimal(&mut self) -> Result<DataType, String> {
+        let (p, s) = if self.eat('(') {
+            let p = self.number("the decimal's precision")?;
+            let s = if self.eat(',') {
+                self.number("the decimal's scale")?
+            } else {
+                0
+            };
+            self.expect(')', "after the decimal's precision and scale")?;
+            (p, s)
+        } else {
+            // Spark's and Hive's default.
+            (10, 0)
+        };
+        if p == 0 || p > 76 || s > p {
+            return Err(format!(
+                "decimal({p},{s}): the precision is 1 to 76 digits and the scale at \
+                 most the precision"
+            ));
+        }
+        if p <= 38 {
+            Ok(DataType::Decimal128(p as u8, s as i8))
+        } else {
+            Ok(DataType::Decimal256(p as u8, s as i8))
+        }
+    }
+
+    /// What follows `struct`: `<name: type, ...>`, every field nullable.
+    fn struct_type(&mut self) -> Result<DataType, String> {
+        self.expect('<', "after struct")?;
+        let mut fields = Vec::new();
+        loop {
+            let name = self.field_name()?;
+            self.eat(':');
+            let t = self.ty()?;
+            fields.push(Field::new(name, t, true));
+            if !self.eat(',') {
+                break;
+            }
+        }
+        self.expect('>', "to close struct<...>")?;
+        Ok(DataType::Struct(Fields::from(fields)))
     }
 
     fn field_name(&mut self) -> Result<String, String> {

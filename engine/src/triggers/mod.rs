@@ -53,6 +53,44 @@ async fn record_inbox(ctx: &Context, event: &Event) -> Result<()> {
     crate::discovery::record_notified(ctx.checkpoint.store(), files).await
 }
 
+/// Record in control `c` what waking one pipeline used: the trigger's
+/// time on it (for the invocation's `first_pipeline`, the whole invocation
+/// so far) and its requests, with the control write itself (`created`: a
+/// new record).
+fn charge_wake(
+    c: &mut crate::checkpoint::Control,
+    created: bool,
+    ctx: &Context,
+    first_pipeline: bool,
+    started: std::time::Instant,
+) {
+    use crate::deploy::{TRIGGER, memory_mb};
+    use crate::handlers::usage::{billed_ms, invocation_ms};
+    let first = u64::from(first_pipeline);
+    let ms = if first_pipeline {
+        invocation_ms().max(billed_ms(started))
+    } else {
+        billed_ms(started)
+    };
+    let mut requests = ctx.counts();
+    if created {
+        requests.put_create += 1;
+    } else {
+        requests.put_update += 1;
+    }
+    let usage = crate::checkpoint::Usage {
+        functions: vec![crate::checkpoint::FunctionUsage::new(
+            TRIGGER,
+            first,
+            ms,
+            memory_mb(TRIGGER),
+        )],
+        transitions: 0,
+    };
+    c.totals.wakes = c.totals.wakes.plus(&usage);
+    c.totals.wake_requests = c.totals.wake_requests.plus(&requests);
+}
+
 /// What one trigger invocation did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TriggerReport {
@@ -66,6 +104,24 @@ pub struct TriggerReport {
     pub ignored: u64,
     /// What happened to each pipeline the event concerns.
     pub woken: BTreeMap<String, WakeOutcome>,
+}
+
+/// The report of `event` before any pipeline is woken; `ignored` objects
+/// were outside every registered source.
+fn report_of(event: &Event, ignored: u64) -> TriggerReport {
+    let (objects, skipped) = match event {
+        Event::Objects {
+            objects, skipped, ..
+        } => (objects.len() as u64, *skipped),
+        _ => (0, 0),
+    };
+    TriggerReport {
+        source: event.source().to_string(),
+        objects,
+        skipped,
+        ignored,
+        woken: BTreeMap::new(),
+    }
 }
 
 /// Route `event` to the `registered` pipelines and wake each. A pipeline
@@ -91,19 +147,7 @@ pub(crate) async fn trigger_carrying(
 ) -> Result<TriggerReport> {
     let pipelines: Vec<Pipeline> = registered.iter().map(|c| (*c.pipeline).clone()).collect();
     let routing = route(event, &pipelines)?;
-    let (objects, skipped) = match event {
-        Event::Objects {
-            objects, skipped, ..
-        } => (objects.len() as u64, *skipped),
-        _ => (0, 0),
-    };
-    let mut report = TriggerReport {
-        source: event.source().to_string(),
-        objects,
-        skipped,
-        ignored: routing.ignored,
-        woken: BTreeMap::new(),
-    };
+    let mut report = report_of(event, routing.ignored);
     let mut first_error = None;
     for (i, name) in routing.pipelines.keys().enumerate() {
         let started = std::time::Instant::now();
@@ -117,31 +161,7 @@ pub(crate) async fn trigger_carrying(
             ctx.counted()
         };
         let charge = |c: &mut crate::checkpoint::Control, created: bool| {
-            use crate::deploy::{TRIGGER, memory_mb};
-            use crate::handlers::usage::{billed_ms, invocation_ms};
-            let first = u64::from(i == 0);
-            let ms = if i == 0 {
-                invocation_ms().max(billed_ms(started))
-            } else {
-                billed_ms(started)
-            };
-            let mut requests = ctx.counts();
-            if created {
-                requests.put_create += 1;
-            } else {
-                requests.put_update += 1;
-            }
-            let usage = crate::checkpoint::Usage {
-                functions: vec![crate::checkpoint::FunctionUsage::new(
-                    TRIGGER,
-                    first,
-                    ms,
-                    memory_mb(TRIGGER),
-                )],
-                transitions: 0,
-            };
-            c.totals.wakes = c.totals.wakes.plus(&usage);
-            c.totals.wake_requests = c.totals.wake_requests.plus(&requests);
+            charge_wake(c, created, ctx, i == 0, started)
         };
         // Notify mode: the inbox entries first, so the discovery that the
         // wake-up below causes sees them.
