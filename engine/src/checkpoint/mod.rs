@@ -18,6 +18,7 @@ use crate::paths;
 use crate::storage::{PutMode, PutOutcome, Store};
 
 mod control;
+mod index;
 mod lease;
 pub mod owner;
 mod records;
@@ -25,11 +26,12 @@ mod work;
 pub use work::TaskId;
 
 pub use control::{Attempts, CONTROL_TRIES, ControlRead};
+pub use index::{Index, IndexKeep, KeyClaim};
 pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};
 pub use records::{
-    Commit, Control, Durations, FORMAT_VERSION, FunctionUsage, Index, IndexKeep, InputFile,
-    KeyClaim, ListingState, Manifest, Offsets, OutputFile, PipelineRecord, Quarantined, QueryShape,
-    RunStatus, SchemaVersion, SinkOwner, SourceCursor, StatefulState, TaskPlan, Totals, Usage,
+    Commit, Control, Durations, FORMAT_VERSION, FunctionUsage, InputFile, ListingState, Manifest,
+    Offsets, OutputFile, PipelineRecord, Quarantined, QueryShape, RunStatus, SchemaVersion,
+    SinkOwner, SourceCursor, StatefulState, TaskPlan, Totals, Usage,
 };
 
 /// Whether a record of history `found` is not of history `ours`: both

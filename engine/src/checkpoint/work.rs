@@ -106,6 +106,13 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Remove the temporary files of writes killed part way (a local
+    /// folder's; object stores leave none).
+    pub(crate) async fn sweep_temp(&self) -> Result<()> {
+        self.store().sweep_temp("").await?;
+        Ok(())
+    }
+
     /// Remove `keys`, in parallel.
     pub(crate) async fn remove_all(&self, keys: Vec<String>) -> Result<()> {
         delete_all(self.store(), keys).await

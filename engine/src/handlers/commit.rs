@@ -215,6 +215,57 @@ fn manifest_of(ctx: &Context, record: &Commit) -> Manifest {
     }
 }
 
+/// What became of a batch's planned inputs, from its tasks' results.
+struct Inputs {
+    /// Left for the next run (changed since listed): not part of the
+    /// batch, not counted, not marked processed.
+    deferred: Vec<crate::checkpoint::InputFile>,
+    /// Deleted before a task read them: nothing to process.
+    gone: Vec<String>,
+    /// Set aside as unreadable: taken (processed, not listed as new
+    /// again) but not read.
+    quarantined: Vec<crate::checkpoint::Quarantined>,
+    /// The keys taken.
+    taken: Vec<String>,
+    /// Files read, and their bytes.
+    files: u64,
+    bytes: u64,
+}
+
+impl Inputs {
+    fn of(off: &crate::checkpoint::Offsets, results: &[TaskResult]) -> Inputs {
+        let mut deferred: Vec<crate::checkpoint::InputFile> = results
+            .iter()
+            .flat_map(|r| r.deferred.iter().cloned())
+            .collect();
+        deferred.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut gone: Vec<String> = results.iter().flat_map(|r| r.gone.clone()).collect();
+        gone.sort();
+        let taken: Vec<&crate::checkpoint::InputFile> = off
+            .inputs
+            .iter()
+            .filter(|i| !deferred.iter().any(|d| d.key == i.key) && !gone.contains(&i.key))
+            .collect();
+        let mut quarantined: Vec<crate::checkpoint::Quarantined> = results
+            .iter()
+            .flat_map(|r| r.quarantined.iter().cloned())
+            .collect();
+        quarantined.sort_by(|a, b| a.key.cmp(&b.key));
+        let read: Vec<&&crate::checkpoint::InputFile> = taken
+            .iter()
+            .filter(|i| !quarantined.iter().any(|q| q.key == i.key))
+            .collect();
+        Inputs {
+            files: read.len() as u64,
+            bytes: read.iter().map(|i| i.size).sum(),
+            taken: taken.iter().map(|i| i.key.clone()).collect(),
+            deferred,
+            gone,
+            quarantined,
+        }
+    }
+}
+
 /// The commit record of a batch from its tasks' (and merges') results,
 /// before its usage and requests are known.
 fn build_record(
@@ -226,32 +277,7 @@ fn build_record(
     merged: Option<&Merged>,
     started_ms: i64,
 ) -> Commit {
-    // Inputs a task left for the next run (changed since listed) are not
-    // part of the batch: not counted, not marked processed.
-    let mut deferred: Vec<crate::checkpoint::InputFile> = results
-        .iter()
-        .flat_map(|r| r.deferred.iter().cloned())
-        .collect();
-    deferred.sort_by(|a, b| a.key.cmp(&b.key));
-    // Inputs deleted before a task read them: nothing to process.
-    let mut gone: Vec<String> = results.iter().flat_map(|r| r.gone.clone()).collect();
-    gone.sort();
-    let taken: Vec<&crate::checkpoint::InputFile> = off
-        .inputs
-        .iter()
-        .filter(|i| !deferred.iter().any(|d| d.key == i.key) && !gone.contains(&i.key))
-        .collect();
-    // Inputs set aside as unreadable are taken (processed: not listed as
-    // new again) but not read.
-    let mut quarantined: Vec<crate::checkpoint::Quarantined> = results
-        .iter()
-        .flat_map(|r| r.quarantined.iter().cloned())
-        .collect();
-    quarantined.sort_by(|a, b| a.key.cmp(&b.key));
-    let read: Vec<&&crate::checkpoint::InputFile> = taken
-        .iter()
-        .filter(|i| !quarantined.iter().any(|q| q.key == i.key))
-        .collect();
+    let inputs = Inputs::of(off, results);
     let mut outputs: Vec<_> = match merged {
         Some(m) => m.outputs.clone(),
         None => results.iter().flat_map(|r| r.outputs.clone()).collect(),
@@ -267,8 +293,8 @@ fn build_record(
         epoch: run.epoch,
         history: control.history.clone(),
         committed_ms: ctx.now(),
-        files: read.len() as u64,
-        bytes_read: read.iter().map(|i| i.size).sum(),
+        files: inputs.files,
+        bytes_read: inputs.bytes,
         rows_in: results.iter().map(|r| r.rows_in).sum(),
         rows_out,
         outputs,
@@ -281,13 +307,13 @@ fn build_record(
         },
         usage: Usage::default(),
         requests: RequestCounts::default(),
-        input_keys: taken.iter().map(|i| i.key.clone()).collect(),
+        input_keys: inputs.taken,
         trigger: run.trigger.clone(),
         consumed: off.consumed.clone(),
-        deferred,
-        gone,
+        deferred: inputs.deferred,
+        gone: inputs.gone,
         source: off.source.clone(),
-        quarantined,
+        quarantined: inputs.quarantined,
         rejected: results.iter().filter_map(|r| r.rejected.clone()).collect(),
         nulled_fields: results.iter().map(|r| r.nulled_fields).sum(),
         schema_version: off.schema.as_ref().map(|s| s.version),

@@ -17,6 +17,7 @@ use crate::checkpoint::OutputFile;
 use crate::error::{Error, ErrorClass, Result};
 use crate::paths;
 use crate::storage::{PutMode, RequestCounts, Store};
+use datafusion::arrow::array::RecordBatch;
 
 /// What the merge of one state partition of a batch did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,27 +59,7 @@ pub async fn merge(
     ctx.check_spec(run)?;
     let started = std::time::Instant::now();
     let p = &ctx.pipeline;
-    let off = ctx
-        .planned(
-            batch,
-            run.epoch,
-            &format!("while run epoch {} merges it", run.epoch),
-        )
-        .await?;
-    // Fenced; and the state in force is the last commit's, which for this
-    // batch is the one before it (batches commit in order).
-    let (control, _) = ctx.checkpoint.owned_control(run.epoch).await?;
-    super::commit::check_plan(ctx, &off, &control)?;
-    if control.next_batch() != batch {
-        return Err(ctx.broken(
-            paths::checkpoint::offsets(batch),
-            format!(
-                "merge of batch {batch} while the last committed batch is {:?}",
-                control.last_committed
-            ),
-        ));
-    }
-    let before = control.stateful.clone().unwrap_or_default();
+    let (off, before) = merging(ctx, run, batch).await?;
     let schema = match &off.schema {
         Some(v) => super::schema::arrow_of(ctx, v, paths::checkpoint::offsets(batch))?,
         None => ctx.schema().await?,
@@ -89,40 +70,7 @@ pub async fn merge(
             "a merge step for a query that does not aggregate",
         )
     })?;
-    let store = ctx.checkpoint.store();
-    let sink = &ctx.sink;
-    let read_state = |key: String, bytes: bytes::Bytes| {
-        staged
-            .read_state(&key, &bytes)
-            .map_err(|message| Error::Checkpoint {
-                pipeline: p.name.clone(),
-                key,
-                message,
-            })
-    };
-    let mut state = Vec::new();
-    if let Some(key) = before.state.get(partition as usize).cloned().flatten() {
-        state = restore(ctx, store.as_ref(), &staged, key).await?.0;
-    }
-    let mut partials = Vec::new();
-    for t in &off.tasks {
-        let result = super::operate::finished_task(
-            ctx,
-            crate::checkpoint::TaskId {
-                epoch: run.epoch,
-                batch,
-                task: t.task,
-            },
-        )
-        .await?;
-        for f in result.partials.iter().filter(|f| f.partition == partition) {
-            let obj = store
-                .get(&f.key)
-                .await?
-                .ok_or_else(|| ctx.broken(f.key.clone(), "a task's partial states are missing"))?;
-            partials.extend(read_state(f.key.clone(), obj.bytes)?);
-        }
-    }
+    let (state, partials) = merge_inputs(ctx, run, &off, partition, &staged, &before).await?;
     let session = crate::operators::staging_session();
     let merged = crate::state::merge::merge(
         &session,
@@ -140,8 +88,6 @@ pub async fn merge(
         message: format!("merging state partition {partition}: {e}"),
         class: ErrorClass::Fatal,
     })?;
-    let rows_out: u64 = merged.emit.iter().map(|b| b.num_rows() as u64).sum();
-    let mut outputs = Vec::new();
     // A merge's parts are named as a task's, its partition the task (a
     // stateful query's tasks stage no parts of their own).
     let id = crate::checkpoint::TaskId {
@@ -149,33 +95,18 @@ pub async fn merge(
         batch,
         task: partition,
     };
-    if rows_out > 0 {
-        let schema = merged.emit[0].schema();
-        let stream = crate::operators::batches_stream(schema.clone(), merged.emit);
-        outputs = sink.write_partition(id, 0, schema, stream).await?;
-    }
-    sink.remove_stale_parts(id, &outputs).await?;
-    let state_rows: u64 = merged.state.iter().map(|b| b.num_rows() as u64).sum();
-    let state = if state_rows > 0 {
-        let key = paths::checkpoint::state(partition, batch, run.epoch);
-        let bytes = staged
-            .write_state(&merged.state)
-            .map_err(|e| ctx.broken(key.clone(), e.to_string()))?;
-        store.put(&key, bytes.into(), PutMode::Overwrite).await?;
-        Some(key)
-    } else {
-        None
-    };
+    let next_close_us = merged.next_close_us;
+    let written = write_merged(ctx, id, &staged, merged).await?;
     // Every request of this invocation, and this result, written below.
     let mut requests = ctx.counts();
     requests.put += 1;
     let result = MergeResult {
         partition,
-        outputs,
-        rows_out,
-        state,
-        state_rows,
-        next_close_us: merged.next_close_us,
+        rows_out: written.rows_out,
+        outputs: written.outputs,
+        state: written.state,
+        state_rows: written.state_rows,
+        next_close_us,
         millis: super::usage::billed_ms(started),
         memory_mb: crate::deploy::memory_mb(crate::deploy::OPERATOR),
         retries: super::usage::retries(),
@@ -184,8 +115,128 @@ pub async fn merge(
     ctx.checkpoint
         .put_merge_result(batch, partition, run.epoch, &result)
         .await?;
-    tracing::debug!(pipeline = %p.name, batch, partition, rows_out, state_rows, "merged");
+    tracing::debug!(pipeline = %p.name, batch, partition, rows_out = result.rows_out, state_rows = result.state_rows, "merged");
     Ok(result)
+}
+
+/// The plan of the batch a merge of run `run` merges, and the state in
+/// force: the last commit's, which for this batch is the one before it
+/// (batches commit in order). Fenced: a run that lost its lease merges
+/// nothing.
+async fn merging(
+    ctx: &Context,
+    run: &RunState,
+    batch: u64,
+) -> Result<(crate::checkpoint::Offsets, crate::checkpoint::StatefulState)> {
+    let off = ctx
+        .planned(
+            batch,
+            run.epoch,
+            &format!("while run epoch {} merges it", run.epoch),
+        )
+        .await?;
+    let (control, _) = ctx.checkpoint.owned_control(run.epoch).await?;
+    super::commit::check_plan(ctx, &off, &control)?;
+    if control.next_batch() != batch {
+        return Err(ctx.broken(
+            paths::checkpoint::offsets(batch),
+            format!(
+                "merge of batch {batch} while the last committed batch is {:?}",
+                control.last_committed
+            ),
+        ));
+    }
+    Ok((off, control.stateful.clone().unwrap_or_default()))
+}
+
+/// What a merge of state partition `partition` merges: the partition's
+/// state in force (`before`'s), and the partial states every task of the
+/// batch wrote for it under this run.
+async fn merge_inputs(
+    ctx: &Context,
+    run: &RunState,
+    off: &crate::checkpoint::Offsets,
+    partition: u32,
+    staged: &crate::operators::Staged,
+    before: &crate::checkpoint::StatefulState,
+) -> Result<(Vec<RecordBatch>, Vec<RecordBatch>)> {
+    let store = ctx.checkpoint.store();
+    let mut state = Vec::new();
+    if let Some(key) = before.state.get(partition as usize).cloned().flatten() {
+        state = restore(ctx, store.as_ref(), staged, key).await?.0;
+    }
+    let mut partials = Vec::new();
+    for t in &off.tasks {
+        let id = crate::checkpoint::TaskId {
+            epoch: run.epoch,
+            batch: off.batch,
+            task: t.task,
+        };
+        let result = super::operate::finished_task(ctx, id).await?;
+        for f in result.partials.iter().filter(|f| f.partition == partition) {
+            let obj = store
+                .get(&f.key)
+                .await?
+                .ok_or_else(|| ctx.broken(f.key.clone(), "a task's partial states are missing"))?;
+            let read = staged
+                .read_state(&f.key, &obj.bytes)
+                .map_err(|message| ctx.broken(f.key.clone(), message))?;
+            partials.extend(read);
+        }
+    }
+    Ok((state, partials))
+}
+
+/// What a merge wrote.
+struct Written {
+    /// Staged sink parts with the rows it emitted.
+    outputs: Vec<OutputFile>,
+    /// Rows emitted.
+    rows_out: u64,
+    /// The partition's next state file, if the state holds any group.
+    state: Option<String>,
+    /// Groups in that state.
+    state_rows: u64,
+}
+
+/// Stage what the merge of task-named `id` emits as sink parts (removing
+/// parts an earlier attempt of this run left), and write the partition's
+/// next state (`id.task` is the state partition).
+async fn write_merged(
+    ctx: &Context,
+    id: crate::checkpoint::TaskId,
+    staged: &crate::operators::Staged,
+    merged: crate::state::merge::Merged,
+) -> Result<Written> {
+    let sink = &ctx.sink;
+    let rows_out: u64 = merged.emit.iter().map(|b| b.num_rows() as u64).sum();
+    let mut outputs = Vec::new();
+    if rows_out > 0 {
+        let schema = merged.emit[0].schema();
+        let stream = crate::operators::batches_stream(schema.clone(), merged.emit);
+        outputs = sink.write_partition(id, 0, schema, stream).await?;
+    }
+    sink.remove_stale_parts(id, &outputs).await?;
+    let state_rows: u64 = merged.state.iter().map(|b| b.num_rows() as u64).sum();
+    let state = if state_rows > 0 {
+        let key = paths::checkpoint::state(id.task, id.batch, id.epoch);
+        let bytes = staged
+            .write_state(&merged.state)
+            .map_err(|e| ctx.broken(key.clone(), e.to_string()))?;
+        ctx.checkpoint
+            .store()
+            .put(&key, bytes.into(), PutMode::Overwrite)
+            .await?;
+        Some(key)
+    } else {
+        None
+    };
+    Ok(Written {
+        outputs,
+        rows_out,
+        state,
+        state_rows,
+    })
 }
 
 /// Read and decode the state file `key` through `store`, checking it was

@@ -181,6 +181,10 @@ struct PlanClock {
 /// The first Plan of a run that no trigger started (`sluice run`, or an
 /// execution started without a run): check for new input without writing,
 /// then claim the lease and plan (or resume).
+// Long because it is the first plan's decisions in the order the lease
+// protocol needs them (reset, pause, claimable, look, schema, pending,
+// sink owner, claim, recover), each one call: split further, the order
+// would no longer read in one place.
 async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     let p = &ctx.pipeline;
     let read = ctx.checkpoint.control().await?;
@@ -189,22 +193,8 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         return Err(resetting(ctx));
     }
     let now = ctx.now();
-    if control.is_some_and(|c| c.paused) {
-        // Recorded, so `sluice resume` knows a run was asked for.
-        if control.is_some_and(|c| !c.requested) {
-            ctx.checkpoint
-                .change_control(|read| match read {
-                    Some(c) if c.paused => {
-                        let mut next = c.clone();
-                        next.requested = true;
-                        Ok((next, ()))
-                    }
-                    _ => Err(ctx.conflict(
-                        "control.json changed while this run recorded its request".into(),
-                    )),
-                })
-                .await?;
-        }
+    if let Some(c) = control.filter(|c| c.paused) {
+        record_request(ctx, c).await?;
         return Ok(PlanOutcome::Paused);
     }
     let (epoch, recover) = match may_claim(ctx, control, now) {
@@ -258,16 +248,65 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     // Before anything is written: is the sink this checkpoint's?
     let sink = ownership::check_sink(ctx, control).await?;
     let next = checkpoint::claimed(control, epoch, &ctx.owner, now, "");
-    if ctx
-        .checkpoint
-        .swap_control(&next, read.as_ref().map(|(_, e)| e.as_str()))
-        .await?
-        .is_none()
-    {
+    let etag = read.as_ref().map(|(_, e)| e.as_str());
+    let Some(run) = take_lease(ctx, &next, etag, recover, sink).await? else {
         return Ok(PlanOutcome::Busy {
             owner: "another run (it claimed the lease first)".into(),
             heartbeat_age_s: 0,
         });
+    };
+    if let Recorded::Not { etag } = &recorded {
+        record_spec(ctx, &next, &schema, etag.as_deref()).await?;
+    }
+    let control = if recover {
+        // Temporary files of the dead run's killed writes.
+        ctx.sink.sweep().await?;
+        ctx.checkpoint.sweep_temp().await?;
+        if let Some(off) = resume_planned(ctx, &run, &next).await? {
+            return batch_outcome(ctx, run, &off).await;
+        }
+        ctx.checkpoint.owned_control(epoch).await?.0
+    } else {
+        next
+    };
+    discover_and_plan(ctx, run, &control, seen, clock).await
+}
+
+/// A paused pipeline asked to run: recorded, so `sluice resume` knows a
+/// run was asked for.
+async fn record_request(ctx: &Context, control: &Control) -> Result<()> {
+    if control.requested {
+        return Ok(());
+    }
+    ctx.checkpoint
+        .change_control(|read| match read {
+            Some(c) if c.paused => {
+                let mut next = c.clone();
+                next.requested = true;
+                Ok((next, ()))
+            }
+            _ => {
+                Err(ctx.conflict("control.json changed while this run recorded its request".into()))
+            }
+        })
+        .await
+}
+
+/// Claim the lease as `next` says (compare-and-swap on `etag`, the
+/// control read), then make the sink this checkpoint's if no history
+/// holds it yet. `None`: another run claimed the lease first. A sink of
+/// an earlier history refuses the run and releases the lease.
+async fn take_lease(
+    ctx: &Context,
+    next: &Control,
+    etag: Option<&str>,
+    recover: bool,
+    sink: SinkCheck,
+) -> Result<Option<RunState>> {
+    let p = &ctx.pipeline;
+    let epoch = next.epoch;
+    if ctx.checkpoint.swap_control(next, etag).await?.is_none() {
+        return Ok(None);
     }
     let run = RunState {
         pipeline: p.name.clone(),
@@ -282,28 +321,14 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     tracing::info!(pipeline = %p.name, epoch, recover, "lease taken");
     let owned = match sink {
         SinkCheck::Ours => Ok(()),
-        SinkCheck::Unclaimed => ownership::claim_sink(ctx, &next).await,
+        SinkCheck::Unclaimed => ownership::claim_sink(ctx, next).await,
         SinkCheck::Earlier(o) => Err(ownership::earlier_history(ctx, &o, &next.history)),
     };
     if let Err(e) = owned {
         release(ctx, &run, RunStatus::Idle).await?;
         return Err(e);
     }
-    if let Recorded::Not { etag } = &recorded {
-        record_spec(ctx, &next, &schema, etag.as_deref()).await?;
-    }
-    let control = if recover {
-        // Temporary files of the dead run's killed writes.
-        ctx.sink.sweep().await?;
-        ctx.checkpoint.store().sweep_temp("").await?;
-        if let Some(off) = resume_planned(ctx, &run, &next).await? {
-            return batch_outcome(ctx, run, &off).await;
-        }
-        ctx.checkpoint.owned_control(epoch).await?.0
-    } else {
-        next
-    };
-    discover_and_plan(ctx, run, &control, seen, clock).await
+    Ok(Some(run))
 }
 
 /// Records the spec this run plans under and the schema it pinned
@@ -478,6 +503,49 @@ async fn resume_planned(
     Ok(off)
 }
 
+/// The plans of the batches `fresh` is cut into, numbered after the last
+/// committed batch; each reads with the schema the batches before it
+/// leave (`add-columns` may add columns at any of them), and says what
+/// its query is.
+async fn plan_batches(
+    ctx: &Context,
+    run: &RunState,
+    control: &Control,
+    source: &Source,
+    fresh: &crate::discovery::Fresh,
+) -> Result<Vec<Offsets>> {
+    let p = &ctx.pipeline;
+    let first = control.next_batch();
+    let now = ctx.now();
+    let mut plans = Vec::new();
+    let mut schema = in_force(p, Some(control), ctx.schema().await?.as_ref());
+    for (i, (inputs, cursor)) in source.batches(fresh, &p.limits).into_iter().enumerate() {
+        let (read_with, added_columns) = evolve(ctx, &schema, &inputs).await?;
+        schema = read_with;
+        let tasks = planning::split_tasks(&inputs, p.limits.max_bytes_per_task);
+        let consumed = fresh.consumed(&inputs);
+        let batch = first + i as u64;
+        let query = plan_query(ctx, &schema, paths::checkpoint::offsets(batch)).await?;
+        plans.push(Offsets {
+            format_version: checkpoint::FORMAT_VERSION,
+            batch,
+            epoch: run.epoch,
+            history: control.history.clone(),
+            planned_ms: now,
+            inputs,
+            tasks,
+            consumed,
+            source: cursor,
+            schema: Some(schema.clone()),
+            added_columns,
+            query: Some(query),
+            plan_ms: 0,
+            plan_requests: RequestCounts::default(),
+        });
+    }
+    Ok(plans)
+}
+
 /// Discover new input (AvailableNow: what is there now) and write the plans
 /// of all its batches, create-only, before any output exists.
 async fn discover_and_plan(
@@ -526,37 +594,7 @@ async fn discover_and_plan(
         release(ctx, &run, RunStatus::Idle).await?;
         return Err(e);
     }
-    let first = control.next_batch();
-    let now = ctx.now();
-    let mut plans = Vec::new();
-    let batches = source.batches(&fresh, &p.limits);
-    // Each batch reads with the schema the batches before it leave
-    // (`add-columns` may add columns at any of them).
-    let mut schema = in_force(p, Some(control), ctx.schema().await?.as_ref());
-    for (i, (inputs, source)) in batches.into_iter().enumerate() {
-        let (read_with, added_columns) = evolve(ctx, &schema, &inputs).await?;
-        schema = read_with;
-        let tasks = planning::split_tasks(&inputs, p.limits.max_bytes_per_task);
-        let consumed = fresh.consumed(&inputs);
-        let batch = first + i as u64;
-        let query = plan_query(ctx, &schema, paths::checkpoint::offsets(batch)).await?;
-        plans.push(Offsets {
-            format_version: checkpoint::FORMAT_VERSION,
-            batch,
-            epoch: run.epoch,
-            history: control.history.clone(),
-            planned_ms: now,
-            inputs,
-            tasks,
-            consumed,
-            source,
-            schema: Some(schema.clone()),
-            added_columns,
-            query: Some(query),
-            plan_ms: 0,
-            plan_requests: RequestCounts::default(),
-        });
-    }
+    let mut plans = plan_batches(ctx, &run, control, &source, &fresh).await?;
     let plan_ms = clock.started.elapsed().as_millis() as u64;
     let mut plan_requests = ctx.counts().since(&clock.counts);
     // Each plan's own create-only write is counted once, in its batch.

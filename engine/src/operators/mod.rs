@@ -458,66 +458,28 @@ impl SqlOperator {
         task: Task<'_>,
         mut files: Vec<InputFile>,
     ) -> Result<TaskRead> {
-        let (id, batch) = (task.id, task.id.batch);
-        let quarantine = self.pipeline.source.on_bad_file == BadFilePolicy::Quarantine;
-        let mut quarantined: Vec<Quarantined> = Vec::new();
-        let mut salvaged: Vec<(InputFile, salvage::Salvaged)> = Vec::new();
-        let mut adapted: Vec<(InputFile, SchemaRef)> = Vec::new();
-        let mut gone: Vec<String> = Vec::new();
-        let mut drift_checked = false;
+        let id = task.id;
+        let mut sorted = Sorted::default();
         let exec = self.exec_err(id);
+        let mut session = None;
+        if !files.is_empty() {
+            // Once: later rounds read a subset of the files checked.
+            let checked_in = self.scan_session(access);
+            self.sort_out_drift(&checked_in, access, id.batch, &mut files, &mut sorted)
+                .await?;
+            session = Some(checked_in);
+        }
         loop {
-            let mut set_aside = |f: &InputFile, reason: String| {
-                tracing::warn!(pipeline = %self.pipeline.name, batch, key = %f.key, %reason, "input file quarantined");
-                quarantined.push(Quarantined {
-                    key: f.key.clone(),
-                    size: f.size,
-                    batch,
-                    reason,
-                });
-            };
             if files.is_empty() {
                 // Every input was deferred, set aside or read row by row.
                 let read = TaskRead {
-                    quarantined,
-                    gone,
+                    quarantined: sorted.quarantined,
+                    gone: sorted.gone,
                     ..TaskRead::default()
                 };
-                let apart = Apart { salvaged, adapted };
-                return self.finish_task(access, sink, id, read, apart).await;
+                return self.finish_task(access, sink, id, read, sorted.apart).await;
             }
-            let session = self.scan_session(access);
-            if !drift_checked {
-                // Once: later rounds read a subset of the files checked.
-                drift_checked = true;
-                let refs: Vec<&InputFile> = files.iter().collect();
-                let checked = self.check_drift(&session, access, batch, &refs).await?;
-                let mut keys: Vec<String> = Vec::new();
-                for f in &checked.gone {
-                    self.warn_gone(batch, &f.key);
-                    keys.push(f.key.clone());
-                    gone.push(f.key.clone());
-                }
-                for (f, reason) in &checked.unreadable {
-                    keys.push(f.key.clone());
-                    match self.salvage(access, f).await? {
-                        Some(s) => salvaged.push(((*f).clone(), s)),
-                        None if quarantine => {
-                            set_aside(f, self.why_unreadable(access, f, reason).await)
-                        }
-                        None => return Err(self.unreadable(access, batch, f, reason).await),
-                    }
-                }
-                for (f, found) in &checked.adapted {
-                    keys.push(f.key.clone());
-                    adapted.push(((*f).clone(), found.clone()));
-                }
-                drop(checked);
-                files.retain(|f| !keys.contains(&f.key));
-                if files.is_empty() {
-                    continue;
-                }
-            }
+            let session = session.take().unwrap_or_else(|| self.scan_session(access));
             let refs: Vec<&InputFile> = files.iter().collect();
             let (ctx, plan) = self
                 .plan_query_in(session, access, &refs, &self.pipeline.sql)
@@ -528,45 +490,8 @@ impl SqlOperator {
             let outputs = match write_partitions(sink, id, 0, schema, streams).await {
                 Ok(outputs) => outputs,
                 Err(e) if e.class() == ErrorClass::InvalidInput => {
-                    let culprit = self.culprit(access, &refs).await;
-                    let Some(c) = culprit.as_ref().filter(|c| c.unreadable) else {
-                        return Err(self.attribute(id, culprit, e));
-                    };
-                    let f = files.iter().find(|f| f.key == c.key).expect("a task input");
-                    // JSON numbers or booleans in a column held as text:
-                    // DataFusion's reader refuses them; read apart, they
-                    // are taken as written (as Spark and DuckDB do).
-                    // Under `rescue`, a CSV value its column's type
-                    // cannot hold: read apart (as text), it goes into
-                    // `_rescued`.
-                    let source = &self.pipeline.source;
-                    let to_text = (source.format == SourceFormat::Jsonl
-                        && c.reason.contains("expected string got"))
-                        || (source.format == SourceFormat::Csv
-                            && source.on_schema_change
-                                == crate::pipeline::SchemaChangePolicy::Rescue
-                            && source.on_bad_row == BadRowPolicy::Fail
-                            && !c.gone);
-                    let found = if to_text {
-                        let schemas = self.file_schemas(access, std::slice::from_ref(f)).await?;
-                        schemas.into_iter().next().and_then(|(_, s)| s.ok())
-                    } else {
-                        None
-                    };
-                    if let Some(found) = found {
-                        adapted.push((f.clone(), found));
-                    } else if c.gone {
-                        self.warn_gone(batch, &f.key);
-                        gone.push(f.key.clone());
-                    } else if let Some(s) = self.salvage(access, f).await? {
-                        salvaged.push((f.clone(), s));
-                    } else if quarantine {
-                        set_aside(f, c.why.clone());
-                    } else {
-                        return Err(self.attribute(id, culprit, e));
-                    }
-                    let key = f.key.clone();
-                    files.retain(|f| f.key != key);
+                    self.take_out_culprit(access, id, &mut files, e, &mut sorted)
+                        .await?;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -575,13 +500,107 @@ impl SqlOperator {
                 rows_in: leaf_rows(&plan),
                 bytes: files.iter().map(|f| f.size).sum(),
                 outputs,
-                quarantined,
-                gone,
+                quarantined: sorted.quarantined,
+                gone: sorted.gone,
                 ..TaskRead::default()
             };
-            let apart = Apart { salvaged, adapted };
-            return self.finish_task(access, sink, id, read, apart).await;
+            return self.finish_task(access, sink, id, read, sorted.apart).await;
         }
+    }
+
+    /// Check `files`' columns against the pinned schema in `session` (the
+    /// one that then scans them, so a Parquet footer is read once) and
+    /// take out of `files` those the scan cannot read: gone, read row by
+    /// row, set aside (`on_bad_file = "quarantine"`) or read apart by
+    /// their own columns. A file that does not read is an error otherwise.
+    async fn sort_out_drift(
+        &self,
+        session: &SessionContext,
+        access: &ScanAccess,
+        batch: u64,
+        files: &mut Vec<InputFile>,
+        sorted: &mut Sorted,
+    ) -> Result<()> {
+        let quarantine = self.pipeline.source.on_bad_file == BadFilePolicy::Quarantine;
+        let refs: Vec<&InputFile> = files.iter().collect();
+        let checked = self.check_drift(session, access, batch, &refs).await?;
+        let mut keys: Vec<String> = Vec::new();
+        for f in &checked.gone {
+            self.warn_gone(batch, &f.key);
+            keys.push(f.key.clone());
+            sorted.gone.push(f.key.clone());
+        }
+        for (f, reason) in &checked.unreadable {
+            keys.push(f.key.clone());
+            match self.salvage(access, f).await? {
+                Some(s) => sorted.apart.salvaged.push(((*f).clone(), s)),
+                None if quarantine => {
+                    let why = self.why_unreadable(access, f, reason).await;
+                    sorted.set_aside(&self.pipeline.name, batch, f, why);
+                }
+                None => return Err(self.unreadable(access, batch, f, reason).await),
+            }
+        }
+        for (f, found) in &checked.adapted {
+            keys.push(f.key.clone());
+            sorted.apart.adapted.push(((*f).clone(), found.clone()));
+        }
+        drop(checked);
+        files.retain(|f| !keys.contains(&f.key));
+        Ok(())
+    }
+
+    /// The scan of `files` failed with `e`, an input error: find the file
+    /// at fault and take it out of `files` (read apart as text, gone, read
+    /// row by row, or set aside), or return the error naming it (or the
+    /// query) when the policies keep none of these.
+    async fn take_out_culprit(
+        &self,
+        access: &ScanAccess,
+        id: TaskId,
+        files: &mut Vec<InputFile>,
+        e: Error,
+        sorted: &mut Sorted,
+    ) -> Result<()> {
+        let batch = id.batch;
+        let refs: Vec<&InputFile> = files.iter().collect();
+        let culprit = self.culprit(access, &refs).await;
+        let Some(c) = culprit.as_ref().filter(|c| c.unreadable) else {
+            return Err(self.attribute(id, culprit, e));
+        };
+        let f = files.iter().find(|f| f.key == c.key).expect("a task input");
+        // JSON numbers or booleans in a column held as text: DataFusion's
+        // reader refuses them; read apart, they are taken as written (as
+        // Spark and DuckDB do). Under `rescue`, a CSV value its column's
+        // type cannot hold: read apart (as text), it goes into `_rescued`.
+        let source = &self.pipeline.source;
+        let to_text = (source.format == SourceFormat::Jsonl
+            && c.reason.contains("expected string got"))
+            || (source.format == SourceFormat::Csv
+                && source.on_schema_change == crate::pipeline::SchemaChangePolicy::Rescue
+                && source.on_bad_row == BadRowPolicy::Fail
+                && !c.gone);
+        let found = if to_text {
+            let schemas = self.file_schemas(access, std::slice::from_ref(f)).await?;
+            schemas.into_iter().next().and_then(|(_, s)| s.ok())
+        } else {
+            None
+        };
+        if let Some(found) = found {
+            sorted.apart.adapted.push((f.clone(), found));
+        } else if c.gone {
+            self.warn_gone(batch, &f.key);
+            sorted.gone.push(f.key.clone());
+        } else if let Some(s) = self.salvage(access, f).await? {
+            sorted.apart.salvaged.push((f.clone(), s));
+        } else if self.pipeline.source.on_bad_file == BadFilePolicy::Quarantine {
+            sorted.set_aside(&self.pipeline.name, batch, f, c.why.clone());
+        } else {
+            return Err(self.attribute(id, culprit, e));
+        }
+        let key = f.key.clone();
+        files.retain(|f| f.key != key);
+        Ok(())
     }
 
     /// After the scan of the task's clean files: run the query over the
@@ -726,8 +745,33 @@ struct TaskRead {
     gone: Vec<String>,
 }
 
+/// A task's files not read by its scan, as they are sorted out.
+#[derive(Default)]
+struct Sorted {
+    /// Set aside (`on_bad_file = "quarantine"`).
+    quarantined: Vec<Quarantined>,
+    /// Deleted since they were planned.
+    gone: Vec<String>,
+    /// Read row by row, or apart.
+    apart: Apart,
+}
+
+impl Sorted {
+    /// Set `f` aside for `reason`.
+    fn set_aside(&mut self, pipeline: &str, batch: u64, f: &InputFile, reason: String) {
+        tracing::warn!(pipeline = %pipeline, batch, key = %f.key, %reason, "input file quarantined");
+        self.quarantined.push(Quarantined {
+            key: f.key.clone(),
+            size: f.size,
+            batch,
+            reason,
+        });
+    }
+}
+
 /// Files of a task not read by its scan: read row by row (`salvage`), or
 /// read apart by their own columns (`adapt`).
+#[derive(Default)]
 struct Apart {
     salvaged: Vec<(InputFile, salvage::Salvaged)>,
     adapted: Vec<(InputFile, SchemaRef)>,

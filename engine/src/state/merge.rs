@@ -67,13 +67,8 @@ pub(crate) async fn merge(
     let n = merged.num_rows();
     let closed: BooleanArray = match (schema.index_of(WINDOW_END).ok(), watermark) {
         (Some(end), Some(wm)) => {
-            let end = cast(
-                merged.column(end),
-                &DataType::Timestamp(TimeUnit::Microsecond, None),
-            )?;
-            let end = cast(&end, &DataType::Int64)?;
             let wm = datafusion::arrow::array::Int64Array::new_scalar(wm);
-            lt_eq(&end, &wm)?
+            lt_eq(&window_ends_us(&merged, end)?, &wm)?
         }
         _ => BooleanArray::from(vec![false; n]),
     };
@@ -94,16 +89,7 @@ pub(crate) async fn merge(
             )
         }
         OutputMode::Update => {
-            let changed = match &changed_keys {
-                None => BooleanArray::from(vec![true; n]),
-                Some(keys) => {
-                    let converter = converter(staged, &merged)?;
-                    let rows = converter.convert_columns(&key_columns(staged, &merged))?;
-                    (0..n)
-                        .map(|i| Some(keys.contains(rows.row(i).as_ref())))
-                        .collect()
-                }
-            };
+            let changed = changed_rows(staged, &merged, changed_keys.as_ref())?;
             (
                 filter_record_batch(&merged, &changed)?,
                 filter_record_batch(&merged, &open)?,
@@ -118,16 +104,7 @@ pub(crate) async fn merge(
     };
     let next_close_us = match schema.index_of(WINDOW_END) {
         Ok(end) if keep.num_rows() > 0 => {
-            let end = cast(
-                keep.column(end),
-                &DataType::Timestamp(TimeUnit::Microsecond, None),
-            )?;
-            let end = cast(&end, &DataType::Int64)?;
-            datafusion::arrow::compute::min(
-                end.as_any()
-                    .downcast_ref::<datafusion::arrow::array::Int64Array>()
-                    .expect("cast to Int64"),
-            )
+            datafusion::arrow::compute::min(&window_ends_us(&keep, end)?)
         }
         _ => None,
     };
@@ -135,6 +112,40 @@ pub(crate) async fn merge(
         emit,
         state: vec![keep],
         next_close_us,
+    })
+}
+
+/// The window ends (column `end` of `batch`), in microseconds.
+fn window_ends_us(batch: &RecordBatch, end: usize) -> Result<datafusion::arrow::array::Int64Array> {
+    let end = cast(
+        batch.column(end),
+        &DataType::Timestamp(TimeUnit::Microsecond, None),
+    )?;
+    let end = cast(&end, &DataType::Int64)?;
+    Ok(end
+        .as_any()
+        .downcast_ref::<datafusion::arrow::array::Int64Array>()
+        .expect("cast to Int64")
+        .clone())
+}
+
+/// Which rows of `merged` hold groups the batch changed (`keys`, the
+/// group keys of its partials; `None`: every row).
+fn changed_rows(
+    staged: &Staged,
+    merged: &RecordBatch,
+    keys: Option<&HashSet<Vec<u8>>>,
+) -> Result<BooleanArray> {
+    let n = merged.num_rows();
+    Ok(match keys {
+        None => BooleanArray::from(vec![true; n]),
+        Some(keys) => {
+            let converter = converter(staged, merged)?;
+            let rows = converter.convert_columns(&key_columns(staged, merged))?;
+            (0..n)
+                .map(|i| Some(keys.contains(rows.row(i).as_ref())))
+                .collect()
+        }
     })
 }
 
