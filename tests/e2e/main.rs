@@ -16,6 +16,7 @@ mod equivalence;
 mod fencing;
 mod golden;
 mod idle;
+mod kafka;
 mod lease_model;
 mod metrics;
 mod notify;

@@ -30,8 +30,8 @@ pub use index::{Index, IndexKeep, KeyClaim};
 pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};
 pub use records::{
     Commit, Control, Durations, FORMAT_VERSION, FunctionUsage, InputFile, ListingState, Manifest,
-    Offsets, OutputFile, PipelineRecord, Quarantined, QueryShape, RunStatus, SchemaVersion,
-    SinkOwner, SourceCursor, StatefulState, TaskPlan, Totals, Usage,
+    Offsets, OutputFile, PipelineRecord, Quarantined, QueryShape, RecordRange, RunStatus,
+    SchemaVersion, SinkOwner, SourceCursor, StatefulState, StreamPlan, TaskPlan, Totals, Usage,
 };
 
 /// Whether a record of history `found` is not of history `ours`: both

@@ -1,6 +1,8 @@
 //! The checkpoint's records, as stored (JSON). Keys come from
 //! [`crate::paths`]; how they are read and written is in the parent module.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::pipeline::{ColumnSpec, Pipeline};
@@ -207,6 +209,11 @@ pub struct Control {
     /// run of it writes late lands where this history never reads.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub first_batch: u64,
+    /// A record stream: each partition's next offset to read (the last
+    /// committed batch's [`StreamPlan::next`], or where a new pipeline
+    /// starts).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stream_offsets: BTreeMap<i32, i64>,
 }
 
 /// A stateful query's state after a batch: what the next batch's tasks
@@ -280,6 +287,7 @@ impl Control {
             schema: None,
             stateful: None,
             first_batch: 0,
+            stream_offsets: BTreeMap::new(),
         }
     }
 
@@ -317,6 +325,9 @@ impl Control {
         }
         if let Some(cursor) = &record.source {
             self.source_history = cursor.history.clone();
+        }
+        if let Some(s) = &record.stream {
+            self.stream_offsets = s.next.clone();
         }
         self.retry.retain(|k| !record.input_keys.contains(k));
         self.quarantined
@@ -386,6 +397,10 @@ pub struct Offsets {
     /// manifest up to it is read by it or an earlier batch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<SourceCursor>,
+    /// A record stream: the ranges this batch reads and each partition's
+    /// offset after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<StreamPlan>,
     /// The source schema this batch reads with (plans of older builds have
     /// none: they read with `pipeline.json`'s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -410,6 +425,53 @@ impl Offsets {
     /// Bytes of all inputs.
     pub fn bytes(&self) -> u64 {
         self.inputs.iter().map(|i| i.size).sum()
+    }
+}
+
+/// The records `[start, end)` of one partition of a record stream, by the
+/// broker's offsets: a planned unit of a record-stream source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RecordRange {
+    /// The partition.
+    pub partition: i32,
+    /// The first offset.
+    pub start: i64,
+    /// One past the last offset.
+    pub end: i64,
+}
+
+impl RecordRange {
+    /// How many offsets it spans.
+    pub fn len(&self) -> u64 {
+        (self.end - self.start).max(0) as u64
+    }
+
+    /// Whether it spans none.
+    pub fn is_empty(&self) -> bool {
+        self.end <= self.start
+    }
+}
+
+/// A record-stream batch: what it reads, and where each partition stands
+/// after it (Spark's offset log entry).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamPlan {
+    /// Each partition's next offset after this batch (every partition
+    /// the topic had when the batch was planned).
+    pub next: BTreeMap<i32, i64>,
+    /// The records it reads, in units its tasks index
+    /// ([`TaskPlan::inputs`]).
+    pub ranges: Vec<RecordRange>,
+    /// Records removed (retention) before they were read, passed over
+    /// under `on_data_loss = "skip"`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<RecordRange>,
+}
+
+impl StreamPlan {
+    /// Records it reads (offsets it spans: transaction markers included).
+    pub fn records(&self) -> u64 {
+        self.ranges.iter().map(RecordRange::len).sum()
     }
 }
 
@@ -609,6 +671,9 @@ pub struct Commit {
     /// `manifests` mode: the plan's [`Offsets::source`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<SourceCursor>,
+    /// A record stream: the plan's [`Offsets::stream`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<StreamPlan>,
     /// Input files the tasks could not read and set aside
     /// (`on_bad_file = "quarantine"`): part of the batch (its keys count as
     /// processed), not of its output.

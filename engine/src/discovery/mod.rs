@@ -20,16 +20,18 @@
 //! `Source` is the seam: the steps ask it, and only it (and the pipeline
 //! file's parser) knows the kinds.
 
+mod kafka;
 mod listing;
 mod manifests;
 mod notify;
 mod source;
+mod stream;
 
 pub(crate) use listing::{list_inputs, list_readable, listing_state, new_inputs};
 pub(crate) use manifests::{Upstream, check_history, read_upstream};
 pub use notify::{ClaimStep, InboxEntry, decide_key_claim, read_inbox, record_notified};
 pub(crate) use notify::{claim_key, inbox_files, reconcile_due, settle_claims, unnotified};
-pub(crate) use source::{Fresh, Freshness, Look, Scope, Seen, Source};
+pub(crate) use source::{Fresh, Freshness, Look, Planned, Scope, Seen, Source};
 
 #[cfg(test)]
 mod tests {

@@ -74,6 +74,8 @@ pub(crate) enum Source {
     Notify { reconcile_every: u64 },
     /// `manifests`: another pipeline's sink, through its manifests.
     Manifests,
+    /// A Kafka topic: each partition's offset is the cursor.
+    Kafka,
 }
 
 /// What a run's first look at its input found.
@@ -97,6 +99,22 @@ pub(crate) struct Looked {
     listed_source: bool,
     /// `manifests`: the source sink's manifests after the cursor.
     upstream: Option<Upstream>,
+    /// A record stream: records wait, or the cursor is not where the
+    /// topic is (records or partitions gone).
+    pub(super) stream_due: bool,
+}
+
+impl Looked {
+    /// A record stream's look: `listed` its sample, as files.
+    pub(super) fn sampled(listed: Vec<ObjectMeta>, due: bool) -> Looked {
+        Looked {
+            listed,
+            inbox: None,
+            listed_source: false,
+            upstream: None,
+            stream_due: due,
+        }
+    }
 }
 
 /// What a run already read before it discovers.
@@ -122,9 +140,16 @@ pub(crate) struct Fresh {
     pub more: bool,
     /// `manifests`: what the inputs came from.
     upstream: Option<Upstream>,
+    /// A record stream: what waits in each partition.
+    stream: Option<super::stream::Waiting>,
 }
 
 impl Fresh {
+    /// Whether nothing waits.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.inputs.is_empty() && self.stream.as_ref().is_none_or(|w| w.is_empty())
+    }
+
     /// What the batch holding `inputs` consumes besides them (`notify`:
     /// their inbox entries).
     pub(crate) fn consumed(&self, inputs: &[InputFile]) -> Vec<String> {
@@ -133,6 +158,17 @@ impl Fresh {
             .flat_map(|f| self.entries.get(&f.key).cloned().unwrap_or_default())
             .collect()
     }
+}
+
+/// One batch's input as discovery cuts it.
+pub(crate) struct Planned {
+    /// Its files, in processing order.
+    pub inputs: Vec<InputFile>,
+    /// `manifests`: the source's cursor after it.
+    pub source: Option<SourceCursor>,
+    /// A record stream: its ranges (one per partition, before they are
+    /// cut into tasks) and the cursor after it.
+    pub stream: Option<checkpoint::StreamPlan>,
 }
 
 /// How a task checks a planned file before reading it.
@@ -159,6 +195,7 @@ impl Source {
                 reconcile_every: p.source.reconcile_every,
             },
             DiscoveryMode::Manifests => Source::Manifests,
+            DiscoveryMode::Kafka => Source::Kafka,
         }
     }
 
@@ -175,6 +212,7 @@ impl Source {
     ) -> Result<Look> {
         let p = &ctx.pipeline;
         match self {
+            Source::Kafka => super::stream::look(ctx, control, settled).await,
             Source::Notify { reconcile_every } => {
                 let entries = super::read_inbox(ctx.checkpoint.store().as_ref()).await?;
                 let epoch = control.map_or(1, |c| c.epoch + 1);
@@ -194,6 +232,7 @@ impl Source {
                     inbox: Some(entries),
                     listed_source: due,
                     upstream: None,
+                    stream_due: false,
                 }))
             }
             Source::Manifests => {
@@ -214,6 +253,7 @@ impl Source {
                     inbox: None,
                     listed_source: false,
                     upstream: Some(upstream),
+                    stream_due: false,
                 }))
             }
             Source::List | Source::Ordered { .. } => {
@@ -232,6 +272,7 @@ impl Source {
                     inbox: None,
                     listed_source: false,
                     upstream: None,
+                    stream_due: false,
                 }))
             }
         }
@@ -250,6 +291,9 @@ impl Source {
         recover: bool,
         owed: bool,
     ) -> Result<Option<Seen>> {
+        if self == Source::Kafka {
+            return Ok(super::stream::pending(control, &looked, recover, owed));
+        }
         if recover || looked.inbox.is_some() {
             return Ok(Some(match looked.inbox {
                 Some(entries) => {
@@ -275,6 +319,7 @@ impl Source {
             Source::Ordered { .. } => DiscoveryMode::Ordered,
             Source::Notify { .. } => DiscoveryMode::Notify,
             Source::Manifests => DiscoveryMode::Manifests,
+            Source::Kafka => DiscoveryMode::Kafka,
         }
     }
 
@@ -354,6 +399,16 @@ impl Source {
                     entries: Default::default(),
                     more: false,
                     upstream: Some(upstream),
+                    stream: None,
+                });
+            }
+            Source::Kafka => {
+                return Ok(Fresh {
+                    inputs: Vec::new(),
+                    entries: Default::default(),
+                    more: false,
+                    upstream: None,
+                    stream: Some(super::stream::find_new(ctx, epoch, control).await?),
                 });
             }
             Source::List | Source::Ordered { .. } => {
@@ -396,6 +451,7 @@ impl Source {
             entries: by_key,
             more,
             upstream: None,
+            stream: None,
         })
     }
 
@@ -421,17 +477,25 @@ impl Source {
             entries: Default::default(),
             more: false,
             upstream: None,
+            stream: None,
         })
     }
 
     /// The new input in batches within the limits, each with the source's
     /// cursor after it: whole upstream manifests (`manifests`), files
     /// otherwise (their cursor is the index, advanced at commit).
-    pub(crate) fn batches(
-        self,
-        fresh: &Fresh,
-        limits: &Limits,
-    ) -> Vec<(Vec<InputFile>, Option<SourceCursor>)> {
+    pub(crate) fn batches(self, fresh: &Fresh, limits: &Limits) -> Vec<Planned> {
+        if let Some(w) = &fresh.stream {
+            return w
+                .batches(limits.max_records_per_batch)
+                .into_iter()
+                .map(|s| Planned {
+                    inputs: Vec::new(),
+                    source: None,
+                    stream: Some(s),
+                })
+                .collect();
+        }
         match &fresh.upstream {
             Some(u) => {
                 let manifests: Vec<(String, Vec<InputFile>)> = u
@@ -443,13 +507,21 @@ impl Source {
                     .into_iter()
                     .map(|(inputs, manifest)| {
                         let history = u.history.clone();
-                        (inputs, Some(SourceCursor { manifest, history }))
+                        Planned {
+                            inputs,
+                            source: Some(SourceCursor { manifest, history }),
+                            stream: None,
+                        }
                     })
                     .collect()
             }
             None => planning::split_batches(&fresh.inputs, limits)
                 .into_iter()
-                .map(|b| (b, None))
+                .map(|inputs| Planned {
+                    inputs,
+                    source: None,
+                    stream: None,
+                })
                 .collect(),
         }
     }
@@ -458,8 +530,9 @@ impl Source {
     pub(crate) fn freshness(self) -> Freshness {
         match self {
             Source::Notify { .. } => Freshness::Notified,
-            // A source sink's published parts never change: no check.
-            Source::Manifests => Freshness::Immutable,
+            // A source sink's published parts never change: no check; nor
+            // do a topic's records.
+            Source::Manifests | Source::Kafka => Freshness::Immutable,
             Source::List => Freshness::Listed { strict: false },
             Source::Ordered { .. } => Freshness::Listed { strict: true },
         }
@@ -478,6 +551,8 @@ impl Source {
     ) -> Result<Option<ListingState>> {
         let first = control.first_batch;
         let keep = match self {
+            // The cursor is the commit record's, recorded in control.
+            Source::Kafka => return Ok(None),
             Source::Notify { .. } => {
                 super::settle_claims(ctx.checkpoint.store(), first, record).await?;
                 return Ok(None);
@@ -518,6 +593,7 @@ impl Source {
         control: Option<&Control>,
     ) -> Result<(Vec<ObjectMeta>, Vec<String>)> {
         match self {
+            Source::Kafka => Ok((super::stream::waiting(ctx, control).await?, Vec::new())),
             Source::Manifests => {
                 // The files of the source sink's manifests after the cursor.
                 let (index, _) = ctx.checkpoint.index_of(control).await?;
@@ -557,6 +633,47 @@ impl Source {
         }
     }
 
+    /// A task of a record-stream batch: read the units `task` names from
+    /// `stream` (the plan's) into memory, as the JSON Lines files the
+    /// operator scans; with the task as it reads them (every file, in
+    /// order, its bytes their size).
+    pub(crate) async fn read_units(
+        self,
+        p: &Pipeline,
+        stream: &checkpoint::StreamPlan,
+        task: &checkpoint::TaskPlan,
+    ) -> Result<(Arc<dyn Store>, Vec<InputFile>, checkpoint::TaskPlan)> {
+        let units: Vec<checkpoint::RecordRange> = task
+            .inputs
+            .iter()
+            .map(|i| stream.ranges.get(*i as usize).copied())
+            .collect::<Option<_>>()
+            .ok_or_else(|| Error::Checkpoint {
+                pipeline: p.name.clone(),
+                key: String::new(),
+                message: format!(
+                    "task {} names a range past the plan's {}; the plan is corrupt",
+                    task.task,
+                    stream.ranges.len()
+                ),
+            })?;
+        let crate::storage::Location::Kafka { topic, .. } = &p.source.location else {
+            return Err(Error::Checkpoint {
+                pipeline: p.name.clone(),
+                key: String::new(),
+                message: "a plan of record ranges for a source that is not a topic".into(),
+            });
+        };
+        let log = super::kafka::open(&p.source.location).await?;
+        let (store, files) = super::kafka::read_units(log.as_ref(), topic, &units).await?;
+        let plan = checkpoint::TaskPlan {
+            task: task.task,
+            inputs: (0..files.len() as u32).collect(),
+            bytes: files.iter().map(|f| f.size).sum(),
+        };
+        Ok((store, files, plan))
+    }
+
     /// Whether a trigger records `p`'s notified objects in its inbox.
     pub(crate) fn keeps_inbox(self) -> bool {
         matches!(self, Source::Notify { .. })
@@ -574,10 +691,13 @@ impl Source {
     /// one claim per key under `index/keys/`. Only `list` -> `ordered`
     /// keeps what the new mode needs.
     pub(crate) fn change_from(self, old: DiscoveryMode) -> Option<String> {
-        use DiscoveryMode::{List, Manifests, Notify, Ordered};
+        use DiscoveryMode::{Kafka, List, Manifests, Notify, Ordered};
         let new = self.mode();
         let why = match (old, new) {
             (a, b) if a == b => return None,
+            (Kafka, _) | (_, Kafka) => {
+                "a topic's offsets and a folder's files are different cursors"
+            }
             (List, Ordered) => return None,
             (Manifests, _) => "manifests mode records a manifest number, not processed files",
             (_, Manifests) => "the checkpoint holds no manifest number to start after",

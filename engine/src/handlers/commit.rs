@@ -313,6 +313,7 @@ fn build_record(
         deferred: inputs.deferred,
         gone: inputs.gone,
         source: off.source.clone(),
+        stream: off.stream.clone(),
         quarantined: inputs.quarantined,
         rejected: results.iter().filter_map(|r| r.rejected.clone()).collect(),
         nulled_fields: results.iter().map(|r| r.nulled_fields).sum(),

@@ -42,17 +42,28 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     };
     let op = SqlOperator::new(ctx.pipeline.clone(), schema);
     // This invocation's context counts its requests (`ctx.counted()`).
-    let source = ctx.source.as_ref();
     let sink = &ctx.sink;
     let id = TaskId {
         epoch: run.epoch,
         batch,
         task,
     };
+    // A record stream's planned units, read into memory as the files the
+    // operator scans (`discovery::Source::read_units`).
+    let (source, inputs, plan) = match &off.stream {
+        Some(s) => {
+            let (store, files, plan) = crate::discovery::Source::of(&ctx.pipeline)
+                .read_units(&ctx.pipeline, s, plan)
+                .await?;
+            (store, files, plan)
+        }
+        None => (ctx.source.clone(), off.inputs.clone(), plan.clone()),
+    };
+    let source = source.as_ref();
     let task = Task {
         id,
-        inputs: &off.inputs,
-        plan,
+        inputs: &inputs,
+        plan: &plan,
     };
     let mut result = match op.stateful().await? {
         None => op.run(source, sink, task).await?,

@@ -72,7 +72,7 @@ impl TaskList {
                     format!("{prefix}/{key}")
                 },
             },
-            Location::Local(_) => TaskList {
+            Location::Local(_) | Location::Kafka { .. } => TaskList {
                 bucket: String::new(),
                 key: key.to_string(),
             },

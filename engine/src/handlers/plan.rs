@@ -161,6 +161,7 @@ async fn trailing_batch(
         tasks: Vec::new(),
         consumed: Vec::new(),
         source: None,
+        stream: None,
         schema: Some(schema),
         added_columns: Vec::new(),
         query: Some(query),
@@ -519,10 +520,24 @@ async fn plan_batches(
     let now = ctx.now();
     let mut plans = Vec::new();
     let mut schema = in_force(p, Some(control), ctx.schema().await?.as_ref());
-    for (i, (inputs, cursor)) in source.batches(fresh, &p.limits).into_iter().enumerate() {
+    for (i, planned) in source.batches(fresh, &p.limits).into_iter().enumerate() {
+        let crate::discovery::Planned {
+            inputs,
+            source: cursor,
+            mut stream,
+        } = planned;
         let (read_with, added_columns) = evolve(ctx, &schema, &inputs).await?;
         schema = read_with;
-        let tasks = planning::split_tasks(&inputs, p.limits.max_bytes_per_task);
+        let tasks = match &mut stream {
+            // A record stream's ranges, cut into the units its tasks read.
+            Some(s) => {
+                let (units, tasks) =
+                    planning::split_record_tasks(&s.ranges, p.limits.max_records_per_task);
+                s.ranges = units;
+                tasks
+            }
+            None => planning::split_tasks(&inputs, p.limits.max_bytes_per_task),
+        };
         let consumed = fresh.consumed(&inputs);
         let batch = first + i as u64;
         let query = plan_query(ctx, &schema, paths::checkpoint::offsets(batch)).await?;
@@ -536,6 +551,7 @@ async fn plan_batches(
             tasks,
             consumed,
             source: cursor,
+            stream,
             schema: Some(schema.clone()),
             added_columns,
             query: Some(query),
@@ -567,7 +583,7 @@ async fn discover_and_plan(
             .await?;
         first_look = false;
         run.discovered = true;
-        if !found.inputs.is_empty() {
+        if !found.is_empty() {
             break found;
         }
         if !found.more {

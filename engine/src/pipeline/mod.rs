@@ -63,6 +63,9 @@ pub enum DiscoveryMode {
     /// committed batches, through its manifests, with the manifest number
     /// as the offset.
     Manifests,
+    /// A Kafka topic (`kafka://...`): each partition's offsets are the
+    /// cursor; a run reads up to the end offsets its first plan found.
+    Kafka,
 }
 
 impl DiscoveryMode {
@@ -73,6 +76,7 @@ impl DiscoveryMode {
             DiscoveryMode::Ordered => "ordered",
             DiscoveryMode::Notify => "notify",
             DiscoveryMode::Manifests => "manifests",
+            DiscoveryMode::Kafka => "kafka",
         }
     }
 }
@@ -235,6 +239,48 @@ pub struct Source {
     /// [`CORRUPT_RECORD`].
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub corrupt_record: bool,
+    /// A record stream: where a new pipeline starts.
+    #[serde(default, skip_serializing_if = "StartingOffsets::is_earliest")]
+    pub starting_offsets: StartingOffsets,
+    /// A record stream: what to do when records were removed (retention)
+    /// before they were read.
+    #[serde(default, skip_serializing_if = "DataLossPolicy::is_fail")]
+    pub on_data_loss: DataLossPolicy,
+}
+
+/// Where a new record-stream pipeline starts reading.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartingOffsets {
+    /// Every record the topic still holds.
+    #[default]
+    Earliest,
+    /// Only records that arrive after the first run looked.
+    Latest,
+}
+
+impl StartingOffsets {
+    fn is_earliest(&self) -> bool {
+        *self == StartingOffsets::Earliest
+    }
+}
+
+/// What a run does when records it had yet to read are gone (the topic's
+/// retention removed them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataLossPolicy {
+    /// Refuse the batch, naming the partition and the lost offsets.
+    #[default]
+    Fail,
+    /// Go on from the earliest record left; the commit records the loss.
+    Skip,
+}
+
+impl DataLossPolicy {
+    fn is_fail(&self) -> bool {
+        *self == DataLossPolicy::Fail
+    }
 }
 
 impl Source {
@@ -315,6 +361,36 @@ pub struct Limits {
         skip_serializing_if = "is_default_state_partitions"
     )]
     pub state_partitions: u32,
+    /// A record stream: a batch takes about this many records in all
+    /// (Spark's `maxOffsetsPerTrigger`), split across partitions in
+    /// proportion to what waits.
+    #[serde(
+        default = "default_max_records_per_batch",
+        skip_serializing_if = "is_default_max_records_per_batch"
+    )]
+    pub max_records_per_batch: u64,
+    /// A record stream: a task reads at most this many records.
+    #[serde(
+        default = "default_max_records_per_task",
+        skip_serializing_if = "is_default_max_records_per_task"
+    )]
+    pub max_records_per_task: u64,
+}
+
+fn default_max_records_per_batch() -> u64 {
+    100_000
+}
+
+fn is_default_max_records_per_batch(n: &u64) -> bool {
+    *n == default_max_records_per_batch()
+}
+
+fn default_max_records_per_task() -> u64 {
+    20_000
+}
+
+fn is_default_max_records_per_task(n: &u64) -> bool {
+    *n == default_max_records_per_task()
 }
 
 fn default_state_partitions() -> u32 {
@@ -343,6 +419,8 @@ impl Default for Limits {
             max_inline_tasks: default_max_inline_tasks(),
             max_batches_per_execution: default_max_batches_per_execution(),
             state_partitions: default_state_partitions(),
+            max_records_per_batch: default_max_records_per_batch(),
+            max_records_per_task: default_max_records_per_task(),
         }
     }
 }

@@ -39,6 +39,8 @@ struct SourceFile {
     on_bad_row: Option<BadRowPolicy>,
     on_schema_change: Option<SchemaChangePolicy>,
     corrupt_record: Option<bool>,
+    starting_offsets: Option<super::StartingOffsets>,
+    on_data_loss: Option<super::DataLossPolicy>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -72,6 +74,8 @@ struct LimitsFile {
     max_inline_tasks: Option<u64>,
     max_batches_per_execution: Option<u64>,
     state_partitions: Option<u64>,
+    max_records_per_batch: Option<u64>,
+    max_records_per_task: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -272,7 +276,7 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
         );
     }
     let delimiter = delimiter(src.delimiter.as_deref())?;
-    let discovery = src.discovery.unwrap_or(DiscoveryMode::List);
+    let discovery = discovery_of(src, &location)?;
     check_source_options(src, discovery)?;
     if let Some(cols) = &src.schema {
         check_declared_schema(cols, src.format)?;
@@ -286,12 +290,17 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
         );
     }
     check_schema_hints(&hints, src.format)?;
+    let (schema, hints) = if discovery == DiscoveryMode::Kafka {
+        with_record_metadata(src.schema.clone(), hints)
+    } else {
+        (src.schema.clone(), hints)
+    };
     Ok(Source {
         location,
         format: src.format,
         compression: src.compression,
         table: src.table.clone(),
-        schema: src.schema.clone(),
+        schema,
         schema_hints: hints,
         discovery,
         lookback: src.lookback.unwrap_or(100),
@@ -304,7 +313,76 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
         on_bad_row: src.on_bad_row.unwrap_or_default(),
         on_schema_change: src.on_schema_change.unwrap_or_default(),
         corrupt_record: src.corrupt_record.unwrap_or(false),
+        starting_offsets: src.starting_offsets.unwrap_or_default(),
+        on_data_loss: src.on_data_loss.unwrap_or_default(),
     })
+}
+
+/// A record's metadata columns and their types, as every record-stream
+/// row has them.
+const RECORD_METADATA: [(&str, &str); 5] = [
+    ("_topic", "string"),
+    ("_partition", "int"),
+    ("_offset", "bigint"),
+    ("_timestamp", "timestamp"),
+    ("_key", "string"),
+];
+
+/// A record stream's schema with its metadata columns: appended to a
+/// declared schema (unless declared), or typed by hints of an inferred
+/// one (unless hinted).
+fn with_record_metadata(
+    schema: Option<Vec<ColumnSpec>>,
+    mut hints: std::collections::BTreeMap<String, String>,
+) -> (
+    Option<Vec<ColumnSpec>>,
+    std::collections::BTreeMap<String, String>,
+) {
+    match schema {
+        Some(mut cols) => {
+            for (name, ty) in RECORD_METADATA {
+                if !cols.iter().any(|c| c.name == name) {
+                    cols.push(ColumnSpec {
+                        name: name.to_string(),
+                        data_type: ty.to_string(),
+                        nullable: true,
+                    });
+                }
+            }
+            (Some(cols), hints)
+        }
+        None => {
+            for (name, ty) in RECORD_METADATA {
+                hints
+                    .entry(name.to_string())
+                    .or_insert_with(|| ty.to_string());
+            }
+            (None, hints)
+        }
+    }
+}
+
+/// The discovery mode: `kafka` for a `kafka://` source (and only then),
+/// else as written (`list` unless written).
+fn discovery_of(
+    src: &SourceFile,
+    location: &Location,
+) -> std::result::Result<DiscoveryMode, String> {
+    let kafka = matches!(location, Location::Kafka { .. });
+    match src.discovery {
+        None if kafka => Ok(DiscoveryMode::Kafka),
+        Some(DiscoveryMode::Kafka) if kafka => Ok(DiscoveryMode::Kafka),
+        Some(d) if kafka => Err(format!(
+            "source.discovery = \"{}\" lists files; a kafka:// source reads its topic's \
+             offsets: remove source.discovery",
+            d.name()
+        )),
+        Some(DiscoveryMode::Kafka) => Err(
+            "source.discovery = \"kafka\" needs source.uri = \"kafka://host:port/topic\""
+                .to_string(),
+        ),
+        d => Ok(d.unwrap_or(DiscoveryMode::List)),
+    }
 }
 
 /// `source.delimiter` as the byte that separates CSV fields (`,` unless
@@ -361,6 +439,33 @@ fn check_source_options(
         return Err(
             "source.corrupt_record keeps the raw text of rows repaired under \
              on_bad_row = \"null\": set that policy too, or remove corrupt_record"
+                .to_string(),
+        );
+    }
+    let stream = discovery == DiscoveryMode::Kafka;
+    if !stream && (src.starting_offsets.is_some() || src.on_data_loss.is_some()) {
+        return Err(
+            "source.starting_offsets and source.on_data_loss apply to a kafka:// source only"
+                .to_string(),
+        );
+    }
+    if stream && src.format != SourceFormat::Jsonl {
+        return Err(format!(
+            "source.format = \"{}\": a kafka:// source reads each record's value as one JSON \
+             object: set format = \"jsonl\"",
+            src.format.name()
+        ));
+    }
+    if stream && src.compression.is_some() {
+        return Err(
+            "source.compression: Kafka records are decompressed by the client; remove it"
+                .to_string(),
+        );
+    }
+    if stream && src.on_bad_file.is_some() {
+        return Err(
+            "source.on_bad_file applies to files; a kafka:// source's bad records follow \
+             source.on_bad_row"
                 .to_string(),
         );
     }
@@ -536,6 +641,8 @@ fn limits(l: &LimitsFile) -> std::result::Result<Limits, String> {
             .max_batches_per_execution
             .unwrap_or(d.max_batches_per_execution),
         state_partitions: d.state_partitions,
+        max_records_per_batch: l.max_records_per_batch.unwrap_or(d.max_records_per_batch),
+        max_records_per_task: l.max_records_per_task.unwrap_or(d.max_records_per_task),
     };
     let limits = Limits {
         state_partitions: match l.state_partitions {
@@ -570,6 +677,16 @@ fn limits(l: &LimitsFile) -> std::result::Result<Limits, String> {
             limits.max_batches_per_execution,
             MAX_BATCHES_PER_EXECUTION,
         ),
+        (
+            "max_records_per_batch",
+            limits.max_records_per_batch,
+            MAX_RECORDS,
+        ),
+        (
+            "max_records_per_task",
+            limits.max_records_per_task,
+            MAX_RECORDS,
+        ),
     ] {
         check_count(&format!("limits.{field}"), v, max)?;
     }
@@ -586,6 +703,7 @@ const MAX_INLINE_TASKS: u64 = 1_000;
 const MAX_BATCHES_PER_EXECUTION: u64 = 1_000;
 const MAX_WINDOW: u64 = 10_000_000;
 const MAX_STATE_PARTITIONS: u64 = 1_024;
+const MAX_RECORDS: u64 = 1_000_000_000;
 
 /// A count setting must be positive and at most `max`.
 fn check_count(field: &str, v: u64, max: u64) -> std::result::Result<(), String> {

@@ -335,12 +335,23 @@ pub enum Location {
         /// Key prefix, possibly empty.
         prefix: String,
     },
+    /// A Kafka topic (`kafka://host:port,host:port/topic`): a source only,
+    /// read through `discovery`'s record log, not a store.
+    Kafka {
+        /// Bootstrap brokers, `host:port`.
+        brokers: Vec<String>,
+        /// The topic.
+        topic: String,
+    },
 }
 
 impl Location {
     /// Parse `s3://bucket/prefix/` or a path; a relative path resolves
     /// against `base`.
     pub fn parse(uri: &str, base: &std::path::Path) -> Result<Location, String> {
+        if let Some(rest) = uri.strip_prefix("kafka://") {
+            return kafka_location(uri, rest);
+        }
         if let Some(rest) = uri.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
             if bucket.is_empty() {
@@ -361,7 +372,7 @@ impl Location {
             let hint = if scheme == "file" {
                 "write a plain path"
             } else {
-                "use a local path or s3://"
+                "use a local path, s3:// or kafka://"
             };
             return Err(format!(
                 "\"{uri}\": scheme {scheme}:// is not supported; {hint}"
@@ -382,6 +393,7 @@ impl Location {
             Location::Local(p) => p.display().to_string(),
             Location::S3 { bucket, prefix } if prefix.is_empty() => format!("s3://{bucket}/"),
             Location::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}/"),
+            Location::Kafka { brokers, topic } => format!("kafka://{}/{topic}", brokers.join(",")),
         }
     }
 
@@ -397,6 +409,7 @@ impl Location {
                     format!("{prefix}/{child}")
                 },
             },
+            Location::Kafka { .. } => self.clone(),
         }
     }
 
@@ -411,6 +424,7 @@ impl Location {
                     .rsplit_once('/')
                     .map_or(String::new(), |(up, _)| up.to_string()),
             },
+            Location::Kafka { .. } => self.clone(),
         }
     }
 
@@ -423,8 +437,42 @@ impl Location {
                     .ok_or_else(|| format!("{}: no S3 configuration was loaded", self.display()))?;
                 Ok(Arc::new(S3Store::new(cfg, bucket, prefix)))
             }
+            // What a task reads from a topic is put here, as files, by the
+            // source (`discovery`): the store starts empty.
+            Location::Kafka { .. } => Ok(Arc::new(MemoryStore::new())),
         }
     }
+}
+
+/// `kafka://host:port[,host:port...]/topic`.
+fn kafka_location(uri: &str, rest: &str) -> Result<Location, String> {
+    let usage = "write kafka://host:port,host:port/topic";
+    let Some((brokers, topic)) = rest.split_once('/') else {
+        return Err(format!("\"{uri}\" names no topic; {usage}"));
+    };
+    let topic = topic.trim_end_matches('/');
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if topic.is_empty() || topic.len() > 249 || !topic.chars().all(legal) {
+        return Err(format!(
+            "\"{uri}\": \"{topic}\" is not a Kafka topic name (letters, digits, . _ -; at \
+             most 249); {usage}"
+        ));
+    }
+    let brokers: Vec<String> = brokers.split(',').map(|b| b.trim().to_string()).collect();
+    for b in &brokers {
+        let port_ok = b
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+        if !port_ok {
+            return Err(format!(
+                "\"{uri}\": broker \"{b}\" is not host:port; {usage}"
+            ));
+        }
+    }
+    Ok(Location::Kafka {
+        brokers,
+        topic: topic.to_string(),
+    })
 }
 
 /// Remove `.` and `..` segments without touching the file system (the folder

@@ -1,0 +1,425 @@
+//! A Kafka topic as a source: the record log seam ([`RecordLog`], with an
+//! rskafka implementation and an in-memory one for unit tests), where a
+//! run starts and stops in each partition, and a task's planned ranges
+//! read as JSON Lines files the file path then scans.
+//!
+//! Offsets are Sluice's own: no consumer group, nothing committed to the
+//! brokers. rskafka reads with `read_committed` isolation and skips
+//! transaction markers, but it does not drop the records of aborted
+//! transactions (it does not expose the fetch's aborted list): a topic
+//! written by transactional producers that abort is read with the aborted
+//! records. The README says so.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::checkpoint::{InputFile, RecordRange};
+use crate::error::{Error, ErrorClass, Result};
+use crate::storage::{MemoryStore, PutMode, Store};
+
+/// One record as the log gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LogRecord {
+    /// Its offset.
+    pub offset: i64,
+    /// Its timestamp, ms since the Unix epoch.
+    pub timestamp_ms: i64,
+    /// Its key.
+    pub key: Option<Vec<u8>>,
+    /// Its value (`None`: a tombstone).
+    pub value: Option<Vec<u8>>,
+}
+
+/// Which offset of each partition to ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum At {
+    /// The earliest record still kept.
+    Earliest,
+    /// One past the last record readable (committed).
+    Latest,
+}
+
+/// A topic's partitioned log, as the source reads it.
+#[async_trait]
+pub(crate) trait RecordLog: Send + Sync {
+    /// The topic's partitions, in order; an error names a topic that does
+    /// not exist.
+    async fn partitions(&self) -> Result<Vec<i32>>;
+    /// The offset `at` of each of `partitions`.
+    async fn offsets(&self, partitions: &[i32], at: At) -> Result<BTreeMap<i32, i64>>;
+    /// The records of `range` (fewer when offsets hold transaction markers
+    /// or were compacted away), in offset order.
+    async fn fetch(&self, range: RecordRange) -> Result<Vec<LogRecord>>;
+}
+
+/// How long one call to the brokers may take, retries included, before
+/// the step fails (retryable: the state machine retries it).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Bytes one fetch asks for.
+const FETCH_BYTES: i32 = 8 << 20;
+
+/// A topic on Kafka brokers, through rskafka.
+pub(crate) struct KafkaLog {
+    client: rskafka::client::Client,
+    brokers: String,
+    topic: String,
+    clients: tokio::sync::Mutex<BTreeMap<i32, Arc<rskafka::client::partition::PartitionClient>>>,
+}
+
+impl KafkaLog {
+    /// Connect to `brokers` for `topic` (one metadata request).
+    pub(crate) async fn connect(brokers: &[String], topic: &str) -> Result<KafkaLog> {
+        let shown = brokers.join(",");
+        let backoff = rskafka::BackoffConfig {
+            deadline: Some(CALL_TIMEOUT),
+            ..Default::default()
+        };
+        let build = rskafka::client::ClientBuilder::new(brokers.to_vec())
+            .client_id("sluice")
+            .backoff_config(backoff)
+            .build();
+        let client = within(&shown, "connect", build).await?;
+        Ok(KafkaLog {
+            client,
+            brokers: shown,
+            topic: topic.to_string(),
+            clients: Default::default(),
+        })
+    }
+
+    async fn partition(
+        &self,
+        partition: i32,
+    ) -> Result<Arc<rskafka::client::partition::PartitionClient>> {
+        let mut clients = self.clients.lock().await;
+        if let Some(c) = clients.get(&partition) {
+            return Ok(c.clone());
+        }
+        let made = self.client.partition_client(
+            self.topic.clone(),
+            partition,
+            rskafka::client::partition::UnknownTopicHandling::Error,
+        );
+        let c = Arc::new(within(&self.brokers, "connect to the partition leader", made).await?);
+        clients.insert(partition, c.clone());
+        Ok(c)
+    }
+}
+
+/// `call` within [`CALL_TIMEOUT`], its errors as the source's.
+async fn within<T>(
+    brokers: &str,
+    what: &str,
+    call: impl std::future::Future<Output = rskafka::client::error::Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(kafka_error(brokers, what, &e)),
+        Err(_) => Err(Error::Service {
+            service: "kafka",
+            message: format!(
+                "{what} at {brokers}: no answer within {}s; check that the brokers are \
+                 reachable from here (the step is retried)",
+                CALL_TIMEOUT.as_secs()
+            ),
+            class: ErrorClass::Retryable,
+        }),
+    }
+}
+
+/// A client error: an unknown topic or partition, or a request the broker
+/// refused, will fail again; connection trouble may pass.
+fn kafka_error(brokers: &str, what: &str, e: &rskafka::client::error::Error) -> Error {
+    use rskafka::client::error::Error as E;
+    let class = match e {
+        E::ServerError { .. } | E::InvalidResponse(_) => ErrorClass::Fatal,
+        _ => ErrorClass::Retryable,
+    };
+    Error::Service {
+        service: "kafka",
+        message: format!("{what} at {brokers}: {e}"),
+        class,
+    }
+}
+
+#[async_trait]
+impl RecordLog for KafkaLog {
+    async fn partitions(&self) -> Result<Vec<i32>> {
+        let topics = within(&self.brokers, "list topics", self.client.list_topics()).await?;
+        match topics.into_iter().find(|t| t.name == self.topic) {
+            Some(t) => Ok(t.partitions.into_iter().collect()),
+            None => Err(Error::Service {
+                service: "kafka",
+                message: format!(
+                    "topic \"{}\" does not exist at {}: create it, or fix source.uri",
+                    self.topic, self.brokers
+                ),
+                class: ErrorClass::InvalidInput,
+            }),
+        }
+    }
+
+    async fn offsets(&self, partitions: &[i32], at: At) -> Result<BTreeMap<i32, i64>> {
+        let mut out = BTreeMap::new();
+        for p in partitions {
+            let c = self.partition(*p).await?;
+            let which = match at {
+                At::Earliest => rskafka::client::partition::OffsetAt::Earliest,
+                At::Latest => rskafka::client::partition::OffsetAt::Latest,
+            };
+            let what = format!("list offsets of {}/{p}", self.topic);
+            out.insert(*p, within(&self.brokers, &what, c.get_offset(which)).await?);
+        }
+        Ok(out)
+    }
+
+    async fn fetch(&self, range: RecordRange) -> Result<Vec<LogRecord>> {
+        let c = self.partition(range.partition).await?;
+        let what = format!("fetch {}/{}", self.topic, range.partition);
+        let mut out = Vec::new();
+        let mut at = range.start;
+        while at < range.end {
+            let (records, _high) = within(
+                &self.brokers,
+                &what,
+                c.fetch_records(at, 1..FETCH_BYTES, 100),
+            )
+            .await?;
+            let before = at;
+            for r in records {
+                if r.offset < at || r.offset >= range.end {
+                    continue;
+                }
+                at = r.offset + 1;
+                out.push(LogRecord {
+                    offset: r.offset,
+                    timestamp_ms: r.record.timestamp.timestamp_millis(),
+                    key: r.record.key,
+                    value: r.record.value,
+                });
+            }
+            if at == before {
+                // Nothing readable at `at`: a transaction marker (rskafka
+                // drops control batches, one offset each). Step over it.
+                at += 1;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A log in memory, for unit tests of the source's logic.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct MemoryLog {
+    /// Each partition's earliest offset and its records.
+    pub partitions: std::sync::Mutex<BTreeMap<i32, (i64, Vec<LogRecord>)>>,
+}
+
+#[cfg(test)]
+#[async_trait]
+impl RecordLog for MemoryLog {
+    async fn partitions(&self) -> Result<Vec<i32>> {
+        Ok(self.partitions.lock().unwrap().keys().copied().collect())
+    }
+
+    async fn offsets(&self, partitions: &[i32], at: At) -> Result<BTreeMap<i32, i64>> {
+        let all = self.partitions.lock().unwrap();
+        Ok(partitions
+            .iter()
+            .map(|p| {
+                let (first, records) = &all[p];
+                let end = records.last().map_or(*first, |r| r.offset + 1).max(*first);
+                (*p, if at == At::Earliest { *first } else { end })
+            })
+            .collect())
+    }
+
+    async fn fetch(&self, range: RecordRange) -> Result<Vec<LogRecord>> {
+        let all = self.partitions.lock().unwrap();
+        Ok(all[&range.partition]
+            .1
+            .iter()
+            .filter(|r| r.offset >= range.start && r.offset < range.end)
+            .cloned()
+            .collect())
+    }
+}
+
+/// Connect to the topic of a `kafka://` location.
+pub(crate) async fn open(location: &crate::storage::Location) -> Result<Arc<dyn RecordLog>> {
+    match location {
+        crate::storage::Location::Kafka { brokers, topic } => {
+            Ok(Arc::new(KafkaLog::connect(brokers, topic).await?))
+        }
+        other => Err(Error::Service {
+            service: "kafka",
+            message: format!("{} is not a kafka:// location", other.display()),
+            class: ErrorClass::Fatal,
+        }),
+    }
+}
+
+/// One record as a line of JSON: its value's fields, and its metadata as
+/// `_topic`, `_partition`, `_offset`, `_timestamp` (UTC, ms) and `_key`.
+/// A value that is not one JSON object is kept as written after the
+/// metadata, so the line does not read and the bad-row policy applies to
+/// it, with the record's offset in its raw text.
+pub(crate) fn json_line(topic: &str, partition: i32, r: &LogRecord) -> Vec<u8> {
+    let timestamp = chrono::DateTime::from_timestamp_millis(r.timestamp_ms)
+        .map(|t| t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.3f").to_string());
+    let key = r
+        .key
+        .as_ref()
+        .map(|k| String::from_utf8_lossy(k).into_owned());
+    let meta = serde_json::json!({
+        "_topic": topic,
+        "_partition": partition,
+        "_offset": r.offset,
+        "_timestamp": timestamp,
+        "_key": key,
+    });
+    let mut line = serde_json::to_vec(&meta).expect("plain values serialise");
+    line.pop(); // the closing brace
+    let Some(value) = &r.value else {
+        line.push(b'}');
+        return line;
+    };
+    let text = String::from_utf8_lossy(value);
+    let mut text = text.trim().to_string();
+    if text.contains(['\n', '\r']) {
+        // One record, one line: compact it, or (not JSON) join its lines.
+        text = match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(v) => v.to_string(),
+            Err(_) => text.replace(['\n', '\r'], " "),
+        };
+    }
+    match text.strip_prefix('{') {
+        Some(rest) if rest.trim_start().starts_with('}') => line.extend_from_slice(b"}"),
+        Some(rest) => {
+            line.push(b',');
+            line.extend_from_slice(rest.as_bytes());
+        }
+        None => {
+            line.push(b',');
+            line.extend_from_slice(text.as_bytes());
+        }
+    }
+    line
+}
+
+/// Read `units` from `log` into a fresh in-memory store as JSON Lines
+/// files (one per unit, [`crate::paths::stream::unit`]): what a task's
+/// operator then scans as it scans files. Returns the store and the files.
+pub(crate) async fn read_units(
+    log: &dyn RecordLog,
+    topic: &str,
+    units: &[RecordRange],
+) -> Result<(Arc<dyn Store>, Vec<InputFile>)> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let mut files = Vec::with_capacity(units.len());
+    for u in units {
+        let mut body = Vec::new();
+        for r in log.fetch(*u).await? {
+            body.extend(json_line(topic, u.partition, &r));
+            body.push(b'\n');
+        }
+        let key = crate::paths::stream::unit(u);
+        let size = body.len() as u64;
+        store
+            .put(&key, Bytes::from(body), PutMode::Overwrite)
+            .await?;
+        files.push(InputFile {
+            key,
+            size,
+            etag: None,
+            modified_ms: None,
+        });
+    }
+    Ok((store, files))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(offset: i64, value: Option<&str>) -> LogRecord {
+        LogRecord {
+            offset,
+            timestamp_ms: 1_764_680_400_123,
+            key: Some(b"k1".to_vec()),
+            value: value.map(|v| v.as_bytes().to_vec()),
+        }
+    }
+
+    fn line(value: Option<&str>) -> String {
+        String::from_utf8(json_line("rides", 2, &record(7, value))).unwrap()
+    }
+
+    #[test]
+    fn a_record_is_one_json_line_with_its_metadata() {
+        let read =
+            |v: Option<&str>| -> serde_json::Value { serde_json::from_str(&line(v)).unwrap() };
+        let meta = serde_json::json!({
+            "_key": "k1", "_offset": 7, "_partition": 2,
+            "_timestamp": "2025-12-02T13:00:00.123", "_topic": "rides",
+        });
+        let mut with_a = meta.clone();
+        with_a["a"] = serde_json::json!(1);
+        assert_eq!(read(Some(r#"{"a": 1}"#)), with_a);
+        assert_eq!(read(Some(" {} ")), meta);
+        assert_eq!(read(None), meta);
+        // Pretty-printed: compacted onto one line.
+        let v: serde_json::Value =
+            serde_json::from_str(&line(Some("{\n \"a\": [1,\n 2]\n}"))).unwrap();
+        assert_eq!(v["a"], serde_json::json!([1, 2]));
+        assert_eq!(v["_offset"], 7);
+        // Not an object: does not read, and shows its offset.
+        for bad in ["42", "[1]", "{\"a\": ", "not json\nat all"] {
+            let l = line(Some(bad));
+            assert!(
+                serde_json::from_str::<serde_json::Value>(&l).is_err(),
+                "{l}"
+            );
+            assert!(l.contains("\"_offset\":7") && !l.contains('\n'), "{l}");
+        }
+    }
+
+    #[tokio::test]
+    async fn units_read_as_files_of_their_records_only() {
+        let log = MemoryLog::default();
+        log.partitions.lock().unwrap().insert(
+            0,
+            (
+                0,
+                (0..10)
+                    .map(|o| record(o, Some(&format!("{{\"n\":{o}}}"))))
+                    .collect(),
+            ),
+        );
+        let unit = RecordRange {
+            partition: 0,
+            start: 3,
+            end: 6,
+        };
+        let (store, files) = read_units(&log, "rides", &[unit]).await.unwrap();
+        assert_eq!(files.len(), 1);
+        let body = store.get(&files[0].key).await.unwrap().unwrap().bytes;
+        let ns: Vec<i64> = String::from_utf8(body.to_vec())
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["n"]
+                    .as_i64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(ns, vec![3, 4, 5]);
+        assert_eq!(files[0].size, body.len() as u64);
+    }
+}

@@ -1,0 +1,301 @@
+//! A Kafka topic as a source, on the test broker tests/run.sh starts
+//! (tansu, tests/kafka_stand.py): every record exactly once across runs,
+//! batches and tasks, against DuckDB over the records as the test produced
+//! them (kept by the test, never read back through Sluice); a crash at
+//! every write; data loss under both policies; clear errors.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::support::*;
+
+/// The broker's bootstrap address.
+fn bootstrap() -> String {
+    std::env::var("SLUICE_KAFKA").expect(
+        "SLUICE_KAFKA is not set: run the suite with tests/run.sh, which starts a Kafka-compatible \
+         broker on 127.0.0.1",
+    )
+}
+
+/// Run tests/kafka_stand.py with `args`; its standard output.
+fn stand(args: &[&str]) -> String {
+    let python = std::env::var("SLUICE_KAFKA_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/kafka_stand.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kafka_stand {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+static TOPIC_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A new topic with `partitions` partitions.
+fn fresh_topic(what: &str, partitions: u32) -> String {
+    let topic = format!(
+        "{what}-{}-{}",
+        std::process::id(),
+        TOPIC_SEQ.fetch_add(1, Ordering::SeqCst)
+    );
+    let b = bootstrap();
+    let n = partitions.to_string();
+    stand(&[
+        "create-topic",
+        "--bootstrap",
+        &b,
+        "--topic",
+        &topic,
+        "--partitions",
+        &n,
+    ]);
+    topic
+}
+
+/// Produce `values` (JSON texts) to `partition` of `topic`, one request
+/// each, and append each record as DuckDB should see it (its value's
+/// fields, `_partition`, `_offset`) to `expected` (JSON Lines).
+fn produce(topic: &str, partition: i32, values: &[String], expected: &Path) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("records.jsonl");
+    let lines: Vec<String> = values
+        .iter()
+        .map(|v| {
+            serde_json::json!({"partition": partition, "key": "k", "value": v, "timestamp_ms": 1_764_680_400_000i64})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let b = bootstrap();
+    let out = stand(&[
+        "produce",
+        "--bootstrap",
+        &b,
+        "--topic",
+        topic,
+        "--file",
+        file.to_str().unwrap(),
+    ]);
+    let mut keep = std::fs::read_to_string(expected).unwrap_or_default();
+    for (line, value) in out.lines().zip(values) {
+        let at: serde_json::Value = serde_json::from_str(line).unwrap();
+        let mut row: serde_json::Value = serde_json::from_str(value).unwrap();
+        row["_partition"] = at["partition"].clone();
+        row["_offset"] = at["offset"].clone();
+        keep.push_str(&row.to_string());
+        keep.push('\n');
+    }
+    std::fs::write(expected, keep).unwrap();
+}
+
+/// `n` ride records numbered from `first`.
+fn rides(first: u64, n: u64) -> Vec<String> {
+    (first..first + n)
+        .map(|i| {
+            serde_json::json!({"ride_id": i, "fare": (i % 17) as f64 * 1.5, "zone": format!("z{}", i % 4)})
+                .to_string()
+        })
+        .collect()
+}
+
+const COLS: &str = "ride_id, fare, zone, _partition, _offset";
+
+/// A pipeline reading `topic`.
+fn kafka_toml(name: &str, topic: &str, extra_source: &str, limits: &str) -> String {
+    format!(
+        r#"name = "{name}"
+[source]
+uri = "kafka://{b}/{topic}"
+format = "jsonl"
+table = "rides"
+{extra_source}
+[query]
+sql = "SELECT {COLS} FROM rides WHERE fare > 3"
+[sink]
+uri = "out/sink"
+[checkpoint]
+uri = "out/checkpoint"
+[limits]
+{limits}
+"#,
+        b = bootstrap()
+    )
+}
+
+/// What DuckDB makes of the records produced so far.
+async fn expected(records: &Path) -> Vec<String> {
+    duckdb_sql(&format!(
+        "SELECT {COLS} FROM read_json('{}', format = 'newline_delimited') WHERE fare > 3",
+        records.display()
+    ))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topic_is_read_exactly_once_across_runs_batches_and_tasks() {
+    let topic = fresh_topic("once", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = root.join("produced.jsonl");
+    for p in 0..3 {
+        produce(
+            &topic,
+            p,
+            &rides(p as u64 * 100, 12 + p as u64 * 3),
+            &records,
+        );
+    }
+    let toml = kafka_toml(
+        "rides",
+        &topic,
+        "",
+        "max_records_per_batch = 10\nmax_records_per_task = 4",
+    );
+    let ctx = local_context(&pipeline(root, &toml));
+    run(&ctx).await.unwrap();
+    let sink = root.join("out/sink");
+    assert_eq!(
+        committed_rows(&sink, "rides").await,
+        expected(&records).await
+    );
+    let first = commit_records(root, &toml).await;
+    assert!(first.len() >= 4, "{} batches", first.len());
+
+    // More records, in two partitions: the next run reads only those.
+    produce(&topic, 1, &rides(1000, 7), &records);
+    produce(&topic, 2, &rides(2000, 2), &records);
+    run(&ctx).await.unwrap();
+    assert_eq!(
+        committed_rows(&sink, "rides").await,
+        expected(&records).await
+    );
+    // Nothing new: no batch.
+    let before = commit_records(root, &toml).await.len();
+    run(&ctx).await.unwrap();
+    assert_eq!(commit_records(root, &toml).await.len(), before);
+
+    // The commit records name ranges that tile each partition from 0.
+    let mut next = std::collections::BTreeMap::new();
+    let mut read = 0;
+    for c in commit_records(root, &toml).await {
+        let s = c.stream.expect("a stream batch's record names its ranges");
+        for r in &s.ranges {
+            assert_eq!(r.start, *next.get(&r.partition).unwrap_or(&0), "{r:?}");
+            next.insert(r.partition, r.end);
+            read += r.len();
+        }
+        assert!(
+            s.records() <= 10 + 3,
+            "{} records in one batch",
+            s.records()
+        );
+    }
+    assert_eq!(read, 12 + 15 + 18 + 7 + 2);
+    let control = control_of(root, &toml).await;
+    assert_eq!(control.stream_offsets, next);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kafka_run_crashed_at_each_write_recovers() {
+    let topic = fresh_topic("crash", 2);
+    let setup = tempfile::tempdir().unwrap();
+    let records = setup.path().join("produced.jsonl");
+    produce(&topic, 0, &rides(0, 9), &records);
+    produce(&topic, 1, &rides(100, 6), &records);
+    let want = expected(&records).await;
+    let toml = kafka_toml(
+        "kcrash",
+        &topic,
+        "",
+        "max_records_per_batch = 6\nmax_records_per_task = 3",
+    );
+    let clean = tempfile::tempdir().unwrap();
+    let writes = Arc::new(AtomicU64::new(0));
+    run(&fault_context(clean.path(), &toml, writes.clone(), 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        committed_rows(&clean.path().join("out/sink"), "kcrash").await,
+        want
+    );
+    let total = writes.load(Ordering::SeqCst);
+    assert!(total > 10, "{total} writes");
+    for k in 1..=total {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let failed = run(&fault_context(root, &toml, Arc::new(AtomicU64::new(0)), k)).await;
+        assert!(failed.is_err(), "write {k} was injected to fail");
+        run(&local_context(&pipeline(root, &toml)))
+            .await
+            .unwrap_or_else(|e| panic!("rerun after failing write {k}: {e}"));
+        let sink = root.join("out/sink");
+        assert_eq!(
+            committed_rows(&sink, "kcrash").await,
+            want,
+            "after write {k}"
+        );
+        assert_eq!(orphan_files(&sink, "kcrash").await, Vec::<String>::new());
+        assert_eq!(staged_files(&sink), Vec::<String>::new());
+    }
+}
+
+/// A topic deleted and created again holds fewer records than were read:
+/// `on_data_loss = "fail"` refuses, naming the partition, and writes no
+/// batch; `skip` reads the new topic from its start and goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn records_gone_from_the_topic_fail_or_are_passed_over_as_the_policy_says() {
+    let topic = fresh_topic("loss", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let old = root.join("old.jsonl");
+    produce(&topic, 0, &rides(0, 8), &old);
+    let toml = kafka_toml("loss", &topic, "", "");
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let b = bootstrap();
+    stand(&["delete-topic", "--bootstrap", &b, "--topic", &topic]);
+    stand(&[
+        "create-topic",
+        "--bootstrap",
+        &b,
+        "--topic",
+        &topic,
+        "--partitions",
+        "1",
+    ]);
+    let new = root.join("new.jsonl");
+    produce(&topic, 0, &rides(500, 3), &new);
+    let e = run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("partition 0") && e.contains("on_data_loss"),
+        "{e}"
+    );
+    assert_eq!(commit_records(root, &toml).await.len(), 1);
+    let skip = kafka_toml("loss", &topic, "on_data_loss = \"skip\"", "");
+    run(&local_context(&pipeline(root, &skip))).await.unwrap();
+    let mut want = expected(&old).await;
+    want.extend(expected(&new).await);
+    want.sort();
+    assert_eq!(committed_rows(&root.join("out/sink"), "loss").await, want);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topic_that_does_not_exist_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = kafka_toml("missing", "no-such-topic-here", "", "");
+    let e = run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"no-such-topic-here\" does not exist"), "{e}");
+    assert!(!root.join("out/sink").join("batch=0000000000").exists());
+}
