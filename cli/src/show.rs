@@ -160,11 +160,18 @@ fn print_waiting(status: &admin::Status) {
         ),
         None => String::new(),
     };
-    println!(
-        "waiting      {}, {}{lag}",
-        count(status.waiting_files, "file"),
-        mib(status.waiting_bytes)
-    );
+    match status.waiting_records {
+        Some(records) => println!(
+            "waiting      {} in {}",
+            count(records, "record"),
+            count(status.waiting_files, "partition")
+        ),
+        None => println!(
+            "waiting      {}, {}{lag}",
+            count(status.waiting_files, "file"),
+            mib(status.waiting_bytes)
+        ),
+    }
     print_quarantine(status);
     if !status.skipped.is_empty() {
         println!(

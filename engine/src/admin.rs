@@ -320,6 +320,10 @@ pub struct Status {
     pub waiting_files: u64,
     /// Their bytes.
     pub waiting_bytes: u64,
+    /// A record stream: the records after the cursor, in
+    /// `waiting_files` partitions (no bytes are known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_records: Option<u64>,
     /// When the oldest of them was last modified (ms since the Unix
     /// epoch), where the listing says: the lag is now minus this.
     #[serde(default)]
@@ -345,6 +349,7 @@ pub async fn status(ctx: &Context) -> Result<Status> {
     let (waiting, skipped) = discovery::Source::of(&ctx.pipeline)
         .waiting(&ctx.scope(), control.as_ref())
         .await?;
+    let stream = discovery::Source::of(&ctx.pipeline).is_stream();
     let schema = match ctx.checkpoint.pipeline_record().await? {
         Some(r) => Some(r.schema),
         None => ctx.pipeline.source.schema.clone(),
@@ -354,7 +359,12 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         control,
         last_commit,
         waiting_files: waiting.len() as u64,
-        waiting_bytes: waiting.iter().map(|f| f.size).sum(),
+        waiting_bytes: if stream {
+            0
+        } else {
+            waiting.iter().map(|f| f.size).sum()
+        },
+        waiting_records: stream.then(|| waiting.iter().map(|f| f.size).sum()),
         oldest_waiting_ms: waiting
             .iter()
             .filter_map(|f| f.last_modified.map(|t| t.timestamp_millis()))

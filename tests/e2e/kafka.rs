@@ -299,3 +299,150 @@ async fn a_topic_that_does_not_exist_is_named() {
     assert!(e.contains("\"no-such-topic-here\" does not exist"), "{e}");
     assert!(!root.join("out/sink").join("batch=0000000000").exists());
 }
+
+/// Values that are not JSON objects are bad rows: under
+/// `on_bad_row = "quarantine"` they go to the batch's quarantine file,
+/// each with its partition and offset, and the rest is read.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_records_are_quarantined_with_their_partition_and_offset() {
+    let topic = fresh_topic("bad", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = root.join("produced.jsonl");
+    produce(&topic, 0, &rides(0, 4), &records);
+    // Offsets 4 and 5: not objects; then good ones again.
+    let b = bootstrap();
+    let bad = root.join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"partition\": 0, \"value\": \"not json at all\"}\n{\"partition\": 0, \"value\": \"[1, 2]\"}\n",
+    )
+    .unwrap();
+    let out = stand(&[
+        "produce",
+        "--bootstrap",
+        &b,
+        "--topic",
+        &topic,
+        "--file",
+        bad.to_str().unwrap(),
+    ]);
+    let offsets: Vec<i64> = out
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["offset"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(offsets, vec![4, 5]);
+    produce(&topic, 0, &rides(10, 3), &records);
+    let toml = kafka_toml("bad", &topic, "on_bad_row = \"quarantine\"", "");
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "bad").await,
+        expected(&records).await
+    );
+    let quarantined: Vec<serde_json::Value> = walk_files(&root.join("out/sink/_quarantine"))
+        .iter()
+        .flat_map(|f| {
+            std::fs::read_to_string(f)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(quarantined.len(), 2, "{quarantined:?}");
+    for (q, offset) in quarantined.iter().zip([4, 5]) {
+        let raw = q["raw"].as_str().unwrap();
+        assert!(
+            raw.contains(&format!("\"_offset\":{offset}")) && raw.contains("\"_partition\":0"),
+            "{q}"
+        );
+    }
+}
+
+/// A windowed GROUP BY over the records' `_timestamp` equals DuckDB's over
+/// the records as produced.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_window_over_the_record_timestamp_equals_duckdb() {
+    let topic = fresh_topic("win", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let produced = root.join("produced.jsonl");
+    let mut lines = String::new();
+    let mut keep = String::new();
+    for i in 0..24i64 {
+        let partition = i % 2;
+        let ts = 1_764_680_400_000 + i * 7 * 60_000; // every 7 minutes
+        let value = serde_json::json!({"zone": format!("z{}", i % 3), "fare": i as f64});
+        lines.push_str(
+            &serde_json::json!({"partition": partition, "value": value.to_string(), "timestamp_ms": ts})
+                .to_string(),
+        );
+        lines.push('\n');
+        keep.push_str(
+            &serde_json::json!({"zone": value["zone"], "fare": value["fare"], "ts_ms": ts})
+                .to_string(),
+        );
+        keep.push('\n');
+    }
+    let file = root.join("records.jsonl");
+    std::fs::write(&file, lines).unwrap();
+    std::fs::write(&produced, keep).unwrap();
+    let b = bootstrap();
+    stand(&[
+        "produce",
+        "--bootstrap",
+        &b,
+        "--topic",
+        &topic,
+        "--file",
+        file.to_str().unwrap(),
+    ]);
+    let toml = format!(
+        r#"name = "win"
+[source]
+uri = "kafka://{b}/{topic}"
+format = "jsonl"
+table = "rides"
+[query]
+sql = "SELECT window.start AS window_start, zone, count(*) AS n, sum(fare) AS fares FROM rides GROUP BY window(_timestamp, '30 minutes'), zone"
+[sink]
+uri = "out/sink"
+mode = "complete"
+[checkpoint]
+uri = "out/checkpoint"
+[limits]
+max_records_per_batch = 9
+"#
+    );
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let last = manifest_files(&root.join("out/sink"), "win").await;
+    let (_, complete, files) = last.last().expect("a manifest").clone();
+    assert!(complete);
+    let got = duckdb_rows(&files, "SELECT window_start, zone, n, fares FROM trips").await;
+    let want = duckdb_sql(&format!(
+        "SELECT time_bucket(INTERVAL 30 MINUTE, make_timestamp(ts_ms * 1000)) AS window_start, \
+         zone, count(*) AS n, sum(fare) AS fares FROM read_json('{}', format = \
+         'newline_delimited') GROUP BY ALL",
+        produced.display()
+    ))
+    .await;
+    assert_eq!(got, want);
+}
+
+/// Every file under `dir`.
+fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

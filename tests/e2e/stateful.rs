@@ -395,6 +395,81 @@ async fn a_batch_planned_by_an_older_build_resumes_with_its_shape_planned_again(
     assert!(stripped > 0, "no injected failure left a planned batch");
 }
 
+/// Batches planned under a row-by-row query and left uncommitted, then
+/// the query edited into a GROUP BY: the resumed batches run the query as
+/// it is now, so the complete snapshot counts every row they read (a plan
+/// that says what its query was is trusted only under the spec it was
+/// planned from).
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_resumed_after_the_query_became_a_group_by_are_aggregated() {
+    let before = toml(
+        "edit",
+        "SELECT \"PULocationID\", fare_amount FROM trips",
+        "append",
+        false,
+        1,
+    );
+    let after = toml(
+        "edit",
+        "SELECT \"PULocationID\", count(*) AS n FROM trips GROUP BY \"PULocationID\"",
+        "complete",
+        false,
+        1,
+    );
+    for k in 1..200 {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let files = windowed_input(root);
+        let failed = run(&fault_context(
+            root,
+            &before,
+            Arc::new(AtomicU64::new(0)),
+            k,
+        ))
+        .await;
+        assert!(failed.is_err(), "write {k} was injected to fail");
+        let ck = root.join("out/checkpoint/edit");
+        let committed: Vec<String> = commit_records(root, &before)
+            .await
+            .into_iter()
+            .flat_map(|c| c.input_keys)
+            .collect();
+        let pending = walk(&ck.join("offsets"))
+            .into_iter()
+            .any(|o| !ck.join("commits").join(o.file_name().unwrap()).exists());
+        if !pending {
+            continue;
+        }
+        run(&local_context(&pipeline(root, &after)))
+            .await
+            .unwrap_or_else(|e| panic!("run after the edit: {e}"));
+        let unread: Vec<PathBuf> = files
+            .iter()
+            .filter(|f| {
+                let key = f
+                    .strip_prefix(root.join("input"))
+                    .unwrap()
+                    .to_str()
+                    .unwrap();
+                !committed.iter().any(|c| c == key)
+            })
+            .cloned()
+            .collect();
+        let want = duckdb_rows(
+            &unread,
+            "SELECT \"PULocationID\", count(*) AS n FROM trips GROUP BY \"PULocationID\"",
+        )
+        .await;
+        let manifests = manifest_files(&root.join("out/sink"), "edit").await;
+        let (_, complete, snapshot) = manifests.last().expect("a manifest").clone();
+        assert!(complete);
+        let got = duckdb_rows(&snapshot, "SELECT \"PULocationID\", n FROM trips").await;
+        assert_eq!(got, want, "after failing write {k}");
+        return;
+    }
+    panic!("no injected failure left a planned batch");
+}
+
 /// Once state exists, a change of the window, the keys, the aggregates,
 /// the mode or the partition count would merge old state into wrong
 /// answers: the run is refused, naming `sluice reset`, nothing is

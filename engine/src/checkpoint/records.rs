@@ -482,6 +482,12 @@ pub struct QueryShape {
     /// row-by-row query, with no merges and no state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stateful: Option<String>,
+    /// The spec hash of the pipeline file it was planned from: a batch
+    /// resumed under another spec (the query edited while the batch was
+    /// planned and not committed) runs the query as it is now, so its
+    /// shape is planned again.
+    #[serde(default)]
+    pub spec: String,
 }
 
 /// One input file of a batch.

@@ -674,6 +674,12 @@ impl Source {
         Ok((store, files, plan))
     }
 
+    /// Whether it is a record stream (its waiting input counts records,
+    /// not files and bytes).
+    pub(crate) fn is_stream(self) -> bool {
+        self == Source::Kafka
+    }
+
     /// Whether a trigger records `p`'s notified objects in its inbox.
     pub(crate) fn keeps_inbox(self) -> bool {
         matches!(self, Source::Notify { .. })

@@ -108,8 +108,13 @@ pub(crate) async fn look(
         let topic = topic(ctx);
         let mut body = Vec::new();
         for r in log.fetch(range).await? {
-            body.extend(kafka::json_line(topic, range.partition, &r));
-            body.push(b'\n');
+            // Only records that read: the sample is for inferring the
+            // schema; bad records meet the bad-row policy when read.
+            let line = kafka::json_line(topic, range.partition, &r);
+            if serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&line).is_ok() {
+                body.extend(line);
+                body.push(b'\n');
+            }
         }
         let key = crate::paths::stream::unit(&range);
         let size = body.len() as u64;

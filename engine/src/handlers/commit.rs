@@ -294,7 +294,12 @@ fn build_record(
         history: control.history.clone(),
         committed_ms: ctx.now(),
         files: inputs.files,
-        bytes_read: inputs.bytes,
+        // A record stream's planned ranges have no size: the bytes its
+        // tasks read (the records as JSON lines).
+        bytes_read: match off.stream {
+            Some(_) => results.iter().map(|r| r.bytes_read).sum(),
+            None => inputs.bytes,
+        },
         rows_in: results.iter().map(|r| r.rows_in).sum(),
         rows_out,
         outputs,

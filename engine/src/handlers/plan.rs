@@ -520,6 +520,7 @@ async fn plan_batches(
     let now = ctx.now();
     let mut plans = Vec::new();
     let mut schema = in_force(p, Some(control), ctx.schema().await?.as_ref());
+    let mut planned_for: Option<(checkpoint::SchemaVersion, checkpoint::QueryShape)> = None;
     for (i, planned) in source.batches(fresh, &p.limits).into_iter().enumerate() {
         let crate::discovery::Planned {
             inputs,
@@ -540,7 +541,12 @@ async fn plan_batches(
         };
         let consumed = fresh.consumed(&inputs);
         let batch = first + i as u64;
-        let query = plan_query(ctx, &schema, paths::checkpoint::offsets(batch)).await?;
+        // The query is planned once per schema the batches read with.
+        let query = match &planned_for {
+            Some((s, q)) if *s == schema => q.clone(),
+            _ => plan_query(ctx, &schema, paths::checkpoint::offsets(batch)).await?,
+        };
+        planned_for = Some((schema.clone(), query.clone()));
         plans.push(Offsets {
             format_version: checkpoint::FORMAT_VERSION,
             batch,

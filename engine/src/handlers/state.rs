@@ -18,14 +18,19 @@ pub(super) async fn plan_query(
     let arrow = super::schema::arrow_of(ctx, schema, key)?;
     Ok(QueryShape {
         stateful: shape::of(&ctx.pipeline, arrow).await?,
+        spec: ctx.pipeline.spec_hash(),
     })
 }
 
-/// The stateful shape of the query a batch runs: as its plan says, or,
-/// for a plan of an older build that says nothing, planned again from the
-/// query and the schema the plan reads with. `None`: a row-by-row query.
+/// The stateful shape of the query a batch runs: as its plan says when
+/// the plan was made from the pipeline file as it is now; otherwise (a
+/// plan of an older build, which says nothing, or of a query edited since)
+/// planned again from the query now and the schema the plan reads with.
+/// `None`: a row-by-row query.
 pub(super) async fn stateful_shape(ctx: &Context, off: &Offsets) -> Result<Option<String>> {
-    if let Some(q) = &off.query {
+    if let Some(q) = &off.query
+        && q.spec == ctx.pipeline.spec_hash()
+    {
         return Ok(q.stateful.clone());
     }
     let schema = match &off.schema {
