@@ -436,14 +436,9 @@ mod tests {
 /// Names of what a record-stream task reads, as the files its operator
 /// scans (in memory, never stored).
 pub mod stream {
-    use crate::checkpoint::RecordRange;
-
-    /// The records of `range` as one JSON Lines file.
-    pub fn unit(range: &RecordRange) -> String {
-        format!(
-            "partition={}/offsets={:020}-{:020}.jsonl",
-            range.partition, range.start, range.end
-        )
+    /// The records `[start, end)` of `partition` as one JSON Lines file.
+    pub fn unit(partition: i32, start: i64, end: i64) -> String {
+        format!("partition={partition}/offsets={start:020}-{end:020}.jsonl")
     }
 }
 

@@ -44,6 +44,12 @@ fn fresh_topic(what: &str, partitions: u32) -> String {
         std::process::id(),
         TOPIC_SEQ.fetch_add(1, Ordering::SeqCst)
     );
+    create_topic(&topic, partitions);
+    topic
+}
+
+/// Create `topic` with `partitions` partitions.
+fn create_topic(topic: &str, partitions: u32) {
     let b = bootstrap();
     let n = partitions.to_string();
     stand(&[
@@ -51,11 +57,10 @@ fn fresh_topic(what: &str, partitions: u32) -> String {
         "--bootstrap",
         &b,
         "--topic",
-        &topic,
+        topic,
         "--partitions",
         &n,
     ]);
-    topic
 }
 
 /// Produce `values` (JSON texts) to `partition` of `topic`, one request
@@ -259,15 +264,7 @@ async fn records_gone_from_the_topic_fail_or_are_passed_over_as_the_policy_says(
     run(&local_context(&pipeline(root, &toml))).await.unwrap();
     let b = bootstrap();
     stand(&["delete-topic", "--bootstrap", &b, "--topic", &topic]);
-    stand(&[
-        "create-topic",
-        "--bootstrap",
-        &b,
-        "--topic",
-        &topic,
-        "--partitions",
-        "1",
-    ]);
+    create_topic(&topic, 1);
     let new = root.join("new.jsonl");
     produce(&topic, 0, &rides(500, 3), &new);
     let e = run(&local_context(&pipeline(root, &toml)))

@@ -329,7 +329,7 @@ pub(crate) async fn read_units(
             body.extend(json_line(topic, u.partition, &r));
             body.push(b'\n');
         }
-        let key = crate::paths::stream::unit(u);
+        let key = crate::paths::stream::unit(u.partition, u.start, u.end);
         let size = body.len() as u64;
         store
             .put(&key, Bytes::from(body), PutMode::Overwrite)

@@ -116,7 +116,7 @@ pub(crate) async fn look(
                 body.push(b'\n');
             }
         }
-        let key = crate::paths::stream::unit(&range);
+        let key = crate::paths::stream::unit(range.partition, range.start, range.end);
         let size = body.len() as u64;
         ctx.source
             .put(&key, body.into(), PutMode::Overwrite)
@@ -258,11 +258,7 @@ pub(crate) async fn waiting(ctx: &Scope<'_>, control: Option<&Control>) -> Resul
                 .unwrap_or(earliest[p])
                 .max(earliest[p]);
             (start < *end).then(|| ObjectMeta {
-                key: crate::paths::stream::unit(&RecordRange {
-                    partition: *p,
-                    start,
-                    end: *end,
-                }),
+                key: crate::paths::stream::unit(*p, start, *end),
                 size: (*end - start) as u64,
                 etag: None,
                 last_modified: None,
