@@ -62,6 +62,8 @@ KAFKA_PIDFILE="$CACHE/kafka.pid"
 SLUICE_KAFKA="$("$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py start --port 0 \
   --pidfile "$KAFKA_PIDFILE" --log "$CACHE/kafka.log")"
 export SLUICE_KAFKA
+# A broker that does not answer fails a step in 5 s here, not 30.
+export SLUICE_KAFKA_TIMEOUT_S=5
 trap 'kill $MOTO_PID 2>/dev/null || true; wait $MOTO_PID 2>/dev/null || true; \
   "$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py stop --pidfile "$KAFKA_PIDFILE" || true' EXIT
 export AWS_ENDPOINT_URL="$SLUICE_S3_ENDPOINT"

@@ -162,7 +162,7 @@ fn print_waiting(status: &admin::Status) {
     };
     match status.waiting_records {
         Some(records) => println!(
-            "waiting      {} in {}",
+            "waiting      {} in {}{lag}",
             count(records, "record"),
             count(status.waiting_files, "partition")
         ),

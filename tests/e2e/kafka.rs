@@ -443,3 +443,27 @@ fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Brokers that do not answer: the run fails, naming the address and
+/// what to check, and writes nothing to the sink.
+#[tokio::test(flavor = "multi_thread")]
+async fn unreachable_brokers_are_named_and_nothing_is_written() {
+    let port = {
+        let s = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        s.local_addr().unwrap().port()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml =
+        kafka_toml("down", "rides", "", "").replace(&bootstrap(), &format!("127.0.0.1:{port}"));
+    let e = run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains(&format!("127.0.0.1:{port}")) && text.contains("reachable"),
+        "{text}"
+    );
+    assert_eq!(e.class(), sluice_engine::ErrorClass::Retryable, "{text}");
+    assert!(!root.join("out/sink").exists() || walk_files(&root.join("out/sink")).is_empty());
+}

@@ -57,8 +57,15 @@ pub(crate) trait RecordLog: Send + Sync {
 }
 
 /// How long one call to the brokers may take, retries included, before
-/// the step fails (retryable: the state machine retries it).
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// the step fails (retryable: the state machine retries it): 30 seconds,
+/// or `SLUICE_KAFKA_TIMEOUT_S`.
+fn call_timeout() -> Duration {
+    let secs = std::env::var("SLUICE_KAFKA_TIMEOUT_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    Duration::from_secs(secs)
+}
 
 /// Bytes one fetch asks for.
 const FETCH_BYTES: i32 = 8 << 20;
@@ -76,7 +83,7 @@ impl KafkaLog {
     pub(crate) async fn connect(brokers: &[String], topic: &str) -> Result<KafkaLog> {
         let shown = brokers.join(",");
         let backoff = rskafka::BackoffConfig {
-            deadline: Some(CALL_TIMEOUT),
+            deadline: Some(call_timeout()),
             ..Default::default()
         };
         let build = rskafka::client::ClientBuilder::new(brokers.to_vec())
@@ -117,7 +124,8 @@ async fn within<T>(
     what: &str,
     call: impl std::future::Future<Output = rskafka::client::error::Result<T>>,
 ) -> Result<T> {
-    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+    let limit = call_timeout();
+    match tokio::time::timeout(limit, call).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(kafka_error(brokers, what, &e)),
         Err(_) => Err(Error::Service {
@@ -125,7 +133,7 @@ async fn within<T>(
             message: format!(
                 "{what} at {brokers}: no answer within {}s; check that the brokers are \
                  reachable from here (the step is retried)",
-                CALL_TIMEOUT.as_secs()
+                limit.as_secs()
             ),
             class: ErrorClass::Retryable,
         }),
@@ -140,9 +148,15 @@ fn kafka_error(brokers: &str, what: &str, e: &rskafka::client::error::Error) -> 
         E::ServerError { .. } | E::InvalidResponse(_) => ErrorClass::Fatal,
         _ => ErrorClass::Retryable,
     };
+    let hint = if class == ErrorClass::Retryable {
+        "; check that the brokers are reachable from here and source.uri names them (the step \
+         is retried)"
+    } else {
+        ""
+    };
     Error::Service {
         service: "kafka",
-        message: format!("{what} at {brokers}: {e}"),
+        message: format!("{what} at {brokers}: {e}{hint}"),
         class,
     }
 }

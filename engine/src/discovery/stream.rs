@@ -240,7 +240,8 @@ async fn where_to_start(
 }
 
 /// What waits (`sluice show`): one entry per partition with records after
-/// the cursor, its size the number of records.
+/// the cursor, its size the number of records, its time the first waiting
+/// record's timestamp (one fetch per such partition).
 pub(crate) async fn waiting(ctx: &Scope<'_>, control: Option<&Control>) -> Result<Vec<ObjectMeta>> {
     let log = kafka::open(&ctx.pipeline.source.location).await?;
     let parts = log.partitions().await?;
@@ -249,22 +250,33 @@ pub(crate) async fn waiting(ctx: &Scope<'_>, control: Option<&Control>) -> Resul
     let cursor = control
         .map(|c| c.stream_offsets.clone())
         .unwrap_or_default();
-    Ok(until
-        .iter()
-        .filter_map(|(p, end)| {
-            let start = cursor
-                .get(p)
-                .copied()
-                .unwrap_or(earliest[p])
-                .max(earliest[p]);
-            (start < *end).then(|| ObjectMeta {
-                key: crate::paths::stream::unit(*p, start, *end),
-                size: (*end - start) as u64,
-                etag: None,
-                last_modified: None,
+    let mut out = Vec::new();
+    for (p, end) in &until {
+        let start = cursor
+            .get(p)
+            .copied()
+            .unwrap_or(earliest[p])
+            .max(earliest[p]);
+        if start >= *end {
+            continue;
+        }
+        let first = log
+            .fetch(RecordRange {
+                partition: *p,
+                start,
+                end: start + 1,
             })
-        })
-        .collect())
+            .await?;
+        out.push(ObjectMeta {
+            key: crate::paths::stream::unit(*p, start, *end),
+            size: (*end - start) as u64,
+            etag: None,
+            last_modified: first
+                .first()
+                .and_then(|r| chrono::DateTime::from_timestamp_millis(r.timestamp_ms)),
+        });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
