@@ -33,6 +33,28 @@ pub struct BenchArgs {
     /// GROUP BY (tumbling 15 minutes x zone, count/sum/avg).
     #[arg(long, value_enum, default_value_t = BenchQuery::Filter)]
     query: BenchQuery,
+    /// Where the input comes from: generated files, or records produced
+    /// into a new topic on `--bootstrap`'s broker.
+    #[arg(long, value_enum, default_value_t = BenchSource::Files)]
+    source: BenchSource,
+    /// `--source kafka`: the broker, host:port.
+    #[arg(long)]
+    bootstrap: Option<String>,
+    /// `--source kafka`: records to produce.
+    #[arg(long, default_value_t = 1_000_000)]
+    records: u64,
+    /// `--source kafka`: partitions of the topic.
+    #[arg(long, default_value_t = 4)]
+    partitions: i32,
+}
+
+/// The benchmark's input.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchSource {
+    /// Generated taxi files.
+    Files,
+    /// A Kafka topic.
+    Kafka,
 }
 
 /// The benchmark's query.
@@ -111,7 +133,7 @@ pub(crate) async fn raw_datafusion(
     Ok((secs, rows))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
     v[v.len() / 2]
 }
@@ -131,6 +153,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         if d.exists() {
             std::fs::remove_dir_all(d)?;
         }
+    }
+    if args.source == BenchSource::Kafka {
+        let Some(b) = &args.bootstrap else {
+            anyhow::bail!(
+                "--source kafka needs --bootstrap host:port (a broker to write a topic to)"
+            );
+        };
+        std::fs::create_dir_all(&dir)?;
+        return crate::bench_kafka::run(&dir, b, args.records, args.partitions, args.rounds).await;
     }
     if args.query == BenchQuery::Window {
         return crate::bench_window::run(&dir, args.files, args.rows, args.rounds).await;
