@@ -191,7 +191,9 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // The Kafka client warns at every retry of a connection;
+                // the step's own error says what failed.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rskafka=error")),
         )
         .with_writer(std::io::stderr)
         // Colour only on a terminal, and never under NO_COLOR (no-color.org).

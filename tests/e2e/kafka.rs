@@ -276,6 +276,11 @@ async fn records_gone_from_the_topic_fail_or_are_passed_over_as_the_policy_says(
         "{e}"
     );
     assert_eq!(commit_records(root, &toml).await.len(), 1);
+    // The refusal gives the lease back.
+    assert_eq!(
+        control_of(root, &toml).await.status,
+        sluice_engine::checkpoint::RunStatus::Idle
+    );
     let skip = kafka_toml("loss", &topic, "on_data_loss = \"skip\"", "");
     run(&local_context(&pipeline(root, &skip))).await.unwrap();
     let mut want = expected(&old).await;
@@ -466,4 +471,38 @@ async fn unreachable_brokers_are_named_and_nothing_is_written() {
     );
     assert_eq!(e.class(), sluice_engine::ErrorClass::Retryable, "{text}");
     assert!(!root.join("out/sink").exists() || walk_files(&root.join("out/sink")).is_empty());
+}
+
+/// The checkpoint's offsets are one topic's: pointing the pipeline at
+/// another topic is refused, naming both, until a reset.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_topic_is_refused_while_the_offsets_are_the_first_ones() {
+    let first = fresh_topic("swa", 1);
+    let second = fresh_topic("swb", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let kept = root.join("kept.jsonl");
+    produce(&first, 0, &rides(0, 5), &kept);
+    produce(&second, 0, &rides(100, 9), &root.join("other.jsonl"));
+    run(&local_context(&pipeline(
+        root,
+        &kafka_toml("sw", &first, "", ""),
+    )))
+    .await
+    .unwrap();
+    let e = run(&local_context(&pipeline(
+        root,
+        &kafka_toml("sw", &second, "", ""),
+    )))
+    .await
+    .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains(&first) && text.contains(&second) && text.contains("sluice reset"),
+        "{text}"
+    );
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "sw").await,
+        expected(&kept).await
+    );
 }

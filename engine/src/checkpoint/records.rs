@@ -214,6 +214,9 @@ pub struct Control {
     /// starts).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stream_offsets: BTreeMap<i32, i64>,
+    /// The topic whose offsets [`Self::stream_offsets`] are.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stream_topic: String,
 }
 
 /// A stateful query's state after a batch: what the next batch's tasks
@@ -288,6 +291,7 @@ impl Control {
             stateful: None,
             first_batch: 0,
             stream_offsets: BTreeMap::new(),
+            stream_topic: String::new(),
         }
     }
 

@@ -279,11 +279,14 @@ pub(crate) async fn open(location: &crate::storage::Location) -> Result<Arc<dyn 
     }
 }
 
-/// One record as a line of JSON: its value's fields, and its metadata as
-/// `_topic`, `_partition`, `_offset`, `_timestamp` (UTC, ms) and `_key`.
-/// A value that is not one JSON object is kept as written after the
-/// metadata, so the line does not read and the bad-row policy applies to
-/// it, with the record's offset in its raw text.
+/// One record as a line of JSON: its value's fields, then its metadata as
+/// `_topic`, `_partition`, `_offset`, `_timestamp` (UTC, ms) and `_key`
+/// (written last: a value's own field of one of these names is
+/// overwritten, as readers take the last of duplicate keys). A value must
+/// be exactly one JSON object in UTF-8; its line breaks (whitespace, in
+/// valid JSON) become spaces, so numbers keep every digit. Any other value
+/// becomes a line that never reads, holding the metadata and the value as
+/// text, so the bad-row policy applies to it and names its offset.
 pub(crate) fn json_line(topic: &str, partition: i32, r: &LogRecord) -> Vec<u8> {
     let timestamp = chrono::DateTime::from_timestamp_millis(r.timestamp_ms)
         .map(|t| t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.3f").to_string());
@@ -298,33 +301,31 @@ pub(crate) fn json_line(topic: &str, partition: i32, r: &LogRecord) -> Vec<u8> {
         "_timestamp": timestamp,
         "_key": key,
     });
-    let mut line = serde_json::to_vec(&meta).expect("plain values serialise");
-    line.pop(); // the closing brace
+    let meta = serde_json::to_string(&meta).expect("plain values serialise");
+    let fields = &meta[1..meta.len() - 1];
     let Some(value) = &r.value else {
-        line.push(b'}');
-        return line;
+        return meta.into_bytes();
     };
-    let text = String::from_utf8_lossy(value);
-    let mut text = text.trim().to_string();
-    if text.contains(['\n', '\r']) {
-        // One record, one line: compact it, or (not JSON) join its lines.
-        text = match serde_json::from_str::<serde_json::Value>(&text) {
-            Ok(v) => v.to_string(),
-            Err(_) => text.replace(['\n', '\r'], " "),
-        };
-    }
-    match text.strip_prefix('{') {
-        Some(rest) if rest.trim_start().starts_with('}') => line.extend_from_slice(b"}"),
-        Some(rest) => {
-            line.push(b',');
-            line.extend_from_slice(rest.as_bytes());
-        }
+    match one_object(value) {
+        Some(body) if body.trim().is_empty() => meta.into_bytes(),
+        Some(body) => format!("{{{body},{fields}}}").into_bytes(),
         None => {
-            line.push(b',');
-            line.extend_from_slice(text.as_bytes());
+            let text = String::from_utf8_lossy(value);
+            let shown = serde_json::Value::String(text.into_owned());
+            // `!` never reads as JSON outside a string.
+            format!("{{{fields},\"_value\":{shown} !}}").into_bytes()
         }
     }
-    line
+}
+
+/// The members of `value` (between its braces, line breaks as spaces) if
+/// it is exactly one JSON object in UTF-8.
+pub(crate) fn one_object(value: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(value).ok()?;
+    // One pass that checks the syntax and builds nothing.
+    serde_json::from_str::<serde::de::IgnoredAny>(text).ok()?;
+    let body = text.trim().strip_prefix('{')?.strip_suffix('}')?;
+    Some(body.replace(['\n', '\r'], " "))
 }
 
 /// Read `units` from `log` into a fresh in-memory store as JSON Lines
@@ -388,20 +389,51 @@ mod tests {
         assert_eq!(read(Some(r#"{"a": 1}"#)), with_a);
         assert_eq!(read(Some(" {} ")), meta);
         assert_eq!(read(None), meta);
-        // Pretty-printed: compacted onto one line.
-        let v: serde_json::Value =
-            serde_json::from_str(&line(Some("{\n \"a\": [1,\n 2]\n}"))).unwrap();
-        assert_eq!(v["a"], serde_json::json!([1, 2]));
-        assert_eq!(v["_offset"], 7);
-        // Not an object: does not read, and shows its offset.
-        for bad in ["42", "[1]", "{\"a\": ", "not json\nat all"] {
+        // The metadata wins over a value's own field of its name.
+        assert_eq!(
+            read(Some(r#"{"a": 1, "_offset": 999, "_topic": "fake"}"#)),
+            with_a
+        );
+        // Pretty-printed: one line, every digit kept.
+        let l = line(Some(
+            "{\n \"amt\": 12345678901234567.89,\r\n \"a\": [1,\n 2]\n}",
+        ));
+        assert!(
+            !l.contains('\n') && l.contains("12345678901234567.89"),
+            "{l}"
+        );
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&l).unwrap()["a"],
+            serde_json::json!([1, 2])
+        );
+        // Not exactly one object in UTF-8: never reads, shows its offset.
+        for bad in [
+            "42",
+            "[1]",
+            "{\"a\": ",
+            "not json\nat all",
+            "\"a\": 1}",
+            "{} {\"a\": 1}",
+            "{}{\"a\":1}",
+            "{}\n{\"a\":1}",
+            ":1}",
+        ] {
             let l = line(Some(bad));
             assert!(
                 serde_json::from_str::<serde_json::Value>(&l).is_err(),
-                "{l}"
+                "{bad:?}: {l}"
             );
             assert!(l.contains("\"_offset\":7") && !l.contains('\n'), "{l}");
         }
+        let not_utf8 = LogRecord {
+            value: Some(vec![b'{', b'"', b'a', b'"', b':', b'"', 0xff, b'"', b'}']),
+            ..record(7, None)
+        };
+        let l = String::from_utf8_lossy(&json_line("rides", 2, &not_utf8)).into_owned();
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&l).is_err(),
+            "{l}"
+        );
     }
 
     #[tokio::test]

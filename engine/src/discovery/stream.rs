@@ -110,25 +110,35 @@ pub(crate) async fn look(
         for r in log.fetch(range).await? {
             // Only records that read: the sample is for inferring the
             // schema; bad records meet the bad-row policy when read.
-            let line = kafka::json_line(topic, range.partition, &r);
-            if serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&line).is_ok() {
-                body.extend(line);
+            // Tombstones and empty objects hold no columns to infer.
+            let has_fields = r
+                .value
+                .as_deref()
+                .and_then(kafka::one_object)
+                .is_some_and(|b| !b.trim().is_empty());
+            if has_fields {
+                body.extend(kafka::json_line(topic, range.partition, &r));
                 body.push(b'\n');
             }
         }
-        let key = crate::paths::stream::unit(range.partition, range.start, range.end);
-        let size = body.len() as u64;
-        ctx.source
-            .put(&key, body.into(), PutMode::Overwrite)
-            .await?;
-        listed.push(ObjectMeta {
-            key,
-            size,
-            etag: None,
-            last_modified: None,
-        });
+        // No record with fields: no file to infer from (a run with a
+        // pinned schema goes on all the same, records wait).
+        if !body.is_empty() {
+            let key = crate::paths::stream::unit(range.partition, range.start, range.end);
+            let size = body.len() as u64;
+            ctx.source
+                .put(&key, body.into(), PutMode::Overwrite)
+                .await?;
+            listed.push(ObjectMeta {
+                key,
+                size,
+                etag: None,
+                last_modified: None,
+            });
+        }
     }
-    let due = moved || !listed.is_empty();
+    let waits = cursor.is_some() && sample.is_some();
+    let due = moved || waits || !listed.is_empty();
     Ok(Look::Maybe(Looked::sampled(listed, due)))
 }
 
@@ -160,10 +170,14 @@ fn topic<'a>(ctx: &'a Scope<'_>) -> &'a str {
 pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> Result<Waiting> {
     let log = kafka::open(&ctx.pipeline.source.location).await?;
     let waiting = where_to_start(ctx, log.as_ref(), control).await?;
-    if waiting.from != control.stream_offsets {
+    if waiting.from != control.stream_offsets || control.stream_topic != topic(ctx) {
         let from = waiting.from.clone();
+        let name = topic(ctx).to_string();
         ctx.checkpoint
-            .update_control(epoch, &|c| c.stream_offsets = from.clone())
+            .update_control(epoch, &|c| {
+                c.stream_offsets = from.clone();
+                c.stream_topic = name.clone();
+            })
             .await?;
     }
     Ok(waiting)
@@ -180,6 +194,21 @@ async fn where_to_start(
     control: &Control,
 ) -> Result<Waiting> {
     let source = &ctx.pipeline.source;
+    if !control.stream_offsets.is_empty()
+        && !control.stream_topic.is_empty()
+        && control.stream_topic != topic(ctx)
+    {
+        return Err(Error::Incompatible {
+            pipeline: ctx.pipeline.name.clone(),
+            message: format!(
+                "source.uri now names topic \"{}\", but the checkpoint's offsets are topic \
+                 \"{}\"'s: reading them in another topic would skip or repeat records. Restore \
+                 source.uri, or run `sluice reset` on the pipeline file to start over",
+                topic(ctx),
+                control.stream_topic
+            ),
+        });
+    }
     let parts = log.partitions().await?;
     let earliest = log.offsets(&parts, At::Earliest).await?;
     let until = log.offsets(&parts, At::Latest).await?;

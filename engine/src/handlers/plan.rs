@@ -17,7 +17,7 @@ use crate::checkpoint::owner::Owner;
 use crate::checkpoint::{self, Claim, Control, Offsets, PipelineRecord, RunStatus};
 use crate::deploy::{EVENT_BUDGET, batch_events};
 use crate::discovery::{Look, Seen, Source};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorClass, Result};
 use crate::operators::SqlOperator;
 use crate::paths;
 use crate::pipeline::schema::columns_of;
@@ -584,9 +584,19 @@ async fn discover_and_plan(
     let mut first_look = true;
     let fresh = loop {
         let seen = seen.take().unwrap_or(Seen::Nothing);
-        let found = source
+        let found = match source
             .find_new(&ctx.scope(), run.epoch, control, seen, first_look)
-            .await?;
+            .await
+        {
+            Ok(found) => found,
+            // Input this run cannot take (records lost, a topic changed):
+            // the lease goes back, as for a refused query.
+            Err(e) if e.class() == ErrorClass::InvalidInput => {
+                release(ctx, &run, RunStatus::Idle).await?;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         first_look = false;
         run.discovered = true;
         if !found.is_empty() {

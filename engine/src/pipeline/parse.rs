@@ -462,6 +462,13 @@ fn check_source_options(
                 .to_string(),
         );
     }
+    if stream && src.on_schema_change == Some(SchemaChangePolicy::AddColumns) {
+        return Err(
+            "source.on_schema_change = \"add-columns\" is not supported for a kafka:// source \
+             yet: use \"rescue\" (new fields go into _rescued) or \"fail\""
+                .to_string(),
+        );
+    }
     if stream && src.on_bad_file.is_some() {
         return Err(
             "source.on_bad_file applies to files; a kafka:// source's bad records follow \
