@@ -288,30 +288,47 @@ pub(crate) async fn open(location: &crate::storage::Location) -> Result<Arc<dyn 
 /// becomes a line that never reads, holding the metadata and the value as
 /// text, so the bad-row policy applies to it and names its offset.
 pub(crate) fn json_line(topic: &str, partition: i32, r: &LogRecord) -> Vec<u8> {
-    let timestamp = chrono::DateTime::from_timestamp_millis(r.timestamp_ms)
-        .map(|t| t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.3f").to_string());
-    let key = r
-        .key
-        .as_ref()
-        .map(|k| String::from_utf8_lossy(k).into_owned());
-    let meta = serde_json::json!({
-        "_topic": topic,
-        "_partition": partition,
-        "_offset": r.offset,
-        "_timestamp": timestamp,
-        "_key": key,
-    });
-    let meta = serde_json::to_string(&meta).expect("plain values serialise");
-    let fields = &meta[1..meta.len() - 1];
+    use std::fmt::Write;
+    // Written by hand: this runs once per record.
+    let mut fields = String::with_capacity(128);
+    let quoted = |s: &str| serde_json::to_string(s).expect("strings serialise");
+    let _ = write!(
+        fields,
+        "\"_topic\":{},\"_partition\":{partition},\"_offset\":{},\"_timestamp\":",
+        quoted(topic),
+        r.offset
+    );
+    match chrono::DateTime::from_timestamp_millis(r.timestamp_ms) {
+        Some(t) => {
+            let _ = write!(
+                fields,
+                "\"{}\"",
+                t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.3f")
+            );
+        }
+        None => fields.push_str("null"),
+    }
+    fields.push_str(",\"_key\":");
+    match &r.key {
+        Some(k) => fields.push_str(&quoted(&String::from_utf8_lossy(k))),
+        None => fields.push_str("null"),
+    }
     let Some(value) = &r.value else {
-        return meta.into_bytes();
+        return format!("{{{fields}}}").into_bytes();
     };
     match one_object(value) {
-        Some(body) if body.trim().is_empty() => meta.into_bytes(),
-        Some(body) => format!("{{{body},{fields}}}").into_bytes(),
+        Some(body) if body.trim().is_empty() => format!("{{{fields}}}").into_bytes(),
+        Some(body) => {
+            let mut line = Vec::with_capacity(body.len() + fields.len() + 3);
+            line.push(b'{');
+            line.extend_from_slice(body.as_bytes());
+            line.push(b',');
+            line.extend_from_slice(fields.as_bytes());
+            line.push(b'}');
+            line
+        }
         None => {
-            let text = String::from_utf8_lossy(value);
-            let shown = serde_json::Value::String(text.into_owned());
+            let shown = quoted(&String::from_utf8_lossy(value));
             // `!` never reads as JSON outside a string.
             format!("{{{fields},\"_value\":{shown} !}}").into_bytes()
         }
@@ -332,18 +349,32 @@ pub(crate) fn one_object(value: &[u8]) -> Option<String> {
 /// files (one per unit, [`crate::paths::stream::unit`]): what a task's
 /// operator then scans as it scans files. Returns the store and the files.
 pub(crate) async fn read_units(
-    log: &dyn RecordLog,
+    log: Arc<dyn RecordLog>,
     topic: &str,
     units: &[RecordRange],
 ) -> Result<(Arc<dyn Store>, Vec<InputFile>)> {
+    // Each unit fetched and written out on a task of its own: the
+    // partitions' leaders answer at once, and the lines are made on every
+    // core.
+    let reads = units.iter().map(|u| {
+        let (log, topic, u) = (log.clone(), topic.to_string(), *u);
+        tokio::spawn(async move {
+            let mut body = Vec::new();
+            for r in log.fetch(u).await? {
+                body.extend(json_line(&topic, u.partition, &r));
+                body.push(b'\n');
+            }
+            Ok::<_, Error>((u, body))
+        })
+    });
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let mut files = Vec::with_capacity(units.len());
-    for u in units {
-        let mut body = Vec::new();
-        for r in log.fetch(*u).await? {
-            body.extend(json_line(topic, u.partition, &r));
-            body.push(b'\n');
-        }
+    for read in futures::future::join_all(reads).await {
+        let (u, body) = read.map_err(|e| Error::Service {
+            service: "kafka",
+            message: format!("a fetch task failed: {e}"),
+            class: ErrorClass::Retryable,
+        })??;
         let key = crate::paths::stream::unit(u.partition, u.start, u.end);
         let size = body.len() as u64;
         store
@@ -453,7 +484,8 @@ mod tests {
             start: 3,
             end: 6,
         };
-        let (store, files) = read_units(&log, "rides", &[unit]).await.unwrap();
+        let log: Arc<dyn RecordLog> = Arc::new(log);
+        let (store, files) = read_units(log, "rides", &[unit]).await.unwrap();
         assert_eq!(files.len(), 1);
         let body = store.get(&files[0].key).await.unwrap().unwrap().bytes;
         let ns: Vec<i64> = String::from_utf8(body.to_vec())

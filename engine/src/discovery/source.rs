@@ -665,7 +665,7 @@ impl Source {
             });
         };
         let log = super::kafka::open(&p.source.location).await?;
-        let (store, files) = super::kafka::read_units(log.as_ref(), topic, &units).await?;
+        let (store, files) = super::kafka::read_units(log, topic, &units).await?;
         let plan = checkpoint::TaskPlan {
             task: task.task,
             inputs: (0..files.len() as u32).collect(),
