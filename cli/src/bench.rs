@@ -133,6 +133,27 @@ pub(crate) async fn raw_datafusion(
     Ok((secs, rows))
 }
 
+/// One sluice run of the pipeline `toml` (paths under `dir`) to its end,
+/// which must read `rows` rows: its seconds, and its context for the runs
+/// after it.
+pub(crate) async fn full_run(toml: &str, dir: &Path, rows: u64) -> anyhow::Result<(f64, Context)> {
+    let ctx = Context::open(Pipeline::parse(toml, "bench.toml", dir)?, None)?;
+    let started = Instant::now();
+    let summary = runner::run(&ctx, |_| {}).await?;
+    let secs = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        summary.end == RunEnd::Done,
+        "bench run ended {:?}",
+        summary.end
+    );
+    let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
+    anyhow::ensure!(
+        rows_in == rows,
+        "sluice read {rows_in} rows, expected {rows}"
+    );
+    Ok((secs, ctx))
+}
+
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
     v[v.len() / 2]
@@ -243,21 +264,8 @@ async fn full_runs(
                 .0,
         );
         let toml = pipeline_toml(round);
-        let pipeline = Pipeline::parse(&toml, "bench.toml", dir)?;
-        let ctx = Context::open(pipeline, None)?;
-        let started = Instant::now();
-        let summary = runner::run(&ctx, |_| {}).await?;
-        ours.push(started.elapsed().as_secs_f64());
-        anyhow::ensure!(
-            summary.end == RunEnd::Done,
-            "bench run ended {:?}",
-            summary.end
-        );
-        let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
-        anyhow::ensure!(
-            rows_in == total_rows,
-            "sluice read {rows_in} rows, expected {total_rows}"
-        );
+        let (secs, ctx) = full_run(&toml, dir, total_rows).await?;
+        ours.push(secs);
         last_ctx = Some(ctx);
         progress.inc(1);
     }

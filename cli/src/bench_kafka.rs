@@ -18,9 +18,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use rskafka::client::partition::{Compression, OffsetAt, PartitionClient, UnknownTopicHandling};
 use rskafka::client::{Client, ClientBuilder};
 use rskafka::record::Record;
-use sluice_engine::handlers::Context;
-use sluice_engine::pipeline::Pipeline;
-use sluice_engine::runner::{self, RunEnd};
+use sluice_engine::runner;
 
 const SQL: &str = "SELECT ride_id, zone, fare, tip, fare + tip AS total FROM rides WHERE fare > 3";
 
@@ -52,20 +50,8 @@ pub async fn run(
         let out = dir.join(format!("plain-{round}"));
         plain.push(plain_consumer(&client, &topic, &ends, &out).await?);
         let toml = pipeline_toml(round, bootstrap, &topic);
-        let ctx = Context::open(Pipeline::parse(&toml, "bench.toml", dir)?, None)?;
-        let started = Instant::now();
-        let summary = runner::run(&ctx, |_| {}).await?;
-        ours.push(started.elapsed().as_secs_f64());
-        anyhow::ensure!(
-            summary.end == RunEnd::Done,
-            "bench run ended {:?}",
-            summary.end
-        );
-        let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
-        anyhow::ensure!(
-            rows_in == total as u64,
-            "sluice read {rows_in} records, {total} were produced"
-        );
+        let (secs, ctx) = super::bench::full_run(&toml, dir, total as u64).await?;
+        ours.push(secs);
         last = Some(ctx);
     }
     let ctx = last.expect("one round");
