@@ -101,6 +101,9 @@ enum Scenario {
     /// A corrupt file refused: its batch abandoned (plans deleted, what was
     /// staged removed, the lease released); the file is fixed meanwhile.
     Refused,
+    /// A Kafka topic of two partitions: record ranges planned, offsets
+    /// committed in control; records arrive meanwhile (the test broker).
+    Kafka,
 }
 
 const CSV_SQL: &str = "SELECT id, v, v * 2 AS twice FROM t WHERE v > 1";
@@ -112,11 +115,18 @@ impl Scenario {
             Scenario::Notify => "fencen",
             Scenario::Windowed => "fencew",
             Scenario::Refused => "fencer",
+            Scenario::Kafka => "fencek",
         }
     }
 
-    fn toml(self) -> String {
+    fn toml(self, root: &Path) -> String {
         match self {
+            Scenario::Kafka => crate::kafka::kafka_toml(
+                self.name(),
+                &std::fs::read_to_string(root.join("topic")).unwrap(),
+                "",
+                "max_records_per_batch = 6\nmax_records_per_task = 3",
+            ),
             Scenario::List => format!(
                 r#"name = "fence"
 [source]
@@ -158,7 +168,7 @@ max_files_per_batch = 2
             Scenario::Notify => {
                 let input = root.join("input");
                 let files = gen_files(&input, 3, 40);
-                let ctx = local_context(&pipeline(root, &self.toml()));
+                let ctx = local_context(&pipeline(root, &self.toml(root)));
                 discovery::record_notified(ctx.checkpoint.store(), notified(&files, &input))
                     .await
                     .unwrap();
@@ -169,6 +179,13 @@ max_files_per_batch = 2
             Scenario::Refused => {
                 let files = gen_files(&root.join("input"), 3, 40);
                 std::fs::write(&files[1], b"not parquet at all").unwrap();
+            }
+            Scenario::Kafka => {
+                let topic = crate::kafka::fresh_topic("fence", 2);
+                std::fs::write(root.join("topic"), &topic).unwrap();
+                let records = root.join("produced.jsonl");
+                crate::kafka::produce(&topic, 0, &crate::kafka::rides(0, 9), &records);
+                crate::kafka::produce(&topic, 1, &crate::kafka::rides(100, 5), &records);
             }
         }
     }
@@ -200,10 +217,15 @@ max_files_per_batch = 2
             Scenario::Notify => {
                 let input = root.join("input");
                 let files = gen_files(&input, 1, 40);
-                let ctx = local_context(&pipeline(root, &self.toml()));
+                let ctx = local_context(&pipeline(root, &self.toml(root)));
                 discovery::record_notified(ctx.checkpoint.store(), notified(&files, &input))
                     .await
                     .unwrap();
+            }
+            Scenario::Kafka => {
+                let topic = std::fs::read_to_string(root.join("topic")).unwrap();
+                let records = root.join("produced.jsonl");
+                crate::kafka::produce(&topic, 1, &crate::kafka::rides(500, 4), &records);
             }
             Scenario::Windowed | Scenario::Refused => {}
         }
@@ -215,7 +237,9 @@ max_files_per_batch = 2
         let sink = root.join("out/sink");
         match self {
             Scenario::List => manifest_rows(&sink, self.name(), "id, v, twice", "").await,
-            Scenario::Notify | Scenario::Refused => committed_rows(&sink, self.name()).await,
+            Scenario::Notify | Scenario::Refused | Scenario::Kafka => {
+                committed_rows(&sink, self.name()).await
+            }
             Scenario::Windowed => {
                 let (mut got, _) = crate::stateful::windowed_output(root, self.name(), false).await;
                 let (late, _) = crate::stateful::windowed_late(root, false).await;
@@ -245,6 +269,8 @@ max_files_per_batch = 2
                 .await
             }
             Scenario::Notify | Scenario::Refused => one_shot_rows(&root.join("input")).await,
+            // DuckDB over the records as produced, kept by the test.
+            Scenario::Kafka => crate::kafka::expected(&root.join("produced.jsonl")).await,
             Scenario::Windowed => {
                 let (_, mut want) = crate::stateful::windowed_output(root, self.name(), true).await;
                 let (_, late) = crate::stateful::windowed_late(root, true).await;
@@ -327,7 +353,7 @@ fn bystander_files(root: &Path) -> Vec<(String, Vec<u8>)> {
 /// record (a manifest, or a record's late rows), and every manifest by a
 /// commit of this history.
 async fn assert_consistent(root: &Path, s: Scenario, inputs: u64, what: &str) {
-    let toml = s.toml();
+    let toml = s.toml(root);
     let ctx = local_context(&pipeline(root, &toml));
     let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
     assert!(!c.resetting, "{what}: resetting");
@@ -373,6 +399,20 @@ async fn assert_consistent(root: &Path, s: Scenario, inputs: u64, what: &str) {
         let (index, _) = ctx.checkpoint.index(c.first_batch).await.unwrap();
         assert_eq!(index.through_batch, Some(last), "{what}: index");
     }
+    if s == Scenario::Kafka {
+        // Every record produced was read, and control's offsets say so:
+        // the end of each partition, counted from what the test produced.
+        let mut ends = std::collections::BTreeMap::new();
+        let produced = std::fs::read_to_string(root.join("produced.jsonl")).unwrap();
+        for line in produced.lines() {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            let p = row["_partition"].as_i64().unwrap() as i32;
+            let next = row["_offset"].as_i64().unwrap() + 1;
+            let end = ends.entry(p).or_insert(0);
+            *end = next.max(*end);
+        }
+        assert_eq!(c.stream_offsets, ends, "{what}: control's offsets");
+    }
     let sink = root.join("out/sink");
     let manifests = manifest_files(&sink, s.name()).await;
     for (n, _, _) in &manifests {
@@ -401,9 +441,12 @@ async fn assert_consistent(root: &Path, s: Scenario, inputs: u64, what: &str) {
     );
 }
 
-/// Input files of the scenario under `root` now.
-fn input_files(root: &Path) -> u64 {
-    snapshot(&root.join("input")).len() as u64
+/// Input files of the scenario under `root` now (a topic has none).
+fn input_files(s: Scenario, root: &Path) -> u64 {
+    match s {
+        Scenario::Kafka => 0,
+        _ => snapshot(&root.join("input")).len() as u64,
+    }
 }
 
 /// Run the stale writer to completion without stopping it: how many
@@ -413,7 +456,7 @@ async fn count_writes(s: Scenario, stale: Stale) -> u64 {
     let root = dir.path();
     s.setup(root).await;
     let pause = Arc::new(Pause::default());
-    let ctx = paused_context(root, &s.toml(), &pause);
+    let ctx = paused_context(root, &s.toml(root), &pause);
     match stale {
         // The refused scenario's run ends with the refusal.
         Stale::Run if s == Scenario::Refused => {
@@ -423,7 +466,7 @@ async fn count_writes(s: Scenario, stale: Stale) -> u64 {
             run(&ctx).await.unwrap();
         }
         Stale::Reset => {
-            run(&local_context(&pipeline(root, &s.toml())))
+            run(&local_context(&pipeline(root, &s.toml(root))))
                 .await
                 .unwrap();
             admin::reset(&ctx).await.unwrap();
@@ -446,7 +489,7 @@ async fn each_write_held(s: Scenario, stale: Stale, meanwhile: Meanwhile) {
         s.setup(root).await;
         let other = bystander(root).await;
         let before = bystander_files(root);
-        let toml = s.toml();
+        let toml = s.toml(root);
         let local = || local_context(&pipeline(root, &toml));
         if stale == Stale::Reset {
             run(&local()).await.unwrap();
@@ -540,7 +583,7 @@ async fn each_write_held(s: Scenario, stale: Stale, meanwhile: Meanwhile) {
                 want.len()
             );
         }
-        assert_consistent(root, s, input_files(root), &what).await;
+        assert_consistent(root, s, input_files(s, root), &what).await;
         assert_eq!(
             bystander_files(root),
             before,
@@ -609,4 +652,14 @@ async fn a_run_abandoning_a_refused_batch_held_at_any_write_changes_nothing_afte
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_abandoning_a_refused_batch_held_at_any_write_changes_nothing_after_a_reset() {
     each_write_held(Scenario::Refused, Stale::Run, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kafka_run_held_at_any_write_changes_nothing_after_a_takeover() {
+    each_write_held(Scenario::Kafka, Stale::Run, Meanwhile::TakeOver).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kafka_run_held_at_any_write_changes_nothing_after_a_reset() {
+    each_write_held(Scenario::Kafka, Stale::Run, Meanwhile::Reset).await;
 }

@@ -38,7 +38,7 @@ fn stand(args: &[&str]) -> String {
 static TOPIC_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// A new topic with `partitions` partitions.
-fn fresh_topic(what: &str, partitions: u32) -> String {
+pub(crate) fn fresh_topic(what: &str, partitions: u32) -> String {
     let topic = format!(
         "{what}-{}-{}",
         std::process::id(),
@@ -66,7 +66,7 @@ fn create_topic(topic: &str, partitions: u32) {
 /// Produce `values` (JSON texts) to `partition` of `topic`, one request
 /// each, and append each record as DuckDB should see it (its value's
 /// fields, `_partition`, `_offset`) to `expected` (JSON Lines).
-fn produce(topic: &str, partition: i32, values: &[String], expected: &Path) {
+pub(crate) fn produce(topic: &str, partition: i32, values: &[String], expected: &Path) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("records.jsonl");
     let lines: Vec<String> = values
@@ -100,7 +100,7 @@ fn produce(topic: &str, partition: i32, values: &[String], expected: &Path) {
 }
 
 /// `n` ride records numbered from `first`.
-fn rides(first: u64, n: u64) -> Vec<String> {
+pub(crate) fn rides(first: u64, n: u64) -> Vec<String> {
     (first..first + n)
         .map(|i| {
             serde_json::json!({"ride_id": i, "fare": (i % 17) as f64 * 1.5, "zone": format!("z{}", i % 4)})
@@ -112,7 +112,7 @@ fn rides(first: u64, n: u64) -> Vec<String> {
 const COLS: &str = "ride_id, fare, zone, _partition, _offset";
 
 /// A pipeline reading `topic`.
-fn kafka_toml(name: &str, topic: &str, extra_source: &str, limits: &str) -> String {
+pub(crate) fn kafka_toml(name: &str, topic: &str, extra_source: &str, limits: &str) -> String {
     format!(
         r#"name = "{name}"
 [source]
@@ -134,7 +134,7 @@ uri = "out/checkpoint"
 }
 
 /// What DuckDB makes of the records produced so far.
-async fn expected(records: &Path) -> Vec<String> {
+pub(crate) async fn expected(records: &Path) -> Vec<String> {
     duckdb_sql(&format!(
         "SELECT {COLS} FROM read_json('{}', format = 'newline_delimited') WHERE fare > 3",
         records.display()
@@ -505,4 +505,149 @@ async fn another_topic_is_refused_while_the_offsets_are_the_first_ones() {
         committed_rows(&root.join("out/sink"), "sw").await,
         expected(&kept).await
     );
+}
+
+/// Start `sluice run` on the pipeline file in `root`, output captured.
+fn spawn_run(root: &Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("run")
+        .arg(root.join("pipeline.toml"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waves of three `sluice run` processes started at once on one topic
+/// while records arrive, one of each wave killed at a varying moment:
+/// after a last run, every record produced is committed exactly once,
+/// nothing is left staged or unnamed, and control's offsets are the ends
+/// of the partitions as produced.
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_and_racing_runs_of_a_topic_commit_every_record_once() {
+    let topic = fresh_topic("storm", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = root.join("produced.jsonl");
+    let toml = kafka_toml(
+        "kstorm",
+        &topic,
+        "",
+        "max_records_per_batch = 5\nmax_records_per_task = 2",
+    );
+    std::fs::write(root.join("pipeline.toml"), &toml).unwrap();
+    let mut killed = 0;
+    let mut busy = 0;
+    for wave in 0..6u64 {
+        produce(
+            &topic,
+            (wave % 3) as i32,
+            &rides(wave * 100, 10 + wave),
+            &records,
+        );
+        let mut children: Vec<_> = (0..3).map(|_| spawn_run(root)).collect();
+        let delay_ms = [20u64, 45, 80, 120, 180, 260][wave as usize];
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        // The first of them still running is killed.
+        if let Some(i) = children
+            .iter_mut()
+            .position(|c| c.try_wait().unwrap().is_none())
+        {
+            let mut victim = children.remove(i);
+            victim.kill().unwrap();
+            victim.wait().unwrap();
+            killed += 1;
+        }
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            // A run may find the lease held by the killed one until it
+            // expires (test mode: short), or by its sibling.
+            busy += String::from_utf8_lossy(&out.stdout)
+                .matches("holds the lease")
+                .count();
+            assert!(
+                out.status.success(),
+                "wave {wave}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    assert!(killed >= 3, "only {killed} kills landed mid-run");
+    eprintln!("kafka storm: {killed} runs killed, {busy} found the lease held");
+    let last = spawn_run(root).wait_with_output().unwrap();
+    assert!(
+        last.status.success(),
+        "{}",
+        String::from_utf8_lossy(&last.stderr)
+    );
+    let sink = root.join("out/sink");
+    assert_eq!(
+        committed_rows(&sink, "kstorm").await,
+        expected(&records).await
+    );
+    assert_eq!(orphan_files(&sink, "kstorm").await, Vec::<String>::new());
+    assert_eq!(staged_files(&sink), Vec::<String>::new());
+    let mut ends = std::collections::BTreeMap::new();
+    for wave in 0..6i64 {
+        *ends.entry((wave % 3) as i32).or_insert(0) += 10 + wave;
+    }
+    assert_eq!(control_of(root, &toml).await.stream_offsets, ends);
+}
+
+/// Records produced in `drops` (partition, count), a run after every
+/// `every` drops and one at the end, batches of at most `per_batch`
+/// records in tasks of `per_task`: the committed output equals DuckDB over
+/// the records as produced, and control's offsets are each partition's end.
+fn random_drops(drops: Vec<(i32, u64)>, every: usize, per_batch: u64, per_task: u64) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let topic = fresh_topic("eq", 3);
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let records = root.join("produced.jsonl");
+        let toml = kafka_toml(
+            "keq",
+            &topic,
+            "",
+            &format!("max_records_per_batch = {per_batch}\nmax_records_per_task = {per_task}"),
+        );
+        let ctx = local_context(&pipeline(root, &toml));
+        // Control names every partition, those never written to at 0.
+        let mut ends: std::collections::BTreeMap<i32, i64> = (0..3).map(|p| (p, 0)).collect();
+        for (i, (partition, n)) in drops.iter().enumerate() {
+            produce(&topic, *partition, &rides(i as u64 * 100, *n), &records);
+            *ends.entry(*partition).or_insert(0) += *n as i64;
+            if (i + 1) % every == 0 {
+                run(&ctx).await.unwrap();
+            }
+        }
+        run(&ctx).await.unwrap();
+        assert_eq!(
+            committed_rows(&root.join("out/sink"), "keq").await,
+            expected(&records).await,
+            "drops {drops:?}, a run every {every}, {per_batch} per batch, {per_task} per task"
+        );
+        let control = control_of(root, &toml).await;
+        assert_eq!(control.stream_offsets, ends);
+        for c in commit_records(root, &toml).await {
+            let s = c.stream.expect("a stream batch");
+            // Spark's rate limit rounds each share down, but a share
+            // below one record up: at most one more per partition.
+            assert!(s.records() <= per_batch + 3, "{} records", s.records());
+        }
+    });
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 5, ..Default::default() })]
+
+    #[test]
+    fn splitting_a_topic_into_runs_batches_and_tasks_never_changes_the_result(
+        drops in proptest::collection::vec((0i32..3, 1u64..6), 1..6),
+        every in 1usize..4,
+        per_batch in 1u64..12,
+        per_task in 1u64..5,
+    ) {
+        random_drops(drops, every, per_batch, per_task);
+    }
 }
