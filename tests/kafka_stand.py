@@ -20,7 +20,7 @@ Subcommands:
     delete-topic --bootstrap B --topic T    (then create-topic again: the
            same name starts over at offset 0, with any partition count)
     produce --bootstrap B --topic T --file records.jsonl [--batch]
-           [--compression gzip|snappy|lz4|zstd]
+           [--compression gzip|snappy|lz4|zstd] [--transactional]
            one JSON object a line: {"partition": int|null, "key": str|null,
            "value": <json>|str, "timestamp_ms": int|null, "headers": {str: str}}
            (only "value" is required; a string value is sent as its UTF-8
@@ -47,7 +47,8 @@ What the stand does NOT do (checked against tansu 0.6.0-510f3e2):
   consumer send it) creates the topic with 4 partitions.
 - Transactions: commit/abort markers are written, the fetch's last stable
   offset is right, but aborted_transactions is always empty, so
-  read_committed consumers see aborted records. ListOffsets(latest,
+  read_committed consumers see aborted records (checked with kafka-python's
+  consumer: records sent and flushed before abort_transaction are read). ListOffsets(latest,
   read_committed) answers 0 while a transaction is open.
 - ListOffsets by timestamp ignores the records' timestamps.
 """
@@ -245,7 +246,12 @@ def cmd_produce(args):
                       max_request_size=64 << 20)
     else:
         kwargs.update(linger_ms=0)
+    if args.transactional:
+        kwargs.update(transactional_id=f"kafka-stand-{os.getpid()}")
     producer = KafkaProducer(**kwargs)
+    if args.transactional:
+        producer.init_transactions()
+        producer.begin_transaction()
     try:
         futures = []
         for rec in read_records(args.file):
@@ -265,6 +271,8 @@ def cmd_produce(args):
             producer.flush(timeout=30)
             for fut in futures:
                 print_metadata(fut.get(timeout=30))
+        if args.transactional:
+            producer.commit_transaction()
     finally:
         producer.close()
 
@@ -392,6 +400,9 @@ def main():
     p.add_argument("--batch", action="store_true",
                    help="all records in one request per partition (ListOffsets "
                         "latest is wrong afterwards on this stand)")
+    p.add_argument("--transactional", action="store_true",
+                   help="all records in one committed transaction (a commit "
+                        "marker follows them in each partition written)")
     p.add_argument("--compression", choices=["gzip", "snappy", "lz4", "zstd"],
                    help="gzip needs nothing; the others need their python module")
     p.set_defaults(func=cmd_produce)

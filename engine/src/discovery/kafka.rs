@@ -197,19 +197,21 @@ impl RecordLog for KafkaLog {
         let what = format!("fetch {}/{}", self.topic, range.partition);
         let mut out = Vec::new();
         let mut at = range.start;
+        let mut empty = 0;
         while at < range.end {
-            let (records, _high) = within(
+            // Read committed: records of aborted transactions and the
+            // transactions' markers are left out (vendor/rskafka), and
+            // `next` steps over the offsets they took.
+            let (records, _high, next) = within(
                 &self.brokers,
                 &what,
-                c.fetch_records(at, 1..FETCH_BYTES, 100),
+                c.fetch_records_and_next(at, 1..FETCH_BYTES, 100),
             )
             .await?;
-            let before = at;
             for r in records {
                 if r.offset < at || r.offset >= range.end {
                     continue;
                 }
-                at = r.offset + 1;
                 out.push(LogRecord {
                     offset: r.offset,
                     timestamp_ms: r.record.timestamp.timestamp_millis(),
@@ -217,10 +219,29 @@ impl RecordLog for KafkaLog {
                     value: r.record.value,
                 });
             }
-            if at == before {
-                // Nothing readable at `at`: a transaction marker (rskafka
-                // drops control batches, one offset each). Step over it.
-                at += 1;
+            match next {
+                Some(next) if next > at => {
+                    at = next;
+                    empty = 0;
+                }
+                // Nothing at `at`, below the end the plan saw: the broker
+                // has not caught up (a new leader); a few tries, then the
+                // step fails and is retried, never passed over.
+                _ if empty < 3 => {
+                    empty += 1;
+                    tokio::time::sleep(Duration::from_millis(200 * empty)).await;
+                }
+                _ => {
+                    return Err(Error::Service {
+                        service: "kafka",
+                        message: format!(
+                            "{what} at {}: the broker returns no records at offset {at}, below \
+                             the end {} the plan saw; the step is retried",
+                            self.brokers, range.end
+                        ),
+                        class: ErrorClass::Retryable,
+                    });
+                }
             }
         }
         Ok(out)
@@ -499,5 +520,68 @@ mod tests {
             .collect();
         assert_eq!(ns, vec![3, 4, 5]);
         assert_eq!(files[0].size, body.len() as u64);
+    }
+
+    /// The read-committed rule of the vendored client (vendor/rskafka),
+    /// against cases worked by hand from the Java consumer's
+    /// `CompletedFetch.nextFetchedRecord`: the test broker never lists
+    /// aborted transactions in a fetch, so this is where it is checked.
+    #[test]
+    fn records_of_aborted_transactions_are_not_read() {
+        use rskafka::client::partition::{BatchHeader, read_committed};
+        let data = |last_offset, producer_id, is_transactional| BatchHeader {
+            last_offset,
+            producer_id,
+            is_transactional,
+            control: None,
+        };
+        let marker = |last_offset, producer_id, abort| BatchHeader {
+            last_offset,
+            producer_id,
+            is_transactional: true,
+            control: Some(abort),
+        };
+        // No transactions: everything is read.
+        let plain = [data(2, -1, false), data(5, 3, false)];
+        assert_eq!(read_committed(&plain, vec![]), vec![true, true]);
+        // Producer 7: a committed transaction (0..=2, COMMIT at 3), an
+        // aborted one (4..=5, 6..=7, ABORT at 8), then a committed one
+        // (9..=9, COMMIT at 10). Producer 8 writes plain batches between.
+        let log = [
+            data(2, 7, true),
+            marker(3, 7, false),
+            data(5, 7, true),
+            data(6, 8, false),
+            data(7, 7, true),
+            marker(8, 7, true),
+            data(9, 7, true),
+            marker(10, 7, false),
+            data(11, 8, false),
+        ];
+        assert_eq!(
+            read_committed(&log, vec![(4, 7)]),
+            vec![true, false, false, true, false, false, true, false, true]
+        );
+        // Interleaved transactions of two producers, one aborted: only
+        // the aborted producer's batches are dropped.
+        let log = [
+            data(0, 1, true),
+            data(1, 2, true),
+            data(2, 1, true),
+            marker(3, 2, false),
+            marker(4, 1, true),
+        ];
+        assert_eq!(
+            read_committed(&log, vec![(0, 1)]),
+            vec![false, true, false, false, false]
+        );
+        // The list may hold transactions the response's batches start
+        // after: they drop nothing before their first offset.
+        let log = [data(1, 5, true), marker(2, 5, false), data(4, 5, true)];
+        assert_eq!(read_committed(&log, vec![(3, 5)]), vec![true, false, false]);
+        // A non-transactional batch of a producer with an aborted
+        // transaction is read.
+        let log = [data(0, 6, true), data(1, 6, false), marker(2, 6, true)];
+        assert_eq!(read_committed(&log, vec![(0, 6)]), vec![false, true, false]);
     }
 }
