@@ -309,61 +309,106 @@ pub(crate) async fn open(location: &crate::storage::Location) -> Result<Arc<dyn 
 /// becomes a line that never reads, holding the metadata and the value as
 /// text, so the bad-row policy applies to it and names its offset.
 pub(crate) fn json_line(topic: &str, partition: i32, r: &LogRecord) -> Vec<u8> {
-    use std::fmt::Write;
-    // Written by hand: this runs once per record.
-    let mut fields = String::with_capacity(128);
-    let quoted = |s: &str| serde_json::to_string(s).expect("strings serialise");
+    let mut line = Vec::new();
+    write_json_line(&mut line, &quoted(topic), partition, r);
+    line
+}
+
+/// `s` as a JSON string.
+fn quoted(s: &str) -> String {
+    serde_json::to_string(s).expect("strings serialise")
+}
+
+/// [`json_line`] appended to `out` (no line break), the topic already
+/// quoted: this runs once per record, so it builds no string of its own
+/// for the metadata and copies the value once.
+fn write_json_line(out: &mut Vec<u8>, quoted_topic: &str, partition: i32, r: &LogRecord) {
+    out.push(b'{');
+    match r.value.as_deref().map(one_object) {
+        None => write_meta(out, quoted_topic, partition, r),
+        Some(Some(body)) => {
+            if !body.trim().is_empty() {
+                out.extend_from_slice(body.as_bytes());
+                out.push(b',');
+            }
+            write_meta(out, quoted_topic, partition, r);
+        }
+        Some(None) => {
+            // Not one JSON object: a line that never reads (`!` is not
+            // JSON outside a string) holding the value as text.
+            write_meta(out, quoted_topic, partition, r);
+            let value = r.value.as_deref().unwrap_or_default();
+            out.extend_from_slice(b",\"_value\":");
+            out.extend_from_slice(quoted(&String::from_utf8_lossy(value)).as_bytes());
+            out.extend_from_slice(b" !");
+        }
+    }
+    out.push(b'}');
+}
+
+/// A record's metadata members.
+fn write_meta(out: &mut Vec<u8>, quoted_topic: &str, partition: i32, r: &LogRecord) {
+    use std::io::Write;
     let _ = write!(
-        fields,
-        "\"_topic\":{},\"_partition\":{partition},\"_offset\":{},\"_timestamp\":",
-        quoted(topic),
+        out,
+        "\"_topic\":{quoted_topic},\"_partition\":{partition},\"_offset\":{},\"_timestamp\":",
         r.offset
     );
-    match chrono::DateTime::from_timestamp_millis(r.timestamp_ms) {
-        Some(t) => {
-            let _ = write!(
-                fields,
-                "\"{}\"",
-                t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.3f")
-            );
-        }
-        None => fields.push_str("null"),
-    }
-    fields.push_str(",\"_key\":");
+    write_timestamp(out, r.timestamp_ms);
+    out.extend_from_slice(b",\"_key\":");
     match &r.key {
-        Some(k) => fields.push_str(&quoted(&String::from_utf8_lossy(k))),
-        None => fields.push_str("null"),
+        Some(k) => out.extend_from_slice(quoted(&String::from_utf8_lossy(k)).as_bytes()),
+        None => out.extend_from_slice(b"null"),
     }
-    let Some(value) = &r.value else {
-        return format!("{{{fields}}}").into_bytes();
+}
+
+/// A record's timestamp (ms since the epoch) as `"YYYY-MM-DDTHH:MM:SS.mmm"`
+/// in UTC, or `null` outside what a timestamp column holds.
+fn write_timestamp(out: &mut Vec<u8>, ms: i64) {
+    use chrono::{Datelike, Timelike};
+    let Some(t) = chrono::DateTime::from_timestamp_millis(ms) else {
+        out.extend_from_slice(b"null");
+        return;
     };
-    match one_object(value) {
-        Some(body) if body.trim().is_empty() => format!("{{{fields}}}").into_bytes(),
-        Some(body) => {
-            let mut line = Vec::with_capacity(body.len() + fields.len() + 3);
-            line.push(b'{');
-            line.extend_from_slice(body.as_bytes());
-            line.push(b',');
-            line.extend_from_slice(fields.as_bytes());
-            line.push(b'}');
-            line
-        }
-        None => {
-            let shown = quoted(&String::from_utf8_lossy(value));
-            // `!` never reads as JSON outside a string.
-            format!("{{{fields},\"_value\":{shown} !}}").into_bytes()
-        }
+    let (date, time) = (t.date_naive(), t.time());
+    if !(0..=9999).contains(&date.year()) {
+        use std::io::Write;
+        let _ = write!(out, "\"{}\"", t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.3f"));
+        return;
     }
+    // Digits by hand: strftime parses its format on every call.
+    out.push(b'"');
+    let mut put = |n: u32, width: usize, after: u8| {
+        let mut buf = [b'0'; 4];
+        let mut n = n;
+        for d in buf[..width].iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        out.extend_from_slice(&buf[..width]);
+        out.push(after);
+    };
+    put(date.year() as u32, 4, b'-');
+    put(date.month(), 2, b'-');
+    put(date.day(), 2, b'T');
+    put(time.hour(), 2, b':');
+    put(time.minute(), 2, b':');
+    put(time.second(), 2, b'.');
+    put((time.nanosecond() / 1_000_000) % 1000, 3, b'"');
 }
 
 /// The members of `value` (between its braces, line breaks as spaces) if
 /// it is exactly one JSON object in UTF-8.
-pub(crate) fn one_object(value: &[u8]) -> Option<String> {
+pub(crate) fn one_object(value: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
     let text = std::str::from_utf8(value).ok()?;
     // One pass that checks the syntax and builds nothing.
     serde_json::from_str::<serde::de::IgnoredAny>(text).ok()?;
     let body = text.trim().strip_prefix('{')?.strip_suffix('}')?;
-    Some(body.replace(['\n', '\r'], " "))
+    Some(if body.contains(['\n', '\r']) {
+        std::borrow::Cow::Owned(body.replace(['\n', '\r'], " "))
+    } else {
+        std::borrow::Cow::Borrowed(body)
+    })
 }
 
 /// Read `units` from `log` into a fresh in-memory store as JSON Lines
@@ -380,9 +425,11 @@ pub(crate) async fn read_units(
     let reads = units.iter().map(|u| {
         let (log, topic, u) = (log.clone(), topic.to_string(), *u);
         tokio::spawn(async move {
-            let mut body = Vec::new();
-            for r in log.fetch(u).await? {
-                body.extend(json_line(&topic, u.partition, &r));
+            let records = log.fetch(u).await?;
+            let topic = quoted(&topic);
+            let mut body = Vec::with_capacity(records.len() * 160);
+            for r in &records {
+                write_json_line(&mut body, &topic, u.partition, r);
                 body.push(b'\n');
             }
             Ok::<_, Error>((u, body))
@@ -520,6 +567,39 @@ mod tests {
             .collect();
         assert_eq!(ns, vec![3, 4, 5]);
         assert_eq!(files[0].size, body.len() as u64);
+    }
+
+    /// The timestamps written by hand are chrono's, across eras, leap
+    /// days and the edges of what a timestamp holds.
+    #[test]
+    fn timestamps_are_written_as_chrono_formats_them() {
+        let mut ms: Vec<i64> = vec![
+            0,
+            -1,
+            1,
+            951_782_400_000,     // 2000-02-29
+            1_764_680_400_123,   // 2025-12-02T13:00:00.123
+            253_402_300_799_999, // 9999-12-31T23:59:59.999
+            253_402_300_800_000, // 10000-01-01
+            -62_167_219_200_000, // 0000-01-01
+            -62_167_219_200_001, // -0001-12-31
+            i64::MAX,
+            i64::MIN,
+        ];
+        let mut x: i64 = 0x2545_f491;
+        for _ in 0..2000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            ms.push(x % 300_000_000_000_000);
+        }
+        for m in ms {
+            let mut got = Vec::new();
+            write_timestamp(&mut got, m);
+            let want = match chrono::DateTime::from_timestamp_millis(m) {
+                Some(t) => format!("\"{}\"", t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.3f")),
+                None => "null".to_string(),
+            };
+            assert_eq!(String::from_utf8(got).unwrap(), want, "{m} ms");
+        }
     }
 
     /// The read-committed rule of the vendored client (vendor/rskafka),
