@@ -701,3 +701,110 @@ async fn committed_transactions_are_read_and_their_markers_stepped_over() {
         expected(&records).await
     );
 }
+
+/// Records whose timestamps lie past year 9999 or before year 0 (a
+/// producer writing microseconds as milliseconds) are rows like any other,
+/// `_timestamp` as DuckDB computes it from the milliseconds; a value with
+/// a lone UTF-16 surrogate escape (`"\ud800"`: valid syntax, no
+/// character) is a bad row, quarantined with its offset, even in the first
+/// batch, whose schema is inferred (it stopped the pipeline, whatever the
+/// policy).
+#[tokio::test(flavor = "multi_thread")]
+async fn far_timestamps_are_read_and_lone_surrogates_are_bad_rows() {
+    let topic = fresh_topic("edge", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let stamps: [i64; 5] = [
+        1_764_680_400_123,
+        253_402_300_800_000,   // 10000-01-01
+        1_764_680_400_123_456, // microseconds written as milliseconds
+        -62_167_219_200_001,   // -0001-12-31T23:59:59.999
+        -1,
+    ];
+    let mut lines = String::new();
+    for (i, ts) in stamps.iter().enumerate() {
+        let value = serde_json::json!({"n": i}).to_string();
+        lines.push_str(
+            &serde_json::json!({"partition": 0, "value": value, "timestamp_ms": ts}).to_string(),
+        );
+        lines.push('\n');
+    }
+    for value in [
+        r#"{"s":"\ud800"}"#,
+        r#"{"s":"\udc00 x"}"#,
+        r#"{"s":"\ud83d\ude00"}"#,
+    ] {
+        lines.push_str(&serde_json::json!({"partition": 0, "value": value}).to_string());
+        lines.push('\n');
+    }
+    let file = root.join("records.jsonl");
+    std::fs::write(&file, lines).unwrap();
+    let b = bootstrap();
+    stand(&[
+        "produce",
+        "--bootstrap",
+        &b,
+        "--topic",
+        &topic,
+        "--file",
+        file.to_str().unwrap(),
+    ]);
+    let toml = format!(
+        r#"name = "edge"
+[source]
+uri = "kafka://{b}/{topic}"
+format = "jsonl"
+table = "t"
+on_bad_row = "quarantine"
+[query]
+sql = "SELECT n, s, _offset, CAST(_timestamp AS BIGINT) AS us FROM t"
+[sink]
+uri = "out/sink"
+[checkpoint]
+uri = "out/checkpoint"
+"#
+    );
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    // DuckDB: the microseconds of each record's milliseconds, and the
+    // paired surrogates' character.
+    let want = duckdb_sql(&format!(
+        "SELECT * FROM (VALUES {}, (NULL, '\u{1F600}', 7, NULL)) v(n, s, _offset, us)",
+        stamps
+            .iter()
+            .enumerate()
+            .map(|(i, ts)| format!("({i}, NULL, {i}, epoch_us(epoch_ms({ts}::BIGINT)))"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+    .await;
+    let mut got = committed_rows(&root.join("out/sink"), "edge").await;
+    got.sort();
+    let mut want_sorted = want;
+    want_sorted.sort();
+    // The paired record's timestamp is the broker's clock: compared apart.
+    let clock = |rows: &mut Vec<String>| rows.retain(|r| !r.contains('\u{1F600}'));
+    let (mut got_rest, mut want_rest) = (got.clone(), want_sorted.clone());
+    clock(&mut got_rest);
+    clock(&mut want_rest);
+    assert_eq!(got_rest, want_rest);
+    assert!(
+        got.iter()
+            .any(|r| r.contains('\u{1F600}') && r.contains("7")),
+        "{got:?}"
+    );
+    let quarantined: Vec<serde_json::Value> = walk_files(&root.join("out/sink/_quarantine"))
+        .iter()
+        .flat_map(|f| {
+            std::fs::read_to_string(f)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(quarantined.len(), 2, "{quarantined:?}");
+    for (q, offset) in quarantined.iter().zip([5, 6]) {
+        let raw = q["raw"].as_str().unwrap();
+        assert!(raw.contains(&format!("\"_offset\":{offset}")), "{q}");
+    }
+}

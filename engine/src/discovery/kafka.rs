@@ -310,9 +310,28 @@ pub(crate) async fn open(location: &crate::storage::Location) -> Result<Arc<dyn 
 /// text, so the bad-row policy applies to it and names its offset.
 pub(crate) fn json_line(topic: &str, partition: i32, r: &LogRecord) -> Vec<u8> {
     let mut line = Vec::new();
-    write_json_line(&mut line, &quoted(topic), partition, r);
+    let meta = Meta {
+        topic: quoted(topic),
+        partition,
+        timestamp_unit: Some(TimeUnit::Microsecond),
+    };
+    write_json_line(&mut line, &meta, r);
     line
 }
+
+/// What every line of one partition's range shares.
+struct Meta {
+    /// The topic, quoted as a JSON string.
+    topic: String,
+    partition: i32,
+    /// The unit of the `_timestamp` column the lines are read into (None:
+    /// not a timestamp column): a timestamp whose year has more than four
+    /// digits is written as a number in it, which the JSON reader takes as
+    /// is (its text form reads only years 0000 to 9999).
+    timestamp_unit: Option<TimeUnit>,
+}
+
+use datafusion::arrow::datatypes::TimeUnit;
 
 /// `s` as a JSON string.
 fn quoted(s: &str) -> String {
@@ -322,21 +341,21 @@ fn quoted(s: &str) -> String {
 /// [`json_line`] appended to `out` (no line break), the topic already
 /// quoted: this runs once per record, so it builds no string of its own
 /// for the metadata and copies the value once.
-fn write_json_line(out: &mut Vec<u8>, quoted_topic: &str, partition: i32, r: &LogRecord) {
+fn write_json_line(out: &mut Vec<u8>, meta: &Meta, r: &LogRecord) {
     out.push(b'{');
     match r.value.as_deref().map(one_object) {
-        None => write_meta(out, quoted_topic, partition, r),
+        None => write_meta(out, meta, r),
         Some(Some(body)) => {
             if !body.trim().is_empty() {
                 out.extend_from_slice(body.as_bytes());
                 out.push(b',');
             }
-            write_meta(out, quoted_topic, partition, r);
+            write_meta(out, meta, r);
         }
         Some(None) => {
             // Not one JSON object: a line that never reads (`!` is not
             // JSON outside a string) holding the value as text.
-            write_meta(out, quoted_topic, partition, r);
+            write_meta(out, meta, r);
             let value = r.value.as_deref().unwrap_or_default();
             out.extend_from_slice(b",\"_value\":");
             out.extend_from_slice(quoted(&String::from_utf8_lossy(value)).as_bytes());
@@ -347,14 +366,14 @@ fn write_json_line(out: &mut Vec<u8>, quoted_topic: &str, partition: i32, r: &Lo
 }
 
 /// A record's metadata members.
-fn write_meta(out: &mut Vec<u8>, quoted_topic: &str, partition: i32, r: &LogRecord) {
+fn write_meta(out: &mut Vec<u8>, meta: &Meta, r: &LogRecord) {
     use std::io::Write;
     let _ = write!(
         out,
-        "\"_topic\":{quoted_topic},\"_partition\":{partition},\"_offset\":{},\"_timestamp\":",
-        r.offset
+        "\"_topic\":{},\"_partition\":{},\"_offset\":{},\"_timestamp\":",
+        meta.topic, meta.partition, r.offset
     );
-    write_timestamp(out, r.timestamp_ms);
+    write_timestamp(out, r.timestamp_ms, meta.timestamp_unit);
     out.extend_from_slice(b",\"_key\":");
     match &r.key {
         Some(k) => out.extend_from_slice(quoted(&String::from_utf8_lossy(k)).as_bytes()),
@@ -363,17 +382,31 @@ fn write_meta(out: &mut Vec<u8>, quoted_topic: &str, partition: i32, r: &LogReco
 }
 
 /// A record's timestamp (ms since the epoch) as `"YYYY-MM-DDTHH:MM:SS.mmm"`
-/// in UTC, or `null` outside what a timestamp column holds.
-fn write_timestamp(out: &mut Vec<u8>, ms: i64) {
+/// in UTC; a year outside 0000 to 9999 as a number in `unit` (the
+/// column's, when it holds it), else as chrono writes it; `null` outside
+/// what chrono holds.
+fn write_timestamp(out: &mut Vec<u8>, ms: i64, unit: Option<TimeUnit>) {
     use chrono::{Datelike, Timelike};
+    use std::io::Write;
     let Some(t) = chrono::DateTime::from_timestamp_millis(ms) else {
         out.extend_from_slice(b"null");
         return;
     };
     let (date, time) = (t.date_naive(), t.time());
     if !(0..=9999).contains(&date.year()) {
-        use std::io::Write;
-        let _ = write!(out, "\"{}\"", t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.3f"));
+        let n = match unit {
+            Some(TimeUnit::Second) => Some(ms.div_euclid(1000)),
+            Some(TimeUnit::Millisecond) => Some(ms),
+            Some(TimeUnit::Microsecond) => ms.checked_mul(1000),
+            Some(TimeUnit::Nanosecond) => ms.checked_mul(1_000_000),
+            None => None,
+        };
+        // Beyond the unit (nanoseconds end in 2262): the text, which the
+        // reader refuses with the value named, a bad row.
+        let _ = match n {
+            Some(n) => write!(out, "{n}"),
+            None => write!(out, "\"{}\"", t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.3f")),
+        };
         return;
     }
     // Digits by hand: strftime parses its format on every call.
@@ -403,6 +436,9 @@ pub(crate) fn one_object(value: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
     let text = std::str::from_utf8(value).ok()?;
     // One pass that checks the syntax and builds nothing.
     serde_json::from_str::<serde::de::IgnoredAny>(text).ok()?;
+    if !surrogates_paired(text.as_bytes()) {
+        return None;
+    }
     let body = text.trim().strip_prefix('{')?.strip_suffix('}')?;
     Some(if body.contains(['\n', '\r']) {
         std::borrow::Cow::Owned(body.replace(['\n', '\r'], " "))
@@ -411,14 +447,49 @@ pub(crate) fn one_object(value: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
     })
 }
 
+/// Whether every `\\uD800`-`\\uDFFF` escape in `json` (valid JSON) is half
+/// of a pair, high then low: the syntax check lets a lone one through,
+/// and the readers (arrow-json) then fail on it, so the record must be a
+/// bad row, not a line that fails the whole range.
+fn surrogates_paired(json: &[u8]) -> bool {
+    let hex = |at: usize| -> Option<u16> {
+        let digits = std::str::from_utf8(json.get(at..at + 4)?).ok()?;
+        u16::from_str_radix(digits, 16).ok()
+    };
+    let mut high_before = false;
+    let mut i = 0;
+    while i < json.len() {
+        if json[i] == b'\\' && json.get(i + 1) == Some(&b'u') {
+            let Some(u) = hex(i + 2) else { return false };
+            // A low half must follow a high one, and only a low one may.
+            if high_before != (0xDC00..=0xDFFF).contains(&u) {
+                return false;
+            }
+            high_before = (0xD800..=0xDBFF).contains(&u);
+            i += 6;
+        } else if high_before {
+            return false;
+        } else {
+            i += if json[i] == b'\\' { 2 } else { 1 };
+        }
+    }
+    !high_before
+}
+
 /// Read `units` from `log` into a fresh in-memory store as JSON Lines
 /// files (one per unit, [`crate::paths::stream::unit`]): what a task's
-/// operator then scans as it scans files. Returns the store and the files.
+/// operator then scans as it scans files, into `schema` (the batch's:
+/// the `_timestamp` column's unit). Returns the store and the files.
 pub(crate) async fn read_units(
     log: Arc<dyn RecordLog>,
     topic: &str,
     units: &[RecordRange],
+    schema: &datafusion::arrow::datatypes::Schema,
 ) -> Result<(Arc<dyn Store>, Vec<InputFile>)> {
+    let timestamp_unit = match schema.field_with_name("_timestamp").map(|f| f.data_type()) {
+        Ok(datafusion::arrow::datatypes::DataType::Timestamp(unit, _)) => Some(*unit),
+        _ => None,
+    };
     // Each unit fetched and written out on a task of its own: the
     // partitions' leaders answer at once, and the lines are made on every
     // core.
@@ -426,10 +497,14 @@ pub(crate) async fn read_units(
         let (log, topic, u) = (log.clone(), topic.to_string(), *u);
         tokio::spawn(async move {
             let records = log.fetch(u).await?;
-            let topic = quoted(&topic);
+            let meta = Meta {
+                topic: quoted(&topic),
+                partition: u.partition,
+                timestamp_unit,
+            };
             let mut body = Vec::with_capacity(records.len() * 160);
             for r in &records {
-                write_json_line(&mut body, &topic, u.partition, r);
+                write_json_line(&mut body, &meta, r);
                 body.push(b'\n');
             }
             Ok::<_, Error>((u, body))
@@ -553,7 +628,8 @@ mod tests {
             end: 6,
         };
         let log: Arc<dyn RecordLog> = Arc::new(log);
-        let (store, files) = read_units(log, "rides", &[unit]).await.unwrap();
+        let schema = datafusion::arrow::datatypes::Schema::empty();
+        let (store, files) = read_units(log, "rides", &[unit], &schema).await.unwrap();
         assert_eq!(files.len(), 1);
         let body = store.get(&files[0].key).await.unwrap().unwrap().bytes;
         let ns: Vec<i64> = String::from_utf8(body.to_vec())
@@ -593,12 +669,47 @@ mod tests {
         }
         for m in ms {
             let mut got = Vec::new();
-            write_timestamp(&mut got, m);
+            write_timestamp(&mut got, m, None);
             let want = match chrono::DateTime::from_timestamp_millis(m) {
                 Some(t) => format!("\"{}\"", t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.3f")),
                 None => "null".to_string(),
             };
             assert_eq!(String::from_utf8(got).unwrap(), want, "{m} ms");
+            // Into a timestamp column: the text for years 0000 to 9999,
+            // else the number in the column's unit.
+            let mut got = Vec::new();
+            write_timestamp(&mut got, m, Some(TimeUnit::Microsecond));
+            let got = String::from_utf8(got).unwrap();
+            match chrono::DateTime::from_timestamp_millis(m) {
+                Some(t) if (0..=9999).contains(&chrono::Datelike::year(&t)) => {
+                    assert_eq!(got, want, "{m} ms")
+                }
+                Some(_) => assert_eq!(got, (m * 1000).to_string(), "{m} ms"),
+                None => assert_eq!(got, "null"),
+            }
+        }
+    }
+
+    #[test]
+    fn lone_surrogate_escapes_are_not_one_object() {
+        for ok in [
+            r#"{"s":"\ud83d\ude00"}"#,
+            r#"{"s":"\\ud800"}"#,
+            r#"{"s":"\u0041\n\"","t":"\uDBFF\uDFFF"}"#,
+            r#"{}"#,
+        ] {
+            assert!(one_object(ok.as_bytes()).is_some(), "{ok}");
+        }
+        for bad in [
+            r#"{"s":"\ud800"}"#,
+            r#"{"s":"\udc00"}"#,
+            r#"{"s":"\ud800x"}"#,
+            r#"{"s":"\ud800\u0041"}"#,
+            r#"{"s":"\ud800\ud800\udc00"}"#,
+            r#"{"s":"\ude00\ud83d"}"#,
+            r#"{"\ud800":1}"#,
+        ] {
+            assert!(one_object(bad.as_bytes()).is_none(), "{bad}");
         }
     }
 

@@ -635,13 +635,14 @@ impl Source {
 
     /// A task of a record-stream batch: read the units `task` names from
     /// `stream` (the plan's) into memory, as the JSON Lines files the
-    /// operator scans; with the task as it reads them (every file, in
+    /// operator scans into `schema`; with the task as it reads them (every file, in
     /// order, its bytes their size).
     pub(crate) async fn read_units(
         self,
         p: &Pipeline,
         stream: &checkpoint::StreamPlan,
         task: &checkpoint::TaskPlan,
+        schema: &datafusion::arrow::datatypes::Schema,
     ) -> Result<(Arc<dyn Store>, Vec<InputFile>, checkpoint::TaskPlan)> {
         let units: Vec<checkpoint::RecordRange> = task
             .inputs
@@ -665,7 +666,7 @@ impl Source {
             });
         };
         let log = super::kafka::open(&p.source.location).await?;
-        let (store, files) = super::kafka::read_units(log, topic, &units).await?;
+        let (store, files) = super::kafka::read_units(log, topic, &units, schema).await?;
         let plan = checkpoint::TaskPlan {
             task: task.task,
             inputs: (0..files.len() as u32).collect(),

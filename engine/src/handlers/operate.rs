@@ -40,7 +40,7 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
         Some(v) => super::schema::arrow_of(ctx, v, paths::checkpoint::offsets(batch))?,
         None => ctx.schema().await?,
     };
-    let op = SqlOperator::new(ctx.pipeline.clone(), schema);
+    let op = SqlOperator::new(ctx.pipeline.clone(), schema.clone());
     // This invocation's context counts its requests (`ctx.counted()`).
     let sink = &ctx.sink;
     let id = TaskId {
@@ -53,7 +53,7 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     let (source, inputs, plan) = match &off.stream {
         Some(s) => {
             let (store, files, plan) = crate::discovery::Source::of(&ctx.pipeline)
-                .read_units(&ctx.pipeline, s, plan)
+                .read_units(&ctx.pipeline, s, plan, &schema)
                 .await?;
             (store, files, plan)
         }
