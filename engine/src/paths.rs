@@ -440,6 +440,12 @@ pub mod stream {
     pub fn unit(partition: i32, start: i64, end: i64) -> String {
         format!("partition={partition}/offsets={start:020}-{end:020}.jsonl")
     }
+
+    /// One line of each shape the unit `unit`'s lines have: what the
+    /// drift check infers the unit's columns from.
+    pub fn shapes(unit: &str) -> String {
+        format!("_shapes/{unit}")
+    }
 }
 
 pub mod registry {

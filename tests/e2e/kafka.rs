@@ -808,3 +808,66 @@ uri = "out/checkpoint"
         assert!(raw.contains(&format!("\"_offset\":{offset}")), "{q}");
     }
 }
+
+/// A field that first appears in the last record of a long range is
+/// drift, as a new column of a file is (the drift check infers a range's
+/// columns from one line of each shape, not from every line): `fail`
+/// refuses the batch naming the column, `rescue` keeps the record with the
+/// field in `_rescued`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_field_new_in_the_last_record_of_a_range_is_drift() {
+    let topic = fresh_topic("drift", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = root.join("produced.jsonl");
+    let plain = |from: u64, n: u64| -> Vec<String> {
+        (from..from + n)
+            .map(|i| serde_json::json!({"id": i, "v": i * 2}).to_string())
+            .collect()
+    };
+    produce(&topic, 0, &plain(0, 5), &records);
+    let toml = |name: &str, policy: &str| {
+        format!(
+            r#"name = "{name}"
+[source]
+uri = "kafka://{b}/{topic}"
+format = "jsonl"
+table = "t"
+on_schema_change = "{policy}"
+[query]
+sql = "SELECT * FROM t"
+[sink]
+uri = "out/{name}"
+[checkpoint]
+uri = "out/checkpoint"
+"#,
+            b = bootstrap()
+        )
+    };
+    let fail = toml("dfail", "fail");
+    let rescue = toml("drescue", "rescue");
+    run(&local_context(&pipeline(root, &fail))).await.unwrap();
+    run(&local_context(&pipeline(root, &rescue))).await.unwrap();
+    let mut late = plain(5, 120);
+    late.push(serde_json::json!({"id": 125, "v": 250, "extra": "x"}).to_string());
+    produce(&topic, 0, &late, &records);
+    let e = run(&local_context(&pipeline(root, &fail)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("extra"), "{e}");
+    assert_eq!(commit_records(root, &fail).await.len(), 1);
+    run(&local_context(&pipeline(root, &rescue))).await.unwrap();
+    let rows = duckdb_sql(&format!(
+        "SELECT id, v, _rescued FROM read_parquet('{}/out/drescue/batch=*/*.parquet') ORDER BY id",
+        root.display()
+    ))
+    .await;
+    assert_eq!(rows.len(), 126, "{rows:?}");
+    let rescued: Vec<&String> = rows.iter().filter(|r| !r.ends_with("|NULL")).collect();
+    assert_eq!(rescued.len(), 1, "{rescued:?}");
+    assert!(
+        rescued[0].starts_with("125|250|") && rescued[0].contains("extra"),
+        "{rescued:?}"
+    );
+}

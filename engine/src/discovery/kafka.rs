@@ -10,7 +10,7 @@
 //! written by transactional producers that abort is read with the aborted
 //! records. The README says so.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -342,15 +342,23 @@ fn quoted(s: &str) -> String {
 /// quoted: this runs once per record, so it builds no string of its own
 /// for the metadata and copies the value once.
 fn write_json_line(out: &mut Vec<u8>, meta: &Meta, r: &LogRecord) {
+    write_shaped_line(out, &mut Vec::new(), meta, r);
+}
+
+/// [`write_json_line`], and the line's shape into `shape` (cleared first):
+/// [`Shape`]'s of the value, the kinds of `_timestamp` and `_key`, or `!`
+/// for a line that never reads.
+fn write_shaped_line(out: &mut Vec<u8>, shape: &mut Vec<u8>, meta: &Meta, r: &LogRecord) {
+    shape.clear();
     out.push(b'{');
-    match r.value.as_deref().map(one_object) {
+    let timestamp_kind = match r.value.as_deref().map(|v| object_shape(v, shape)) {
         None => write_meta(out, meta, r),
         Some(Some(body)) => {
             if !body.trim().is_empty() {
                 out.extend_from_slice(body.as_bytes());
                 out.push(b',');
             }
-            write_meta(out, meta, r);
+            write_meta(out, meta, r)
         }
         Some(None) => {
             // Not one JSON object: a line that never reads (`!` is not
@@ -359,26 +367,41 @@ fn write_json_line(out: &mut Vec<u8>, meta: &Meta, r: &LogRecord) {
             let value = r.value.as_deref().unwrap_or_default();
             out.extend_from_slice(b",\"_value\":");
             out.extend_from_slice(quoted(&String::from_utf8_lossy(value)).as_bytes());
-            out.extend_from_slice(b" !");
+            out.extend_from_slice(b" !}");
+            shape.clear();
+            shape.push(b'!');
+            return;
         }
-    }
+    };
     out.push(b'}');
+    // The metadata's kinds (the others never change kind).
+    shape.push(b'|');
+    shape.push(if timestamp_kind == b'"' || timestamp_kind == b'n' {
+        timestamp_kind
+    } else {
+        b'#'
+    });
+    shape.push(if r.key.is_some() { b's' } else { b'n' });
 }
 
-/// A record's metadata members.
-fn write_meta(out: &mut Vec<u8>, meta: &Meta, r: &LogRecord) {
+/// A record's metadata members; the first byte of `_timestamp`'s value
+/// (`"` text, `n` null, else a number).
+fn write_meta(out: &mut Vec<u8>, meta: &Meta, r: &LogRecord) -> u8 {
     use std::io::Write;
     let _ = write!(
         out,
         "\"_topic\":{},\"_partition\":{},\"_offset\":{},\"_timestamp\":",
         meta.topic, meta.partition, r.offset
     );
+    let at = out.len();
     write_timestamp(out, r.timestamp_ms, meta.timestamp_unit);
+    let timestamp_kind = out[at];
     out.extend_from_slice(b",\"_key\":");
     match &r.key {
         Some(k) => out.extend_from_slice(quoted(&String::from_utf8_lossy(k)).as_bytes()),
         None => out.extend_from_slice(b"null"),
     }
+    timestamp_kind
 }
 
 /// A record's timestamp (ms since the epoch) as `"YYYY-MM-DDTHH:MM:SS.mmm"`
@@ -433,9 +456,18 @@ fn write_timestamp(out: &mut Vec<u8>, ms: i64, unit: Option<TimeUnit>) {
 /// The members of `value` (between its braces, line breaks as spaces) if
 /// it is exactly one JSON object in UTF-8.
 pub(crate) fn one_object(value: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
+    object_shape(value, &mut Vec::new())
+}
+
+/// [`one_object`], and the value's [`Shape`] appended to `shape`.
+fn object_shape<'a>(value: &'a [u8], shape: &mut Vec<u8>) -> Option<std::borrow::Cow<'a, str>> {
+    use serde::de::DeserializeSeed;
     let text = std::str::from_utf8(value).ok()?;
-    // One pass that checks the syntax and builds nothing.
-    serde_json::from_str::<serde::de::IgnoredAny>(text).ok()?;
+    // One pass that checks the syntax and notes the shape, building no
+    // value.
+    let mut de = serde_json::Deserializer::from_str(text);
+    Shape(shape).deserialize(&mut de).ok()?;
+    de.end().ok()?;
     if !surrogates_paired(text.as_bytes()) {
         return None;
     }
@@ -445,6 +477,119 @@ pub(crate) fn one_object(value: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
     } else {
         std::borrow::Cow::Borrowed(body)
     })
+}
+
+/// What schema inference (arrow-json's, which the drift check runs) sees of
+/// a JSON value, written as bytes: `n` null, `b` a boolean, `i` an integer
+/// that fits i64, `u` one that does not, `f` another number, `s` a string,
+/// `[...]` an array's distinct element shapes in the order first seen,
+/// `{...}` an object's keys (length-prefixed) and their values' shapes in
+/// order. Inference takes the union of what each line shows, so one line
+/// of each distinct shape, in the order first seen, infers the same
+/// columns, types and column order as every line.
+struct Shape<'a>(&'a mut Vec<u8>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Shape<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Shape<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<(), E> {
+        self.0.push(b'b');
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<(), E> {
+        self.0.push(b'i');
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, v: u64) -> std::result::Result<(), E> {
+        self.0
+            .push(if i64::try_from(v).is_ok() { b'i' } else { b'u' });
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<(), E> {
+        self.0.push(b'f');
+        Ok(())
+    }
+
+    fn visit_str<E>(self, _: &str) -> std::result::Result<(), E> {
+        self.0.push(b's');
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> std::result::Result<(), E> {
+        self.0.push(b'n');
+        Ok(())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<(), A::Error> {
+        self.0.push(b'[');
+        let mut seen: Vec<Vec<u8>> = Vec::new();
+        let mut element = Vec::new();
+        while seq.next_element_seed(Shape(&mut element))?.is_some() {
+            if !seen.contains(&element) {
+                self.0.extend_from_slice(&element);
+                self.0.push(b',');
+                seen.push(std::mem::take(&mut element));
+            }
+            element.clear();
+        }
+        self.0.push(b']');
+        Ok(())
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<(), A::Error> {
+        self.0.push(b'{');
+        while map.next_key_seed(Key(&mut *self.0))?.is_some() {
+            map.next_value_seed(Shape(&mut *self.0))?;
+        }
+        self.0.push(b'}');
+        Ok(())
+    }
+}
+
+/// An object's key into a [`Shape`]: its length, then its text.
+struct Key<'a>(&'a mut Vec<u8>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Key<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Key<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_str<E>(self, v: &str) -> std::result::Result<(), E> {
+        self.0.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        self.0.extend_from_slice(v.as_bytes());
+        Ok(())
+    }
 }
 
 /// Whether every `\\uD800`-`\\uDFFF` escape in `json` (valid JSON) is half
@@ -479,13 +624,16 @@ fn surrogates_paired(json: &[u8]) -> bool {
 /// Read `units` from `log` into a fresh in-memory store as JSON Lines
 /// files (one per unit, [`crate::paths::stream::unit`]): what a task's
 /// operator then scans as it scans files, into `schema` (the batch's:
-/// the `_timestamp` column's unit). Returns the store and the files.
+/// the `_timestamp` column's unit). Returns the store, the files, and for
+/// each file one line of each of its [`Shape`]s
+/// ([`crate::paths::stream::shapes`], in the store): what the drift check
+/// infers its columns from.
 pub(crate) async fn read_units(
     log: Arc<dyn RecordLog>,
     topic: &str,
     units: &[RecordRange],
     schema: &datafusion::arrow::datatypes::Schema,
-) -> Result<(Arc<dyn Store>, Vec<InputFile>)> {
+) -> Result<(Arc<dyn Store>, Vec<InputFile>, Vec<InputFile>)> {
     let timestamp_unit = match schema.field_with_name("_timestamp").map(|f| f.data_type()) {
         Ok(datafusion::arrow::datatypes::DataType::Timestamp(unit, _)) => Some(*unit),
         _ => None,
@@ -503,17 +651,24 @@ pub(crate) async fn read_units(
                 timestamp_unit,
             };
             let mut body = Vec::with_capacity(records.len() * 160);
+            let (mut shapes, mut seen, mut shape) = (Vec::new(), HashSet::new(), Vec::new());
             for r in &records {
-                write_json_line(&mut body, &meta, r);
+                let start = body.len();
+                write_shaped_line(&mut body, &mut shape, &meta, r);
                 body.push(b'\n');
+                if !seen.contains(&shape) {
+                    shapes.extend_from_slice(&body[start..]);
+                    seen.insert(std::mem::take(&mut shape));
+                }
             }
-            Ok::<_, Error>((u, body))
+            Ok::<_, Error>((u, body, shapes))
         })
     });
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let mut files = Vec::with_capacity(units.len());
+    let mut shapes = Vec::with_capacity(units.len());
     for read in futures::future::join_all(reads).await {
-        let (u, body) = read.map_err(|e| Error::Service {
+        let (u, body, lines) = read.map_err(|e| Error::Service {
             service: "kafka",
             message: format!("a fetch task failed: {e}"),
             class: ErrorClass::Retryable,
@@ -523,6 +678,16 @@ pub(crate) async fn read_units(
         store
             .put(&key, Bytes::from(body), PutMode::Overwrite)
             .await?;
+        let shapes_key = crate::paths::stream::shapes(&key);
+        shapes.push(InputFile {
+            key: shapes_key.clone(),
+            size: lines.len() as u64,
+            etag: None,
+            modified_ms: None,
+        });
+        store
+            .put(&shapes_key, Bytes::from(lines), PutMode::Overwrite)
+            .await?;
         files.push(InputFile {
             key,
             size,
@@ -530,7 +695,7 @@ pub(crate) async fn read_units(
             modified_ms: None,
         });
     }
-    Ok((store, files))
+    Ok((store, files, shapes))
 }
 
 #[cfg(test)]
@@ -629,7 +794,7 @@ mod tests {
         };
         let log: Arc<dyn RecordLog> = Arc::new(log);
         let schema = datafusion::arrow::datatypes::Schema::empty();
-        let (store, files) = read_units(log, "rides", &[unit], &schema).await.unwrap();
+        let (store, files, _) = read_units(log, "rides", &[unit], &schema).await.unwrap();
         assert_eq!(files.len(), 1);
         let body = store.get(&files[0].key).await.unwrap().unwrap().bytes;
         let ns: Vec<i64> = String::from_utf8(body.to_vec())
@@ -688,6 +853,106 @@ mod tests {
                 None => assert_eq!(got, "null"),
             }
         }
+    }
+
+    /// The columns inferred from one line of each shape are those
+    /// inferred from every line (names, types, nesting and order), over
+    /// values that vary in every way inference looks at.
+    #[test]
+    fn one_line_of_each_shape_infers_what_every_line_does() {
+        use datafusion::arrow::json::reader::infer_json_schema_from_seekable;
+        let values = [
+            r#"{"a":1,"b":"x"}"#,
+            r#"{"a":2,"b":"y"}"#,
+            r#"{"b":"z","a":3}"#,
+            r#"{"a":1.5}"#,
+            r#"{"a":18446744073709551615}"#,
+            r#"{"a":-4,"c":null}"#,
+            r#"{"c":true,"d":[1,2,3]}"#,
+            r#"{"d":[1,2.5,3]}"#,
+            r#"{"d":[],"e":{"x":1,"y":[{"p":1},{"q":"s"}]}}"#,
+            r#"{"e":{"y":[{"q":"t","p":2},{"r":[null]}],"z":false}}"#,
+            r#"{"e":null,"a":null}"#,
+            r#"{"f":"late","a":7,"a":8}"#,
+            r#"{}"#,
+            r#"{"g":[[1],[2.0],["s"]]}"#,
+            // The same keys as a line before, one kind other: each must
+            // be a shape of its own.
+            r#"{"a":1}"#,
+            r#"{"a":2.5}"#,
+            r#"{"a":9223372036854775808}"#,
+            r#"{"a":"s"}"#,
+            r#"{"j":{"n":1}}"#,
+            r#"{"j":{"n":1.5}}"#,
+            r#"{"k":[{"n":1},{"n":"s"}]}"#,
+            r#"{"k":[{"n":1},{"m":1}]}"#,
+            r#"{"h":["s",1]}"#,
+            r#"{"h":[1,"s"]}"#,
+        ];
+        let mut records: Vec<LogRecord> = Vec::new();
+        for i in 0..600 {
+            let mut r = record(i, Some(values[i as usize % values.len()]));
+            if i % 5 == 0 {
+                r.key = None;
+            }
+            if i % 11 == 0 {
+                r.timestamp_ms = 253_402_300_800_000;
+            }
+            records.push(r);
+        }
+        records.push(record(600, None));
+        let meta = Meta {
+            topic: quoted("rides"),
+            partition: 0,
+            timestamp_unit: Some(TimeUnit::Microsecond),
+        };
+        let (mut all, mut shapes, mut seen, mut shape) =
+            (Vec::new(), Vec::new(), HashSet::new(), Vec::new());
+        for r in &records {
+            let start = all.len();
+            write_shaped_line(&mut all, &mut shape, &meta, r);
+            all.push(b'\n');
+            if seen.insert(shape.clone()) {
+                shapes.extend_from_slice(&all[start..]);
+            }
+        }
+        let infer = |text: &[u8]| {
+            infer_json_schema_from_seekable(std::io::Cursor::new(text), None)
+                .map(|(s, _)| s)
+                .map_err(|e| e.to_string())
+        };
+        let every = infer(&all).unwrap();
+        assert_eq!(infer(&shapes).unwrap(), every);
+        // Each of those values alone after the others: the same again.
+        for (i, v) in values.iter().enumerate() {
+            let (mut all, mut shapes, mut seen) = (Vec::new(), Vec::new(), HashSet::new());
+            for r in values[..i]
+                .iter()
+                .chain(std::iter::once(v))
+                .map(|v| record(0, Some(v)))
+            {
+                let start = all.len();
+                write_shaped_line(&mut all, &mut shape, &meta, &r);
+                all.push(b'\n');
+                if seen.insert(shape.clone()) {
+                    shapes.extend_from_slice(&all[start..]);
+                }
+            }
+            assert_eq!(infer(&shapes).unwrap(), infer(&all).unwrap(), "{v}");
+        }
+        let lines = shapes.iter().filter(|b| **b == b'\n').count();
+        assert!(lines < 100, "{lines} shapes of {} records", records.len());
+        // A line that never reads is a shape of its own: inference from
+        // the shapes fails as it does from every line.
+        let bad = record(601, Some("[1, 2]"));
+        let (mut line, mut bad_shape) = (Vec::new(), Vec::new());
+        write_shaped_line(&mut line, &mut bad_shape, &meta, &bad);
+        assert_eq!(bad_shape, b"!");
+        assert!(!seen.contains(&bad_shape));
+        line.push(b'\n');
+        all.extend_from_slice(&line);
+        shapes.extend_from_slice(&line);
+        assert!(infer(&all).is_err() && infer(&shapes).is_err());
     }
 
     #[test]

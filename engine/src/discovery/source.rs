@@ -643,7 +643,7 @@ impl Source {
         stream: &checkpoint::StreamPlan,
         task: &checkpoint::TaskPlan,
         schema: &datafusion::arrow::datatypes::Schema,
-    ) -> Result<(Arc<dyn Store>, Vec<InputFile>, checkpoint::TaskPlan)> {
+    ) -> Result<ReadUnits> {
         let units: Vec<checkpoint::RecordRange> = task
             .inputs
             .iter()
@@ -666,13 +666,18 @@ impl Source {
             });
         };
         let log = super::kafka::open(&p.source.location).await?;
-        let (store, files) = super::kafka::read_units(log, topic, &units, schema).await?;
+        let (store, files, shapes) = super::kafka::read_units(log, topic, &units, schema).await?;
         let plan = checkpoint::TaskPlan {
             task: task.task,
             inputs: (0..files.len() as u32).collect(),
             bytes: files.iter().map(|f| f.size).sum(),
         };
-        Ok((store, files, plan))
+        Ok(ReadUnits {
+            store,
+            shapes: files.iter().map(|f| f.key.clone()).zip(shapes).collect(),
+            files,
+            plan,
+        })
     }
 
     /// Whether it is a record stream (its waiting input counts records,
@@ -838,4 +843,17 @@ async fn reconcile_inbox(
             arrived: m.last_modified,
         })
         .collect())
+}
+
+/// A record-stream task's units, read ([`Source::read_units`]).
+pub(crate) struct ReadUnits {
+    /// Where they were read to.
+    pub store: Arc<dyn Store>,
+    /// A JSON Lines file a unit, in order.
+    pub files: Vec<InputFile>,
+    /// The task as it reads them (every file, in order).
+    pub plan: checkpoint::TaskPlan,
+    /// For each file's key, a file of one line of each of its shapes in
+    /// the same store: the drift check infers from it.
+    pub shapes: std::collections::HashMap<String, InputFile>,
 }

@@ -40,7 +40,7 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
         Some(v) => super::schema::arrow_of(ctx, v, paths::checkpoint::offsets(batch))?,
         None => ctx.schema().await?,
     };
-    let op = SqlOperator::new(ctx.pipeline.clone(), schema.clone());
+    let mut op = SqlOperator::new(ctx.pipeline.clone(), schema.clone());
     // This invocation's context counts its requests (`ctx.counted()`).
     let sink = &ctx.sink;
     let id = TaskId {
@@ -52,10 +52,11 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     // operator scans (`discovery::Source::read_units`).
     let (source, inputs, plan) = match &off.stream {
         Some(s) => {
-            let (store, files, plan) = crate::discovery::Source::of(&ctx.pipeline)
+            let read = crate::discovery::Source::of(&ctx.pipeline)
                 .read_units(&ctx.pipeline, s, plan, &schema)
                 .await?;
-            (store, files, plan)
+            op = op.with_shapes(read.shapes);
+            (read.store, read.files, read.plan)
         }
         None => (ctx.source.clone(), off.inputs.clone(), plan.clone()),
     };

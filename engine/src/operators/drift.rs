@@ -296,10 +296,28 @@ impl SqlOperator {
         concurrently(owned, |f| {
             let (format, state) = (format.clone(), state.clone());
             let (store, meta) = (access.store.clone(), Self::object_meta(access, &f));
+            let shapes = self
+                .shapes
+                .get(&f.key)
+                .map(|s| Self::object_meta(access, s));
             async move {
-                let schema = format
-                    .infer_schema(state.as_ref(), &store, std::slice::from_ref(&meta))
-                    .await;
+                // From the shapes when they read; from every line when not,
+                // so an error names the file's own line.
+                let from_shapes = match &shapes {
+                    Some(s) => format
+                        .infer_schema(state.as_ref(), &store, std::slice::from_ref(s))
+                        .await
+                        .ok(),
+                    None => None,
+                };
+                let schema = match from_shapes {
+                    Some(schema) => Ok(schema),
+                    None => {
+                        format
+                            .infer_schema(state.as_ref(), &store, std::slice::from_ref(&meta))
+                            .await
+                    }
+                };
                 // Schema inference merges a Parquet file's columns by name:
                 // its own list (and row count) come from its footer, which
                 // inference left in the session's cache.

@@ -195,6 +195,10 @@ pub struct SqlOperator {
     pipeline: Arc<Pipeline>,
     schema: SchemaRef,
     partitions: usize,
+    /// Input keys whose columns the drift check infers from another file
+    /// of the same store, of the same columns and far fewer lines (a
+    /// record stream's shapes).
+    shapes: std::collections::HashMap<String, InputFile>,
 }
 
 impl SqlOperator {
@@ -205,7 +209,18 @@ impl SqlOperator {
             pipeline,
             schema,
             partitions,
+            shapes: Default::default(),
         }
+    }
+
+    /// The operator, its drift check inferring each of `shapes`' keys'
+    /// columns from the file it maps to, a file with one line of each
+    /// shape of the key's lines: the same union of columns and types.
+    pub(crate) fn with_shapes(
+        self,
+        shapes: std::collections::HashMap<String, InputFile>,
+    ) -> SqlOperator {
+        SqlOperator { shapes, ..self }
     }
 
     /// The batch's schema without the columns Sluice fills: what a file
