@@ -15,6 +15,9 @@ Subcommands:
     start  --port P --pidfile F [--log L]   start tansu in the background on
            127.0.0.1:P (P=0 picks a free port), wait until it accepts
            connections, print the bootstrap address (127.0.0.1:P)
+           [--tls-cert C --tls-key K]: TLS on P, through a proxy in front
+           of tansu (whose own TLS does not serve); the other subcommands
+           then need KAFKA_STAND_CA_FILE=C
     stop   --pidfile F                      SIGTERM (then SIGKILL) the broker
     create-topic --bootstrap B --topic T --partitions N
     delete-topic --bootstrap B --topic T    (then create-topic again: the
@@ -103,6 +106,13 @@ def cmd_start(args):
     if port_accepts(port):
         sys.exit(f"kafka_stand: something already listens on {HOST}:{port}")
     url = f"tcp://{HOST}:{port}"
+    advertised = url
+    if args.tls_cert:
+        # tansu's own TLS does not serve here (0.6.0: --cert and --key are
+        # refused together, and either alone drops every connection): a
+        # TLS proxy in front of it, which tansu advertises as itself.
+        inner = free_port()
+        advertised, url = url, f"tcp://{HOST}:{inner}"
     log_path = args.log or args.pidfile + ".log"
     # tansu also reads its settings from these variables; the flags below win
     # for the listeners and storage, the rest must not leak in.
@@ -114,12 +124,21 @@ def cmd_start(args):
         proc = subprocess.Popen(
             [tansu_binary(), "broker",
              "--listener-url", url,
-             "--advertised-listener-url", url,
+             "--advertised-listener-url", advertised,
              "--storage-engine", "memory://tansu/"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env=env, start_new_session=True)
+        pids = [proc.pid]
+        if args.tls_cert:
+            proxy = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "tls-proxy",
+                 "--port", str(port), "--upstream", f"{HOST}:{inner}",
+                 "--cert", args.tls_cert, "--key", args.tls_key],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+            pids.append(proxy.pid)
     with open(args.pidfile, "w") as f:
-        f.write(f"{proc.pid}\n")
+        f.write("".join(f"{p}\n" for p in pids))
     deadline = time.monotonic() + args.timeout
     while not port_accepts(port):
         if proc.poll() is not None:
@@ -152,11 +171,16 @@ def is_tansu(pid):
 def cmd_stop(args):
     try:
         with open(args.pidfile) as f:
-            pid = int(f.read().strip())
+            pid, *proxies = [int(line) for line in f.read().split()]
     except FileNotFoundError:
         print(f"kafka_stand: no pidfile {args.pidfile}; nothing to stop",
               file=sys.stderr)
         return
+    for proxy in proxies:
+        try:
+            os.kill(proxy, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     if is_tansu(pid):
         # tansu exits 0 within milliseconds on SIGTERM.
         os.kill(pid, signal.SIGTERM)
@@ -170,10 +194,51 @@ def cmd_stop(args):
     os.unlink(args.pidfile)
 
 
+def security():
+    """Client settings for a broker behind TLS: KAFKA_STAND_CA_FILE names
+    the PEM file of the certificate to trust."""
+    ca = os.environ.get("KAFKA_STAND_CA_FILE")
+    return dict(security_protocol="SSL", ssl_cafile=ca) if ca else {}
+
+
+def cmd_tls_proxy(args):
+    """Terminate TLS on 127.0.0.1:PORT and pass the bytes on to UPSTREAM."""
+    import asyncio
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(args.cert, args.key)
+    host, port = args.upstream.rsplit(":", 1)
+
+    async def pipe(reader, writer):
+        try:
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    async def serve(client_r, client_w):
+        try:
+            up_r, up_w = await asyncio.open_connection(host, int(port))
+        except OSError:
+            client_w.close()
+            return
+        await asyncio.gather(pipe(client_r, up_w), pipe(up_r, client_w))
+
+    async def main():
+        server = await asyncio.start_server(serve, HOST, args.port, ssl=ctx)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
 def admin_client(bootstrap):
     from kafka import KafkaAdminClient
     return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="kafka-stand",
-                            bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS)
+                            bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS, **security())
 
 
 def cmd_create_topic(args):
@@ -239,7 +304,7 @@ def cmd_produce(args):
                      "compression in this venv")
     kwargs = dict(bootstrap_servers=args.bootstrap, client_id="kafka-stand",
                   bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS,
-                  acks="all", compression_type=args.compression)
+                  acks="all", compression_type=args.compression, **security())
     if args.batch:
         # Everything in one produce request per partition: one batch each.
         kwargs.update(linger_ms=60_000, batch_size=64 << 20,
@@ -286,7 +351,7 @@ def consumer_for(bootstrap):
     from kafka import KafkaConsumer
     return KafkaConsumer(bootstrap_servers=bootstrap, client_id="kafka-stand",
                          bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS, group_id=None, enable_auto_commit=False,
-                         allow_auto_create_topics=False)
+                         allow_auto_create_topics=False, **security())
 
 
 def partitions_of(admin, topic):
@@ -375,7 +440,18 @@ def main():
     p.add_argument("--pidfile", required=True)
     p.add_argument("--log", help="broker output (default: PIDFILE.log)")
     p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--tls-cert", help="serve TLS with this PEM certificate "
+                   "(a proxy in front of the broker); clients then set "
+                   "KAFKA_STAND_CA_FILE")
+    p.add_argument("--tls-key", help="the certificate's PEM private key")
     p.set_defaults(func=cmd_start)
+
+    p = sub.add_parser("tls-proxy")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--upstream", required=True)
+    p.add_argument("--cert", required=True)
+    p.add_argument("--key", required=True)
+    p.set_defaults(func=cmd_tls_proxy)
 
     p = sub.add_parser("stop")
     p.add_argument("--pidfile", required=True)

@@ -62,10 +62,18 @@ KAFKA_PIDFILE="$CACHE/kafka.pid"
 SLUICE_KAFKA="$("$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py start --port 0 \
   --pidfile "$KAFKA_PIDFILE" --log "$CACHE/kafka.log")"
 export SLUICE_KAFKA
+# The same behind TLS (a proxy in front of a second tansu), its certificate
+# signed by tests/fixtures/kafka-tls/ca.pem.
+KAFKA_TLS_PIDFILE="$CACHE/kafka-tls.pid"
+SLUICE_KAFKA_TLS="$("$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py start --port 0 \
+  --pidfile "$KAFKA_TLS_PIDFILE" --log "$CACHE/kafka-tls.log" \
+  --tls-cert tests/fixtures/kafka-tls/cert.pem --tls-key tests/fixtures/kafka-tls/key.pem)"
+export SLUICE_KAFKA_TLS
 # A broker that does not answer fails a step in 5 s here, not 30.
 export SLUICE_KAFKA_TIMEOUT_S=5
 trap 'kill $MOTO_PID 2>/dev/null || true; wait $MOTO_PID 2>/dev/null || true; \
-  "$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py stop --pidfile "$KAFKA_PIDFILE" || true' EXIT
+  "$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py stop --pidfile "$KAFKA_PIDFILE" || true; \
+  "$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py stop --pidfile "$KAFKA_TLS_PIDFILE" || true' EXIT
 export AWS_ENDPOINT_URL="$SLUICE_S3_ENDPOINT"
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
 export AWS_EC2_METADATA_DISABLED=true

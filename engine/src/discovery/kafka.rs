@@ -19,6 +19,7 @@ use bytes::Bytes;
 
 use crate::checkpoint::{InputFile, RecordRange};
 use crate::error::{Error, ErrorClass, Result};
+use crate::pipeline::{SaslMechanism, SecurityProtocol};
 use crate::storage::{MemoryStore, PutMode, Store};
 
 /// One record as the log gives it.
@@ -80,16 +81,27 @@ pub(crate) struct KafkaLog {
 
 impl KafkaLog {
     /// Connect to `brokers` for `topic` (one metadata request).
-    pub(crate) async fn connect(brokers: &[String], topic: &str) -> Result<KafkaLog> {
+    pub(crate) async fn connect(
+        brokers: &[String],
+        topic: &str,
+        security: SecurityProtocol,
+        mechanism: Option<SaslMechanism>,
+    ) -> Result<KafkaLog> {
         let shown = brokers.join(",");
         let backoff = rskafka::BackoffConfig {
             deadline: Some(call_timeout()),
             ..Default::default()
         };
-        let build = rskafka::client::ClientBuilder::new(brokers.to_vec())
+        let mut builder = rskafka::client::ClientBuilder::new(brokers.to_vec())
             .client_id("sluice")
-            .backoff_config(backoff)
-            .build();
+            .backoff_config(backoff);
+        if security.tls() {
+            builder = builder.tls_config(Arc::new(tls_config()?));
+        }
+        if let Some(m) = mechanism {
+            builder = builder.sasl_config(sasl_config(m)?);
+        }
+        let build = builder.build();
         let client = within(&shown, "connect", build).await?;
         Ok(KafkaLog {
             client,
@@ -118,6 +130,88 @@ impl KafkaLog {
     }
 }
 
+/// The environment variable naming a PEM file of certificates to trust for
+/// a Kafka source's TLS, besides the platform's.
+pub const CA_FILE_VAR: &str = "SLUICE_KAFKA_CA_FILE";
+/// The environment variables of a Kafka source's SASL credentials.
+pub const SASL_USERNAME_VAR: &str = "SLUICE_KAFKA_SASL_USERNAME";
+pub const SASL_PASSWORD_VAR: &str = "SLUICE_KAFKA_SASL_PASSWORD";
+
+/// The settings of the source's TLS: the platform's root certificates and
+/// those of [`CA_FILE_VAR`]'s file.
+fn tls_config() -> Result<rustls::ClientConfig> {
+    let config_error = |message: String| Error::Service {
+        service: "kafka",
+        message,
+        class: ErrorClass::InvalidInput,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Ok(path) = std::env::var(CA_FILE_VAR) {
+        use rustls_pki_types::pem::PemObject;
+        let read = rustls_pki_types::CertificateDer::pem_file_iter(&path)
+            .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
+            .map_err(|e| {
+                config_error(format!(
+                    "{CA_FILE_VAR}={path}: {e}; name a PEM file of the certificates that \
+                     signed the brokers'"
+                ))
+            })?;
+        if read.is_empty() {
+            return Err(config_error(format!(
+                "{CA_FILE_VAR}={path} holds no certificate; name a PEM file of the \
+                 certificates that signed the brokers'"
+            )));
+        }
+        for cert in read {
+            roots.add(cert).map_err(|e| {
+                config_error(format!(
+                    "{CA_FILE_VAR}={path}: a certificate is not usable: {e}"
+                ))
+            })?;
+        }
+    }
+    if roots.is_empty() {
+        return Err(config_error(format!(
+            "security_protocol uses TLS, but this machine has no trusted root certificates; \
+             set {CA_FILE_VAR} to a PEM file of the certificates that signed the brokers'"
+        )));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| config_error(format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// The source's SASL settings: `mechanism` with the credentials of
+/// [`SASL_USERNAME_VAR`] and [`SASL_PASSWORD_VAR`].
+fn sasl_config(mechanism: SaslMechanism) -> Result<rskafka::client::SaslConfig> {
+    let var = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| Error::Service {
+                service: "kafka",
+                message: format!(
+                    "source.sasl_mechanism is set but {name} is not: set {SASL_USERNAME_VAR} and \
+                     {SASL_PASSWORD_VAR} (on AWS: the functions' environment, from a secret)"
+                ),
+                class: ErrorClass::InvalidInput,
+            })
+    };
+    let credentials =
+        rskafka::client::Credentials::new(var(SASL_USERNAME_VAR)?, var(SASL_PASSWORD_VAR)?);
+    Ok(match mechanism {
+        SaslMechanism::Plain => rskafka::client::SaslConfig::Plain(credentials),
+        SaslMechanism::ScramSha256 => rskafka::client::SaslConfig::ScramSha256(credentials),
+        SaslMechanism::ScramSha512 => rskafka::client::SaslConfig::ScramSha512(credentials),
+    })
+}
+
 /// `call` within [`CALL_TIMEOUT`], its errors as the source's.
 async fn within<T>(
     brokers: &str,
@@ -144,19 +238,39 @@ async fn within<T>(
 /// refused, will fail again; connection trouble may pass.
 fn kafka_error(brokers: &str, what: &str, e: &rskafka::client::error::Error) -> Error {
     use rskafka::client::error::Error as E;
-    let class = match e {
-        E::ServerError { .. } | E::InvalidResponse(_) => ErrorClass::Fatal,
-        _ => ErrorClass::Retryable,
-    };
-    let hint = if class == ErrorClass::Retryable {
-        "; check that the brokers are reachable from here and source.uri names them (the step \
-         is retried)"
+    let text = e.to_string();
+    let (class, hint) = if text.contains("invalid peer certificate") {
+        // Retrying changes nothing: the settings must.
+        (
+            ErrorClass::InvalidInput,
+            format!(
+                "; the brokers' TLS certificate is not trusted here: set {CA_FILE_VAR} to a PEM \
+                 file of the certificate authority that signed it"
+            ),
+        )
+    } else if text.contains("SASL") || text.contains("Sasl") {
+        (
+            ErrorClass::InvalidInput,
+            format!(
+                "; check source.sasl_mechanism and the credentials in {SASL_USERNAME_VAR} and \
+                 {SASL_PASSWORD_VAR}"
+            ),
+        )
     } else {
-        ""
+        match e {
+            E::ServerError { .. } | E::InvalidResponse(_) => (ErrorClass::Fatal, String::new()),
+            _ => (
+                ErrorClass::Retryable,
+                "; check that the brokers are reachable from here and source.uri names them, \
+                 and that source.security_protocol is the listener's (a TLS listener closes a \
+                 plaintext connection at once: \"early eof\") (the step is retried)"
+                    .to_string(),
+            ),
+        }
     };
     Error::Service {
         service: "kafka",
-        message: format!("{what} at {brokers}: {e}{hint}"),
+        message: format!("{what} at {brokers}: {text}{hint}"),
         class,
     }
 }
@@ -287,11 +401,17 @@ impl RecordLog for MemoryLog {
 }
 
 /// Connect to the topic of a `kafka://` location.
-pub(crate) async fn open(location: &crate::storage::Location) -> Result<Arc<dyn RecordLog>> {
-    match location {
-        crate::storage::Location::Kafka { brokers, topic } => {
-            Ok(Arc::new(KafkaLog::connect(brokers, topic).await?))
-        }
+pub(crate) async fn open(source: &crate::pipeline::Source) -> Result<Arc<dyn RecordLog>> {
+    match &source.location {
+        crate::storage::Location::Kafka { brokers, topic } => Ok(Arc::new(
+            KafkaLog::connect(
+                brokers,
+                topic,
+                source.security_protocol,
+                source.sasl_mechanism,
+            )
+            .await?,
+        )),
         other => Err(Error::Service {
             service: "kafka",
             message: format!("{} is not a kafka:// location", other.display()),

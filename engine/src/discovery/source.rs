@@ -665,7 +665,7 @@ impl Source {
                 message: "a plan of record ranges for a source that is not a topic".into(),
             });
         };
-        let log = super::kafka::open(&p.source.location).await?;
+        let log = super::kafka::open(&p.source).await?;
         let (store, files, shapes) = super::kafka::read_units(log, topic, &units, schema).await?;
         let plan = checkpoint::TaskPlan {
             task: task.task,

@@ -71,7 +71,7 @@ pub(crate) async fn look(
     control: Option<&Control>,
     settled: bool,
 ) -> Result<Look> {
-    let log = kafka::open(&ctx.pipeline.source.location).await?;
+    let log = kafka::open(&ctx.pipeline.source).await?;
     let parts = log.partitions().await?;
     let ends = log.offsets(&parts, At::Latest).await?;
     let cursor = control.map(|c| &c.stream_offsets).filter(|c| !c.is_empty());
@@ -168,7 +168,7 @@ fn topic<'a>(ctx: &'a Scope<'_>) -> &'a str {
 /// started, or whose start moved (records lost and passed over), records
 /// its cursor now, so the start holds even when no batch follows.
 pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> Result<Waiting> {
-    let log = kafka::open(&ctx.pipeline.source.location).await?;
+    let log = kafka::open(&ctx.pipeline.source).await?;
     let waiting = where_to_start(ctx, log.as_ref(), control).await?;
     if waiting.from != control.stream_offsets || control.stream_topic != topic(ctx) {
         let from = waiting.from.clone();
@@ -272,7 +272,7 @@ async fn where_to_start(
 /// the cursor, its size the number of records, its time the first waiting
 /// record's timestamp (one fetch per such partition).
 pub(crate) async fn waiting(ctx: &Scope<'_>, control: Option<&Control>) -> Result<Vec<ObjectMeta>> {
-    let log = kafka::open(&ctx.pipeline.source.location).await?;
+    let log = kafka::open(&ctx.pipeline.source).await?;
     let parts = log.partitions().await?;
     let until = log.offsets(&parts, At::Latest).await?;
     let earliest = log.offsets(&parts, At::Earliest).await?;

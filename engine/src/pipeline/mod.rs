@@ -246,6 +246,59 @@ pub struct Source {
     /// before they were read.
     #[serde(default, skip_serializing_if = "DataLossPolicy::is_fail")]
     pub on_data_loss: DataLossPolicy,
+    /// A Kafka source: how the brokers are reached (Kafka's
+    /// `security.protocol`). Credentials and certificates come from the
+    /// environment, never the pipeline file.
+    #[serde(default, skip_serializing_if = "SecurityProtocol::is_plaintext")]
+    pub security_protocol: SecurityProtocol,
+    /// A Kafka source under SASL: the mechanism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sasl_mechanism: Option<SaslMechanism>,
+}
+
+/// How a Kafka source reaches its brokers, by Kafka's names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SecurityProtocol {
+    /// No TLS, no authentication.
+    #[default]
+    Plaintext,
+    /// TLS.
+    Ssl,
+    /// SASL authentication without TLS.
+    SaslPlaintext,
+    /// SASL authentication over TLS (MSK's SASL/SCRAM listener).
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    fn is_plaintext(&self) -> bool {
+        *self == SecurityProtocol::Plaintext
+    }
+
+    /// Whether connections use TLS.
+    pub fn tls(self) -> bool {
+        matches!(self, SecurityProtocol::Ssl | SecurityProtocol::SaslSsl)
+    }
+
+    /// Whether connections authenticate with SASL.
+    pub fn sasl(self) -> bool {
+        matches!(
+            self,
+            SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl
+        )
+    }
+}
+
+/// A SASL mechanism, by Kafka's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SaslMechanism {
+    #[serde(rename = "PLAIN")]
+    Plain,
+    #[serde(rename = "SCRAM-SHA-256")]
+    ScramSha256,
+    #[serde(rename = "SCRAM-SHA-512")]
+    ScramSha512,
 }
 
 /// Where a new record-stream pipeline starts reading.

@@ -41,6 +41,8 @@ struct SourceFile {
     corrupt_record: Option<bool>,
     starting_offsets: Option<super::StartingOffsets>,
     on_data_loss: Option<super::DataLossPolicy>,
+    security_protocol: Option<super::SecurityProtocol>,
+    sasl_mechanism: Option<super::SaslMechanism>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -314,6 +316,8 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
         on_schema_change: src.on_schema_change.unwrap_or_default(),
         corrupt_record: src.corrupt_record.unwrap_or(false),
         starting_offsets: src.starting_offsets.unwrap_or_default(),
+        security_protocol: src.security_protocol.unwrap_or_default(),
+        sasl_mechanism: src.sasl_mechanism,
         on_data_loss: src.on_data_loss.unwrap_or_default(),
     })
 }
@@ -443,11 +447,30 @@ fn check_source_options(
         );
     }
     let stream = discovery == DiscoveryMode::Kafka;
-    if !stream && (src.starting_offsets.is_some() || src.on_data_loss.is_some()) {
+    if !stream
+        && (src.starting_offsets.is_some()
+            || src.on_data_loss.is_some()
+            || src.security_protocol.is_some()
+            || src.sasl_mechanism.is_some())
+    {
         return Err(
-            "source.starting_offsets and source.on_data_loss apply to a kafka:// source only"
+            "source.starting_offsets, on_data_loss, security_protocol and sasl_mechanism apply \
+             to a kafka:// source only"
                 .to_string(),
         );
+    }
+    let sasl = src.security_protocol.is_some_and(|p| p.sasl());
+    if sasl != src.sasl_mechanism.is_some() {
+        return Err(if sasl {
+            "source.sasl_mechanism: a SASL security_protocol needs one: \"PLAIN\", \
+             \"SCRAM-SHA-256\" or \"SCRAM-SHA-512\" (the credentials come from \
+             SLUICE_KAFKA_SASL_USERNAME and SLUICE_KAFKA_SASL_PASSWORD)"
+                .to_string()
+        } else {
+            "source.sasl_mechanism applies under security_protocol = \"sasl_ssl\" or \
+             \"sasl_plaintext\""
+                .to_string()
+        });
     }
     if stream && src.format != SourceFormat::Jsonl {
         return Err(format!(
