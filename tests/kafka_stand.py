@@ -27,7 +27,8 @@ Subcommands:
            one JSON object a line: {"partition": int|null, "key": str|null,
            "value": <json>|str, "timestamp_ms": int|null, "headers": {str: str}}
            (only "value" is required; a string value is sent as its UTF-8
-           bytes, anything else as compact JSON). One record per produce
+           bytes, anything else as compact JSON; "value_b64" and "key_b64"
+           send bytes given in base64 instead). One record per produce
            request unless --batch. Prints one JSON line per record:
            {"partition", "offset", "timestamp_ms"}
     offsets --bootstrap B --topic T         per partition: earliest and
@@ -290,7 +291,7 @@ def read_records(path):
             if not line.strip():
                 continue
             rec = json.loads(line)
-            if not isinstance(rec, dict) or "value" not in rec:
+            if not isinstance(rec, dict) or not ("value" in rec or "value_b64" in rec):
                 sys.exit(f"kafka_stand: line {n}: expected an object with a value")
             yield rec
 
@@ -321,10 +322,14 @@ def cmd_produce(args):
         futures = []
         for rec in read_records(args.file):
             key = rec.get("key")
+            key = base64.b64decode(rec["key_b64"]) if "key_b64" in rec else (
+                None if key is None else key.encode())
+            value = (base64.b64decode(rec["value_b64"]) if "value_b64" in rec
+                     else encode_value(rec["value"]))
             headers = [(k, v.encode()) for k, v in (rec.get("headers") or {}).items()]
             fut = producer.send(args.topic,
-                                key=None if key is None else key.encode(),
-                                value=encode_value(rec["value"]),
+                                key=key,
+                                value=value,
                                 partition=rec.get("partition"),
                                 timestamp_ms=rec.get("timestamp_ms"),
                                 headers=headers or None)

@@ -1051,3 +1051,111 @@ async fn sasl_without_credentials_is_refused_naming_the_variables() {
         );
     }
 }
+
+/// `format = "raw"`: Spark's Kafka columns, every record as it is (bytes
+/// that are not UTF-8 or not JSON, empty values, tombstones, keys), equal
+/// to DuckDB over the bytes as produced; no bad rows. Options that read
+/// values as JSON are refused with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn raw_records_are_read_as_spark_reads_them() {
+    use base64::Engine;
+    let topic = fresh_topic("raw", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let values: [(Option<&[u8]>, Option<&[u8]>); 6] = [
+        (Some(b"k1"), Some(b"{\"a\":1}")),
+        (None, Some(&[0, 255, 10, 34, 92])),
+        (Some(&[0xC3, 0x28]), Some(b"")),
+        (Some(b"gone"), None),
+        (None, Some("caf\u{e9} \u{1F600}".as_bytes())),
+        (Some(b""), Some(b"not json, \"quoted\"")),
+    ];
+    let mut lines = String::new();
+    let mut rows = Vec::new();
+    for (i, (key, value)) in values.iter().enumerate() {
+        let mut rec = serde_json::json!({"partition": i % 2, "timestamp_ms": 1_764_680_400_000i64 + i as i64});
+        match value {
+            Some(v) => rec["value_b64"] = b64(v).into(),
+            None => rec["value"] = serde_json::Value::Null,
+        }
+        if let Some(k) = key {
+            rec["key_b64"] = b64(k).into();
+        }
+        lines.push_str(&rec.to_string());
+        lines.push('\n');
+        let hex = |b: &Option<&[u8]>| match b {
+            Some(b) => format!(
+                "from_hex('{}')",
+                b.iter().map(|x| format!("{x:02X}")).collect::<String>()
+            ),
+            None => "NULL::BLOB".to_string(),
+        };
+        rows.push((hex(key), hex(value), i % 2, i));
+    }
+    let file = root.join("records.jsonl");
+    std::fs::write(&file, lines).unwrap();
+    let b = bootstrap();
+    let out = stand(&[
+        "produce",
+        "--bootstrap",
+        &b,
+        "--topic",
+        &topic,
+        "--file",
+        file.to_str().unwrap(),
+    ]);
+    let offsets: Vec<i64> = out
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["offset"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    let toml = format!(
+        r#"name = "raw"
+[source]
+uri = "kafka://{b}/{topic}"
+format = "raw"
+table = "t"
+[query]
+sql = 'SELECT key, value, topic, partition, "offset", timestamp FROM t'
+[sink]
+uri = "out/sink"
+[checkpoint]
+uri = "out/checkpoint"
+[limits]
+max_records_per_batch = 4
+max_records_per_task = 2
+"#
+    );
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let want = duckdb_sql(&format!(
+        "SELECT * FROM (VALUES {}) v(key, value, topic, partition, \"offset\", timestamp)",
+        rows.iter()
+            .zip(&offsets)
+            .map(|((k, v, p, i), o)| format!(
+                "({k}, {v}, '{topic}', {p}::INTEGER, {o}::BIGINT, epoch_ms({}::BIGINT))",
+                1_764_680_400_000i64 + *i as i64
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+    .await;
+    assert_eq!(committed_rows(&root.join("out/sink"), "raw").await, want);
+    assert!(!root.join("out/sink/_quarantine").exists());
+    for extra in [
+        "on_bad_row = \"quarantine\"",
+        "schema_hints = { key = \"string\" }",
+    ] {
+        let bad = toml.replace("format = \"raw\"", &format!("format = \"raw\"\n{extra}"));
+        let e = sluice_engine::pipeline::Pipeline::parse(&bad, "p.toml", root)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("does not apply to format = \"raw\""),
+            "{extra}: {e}"
+        );
+    }
+}

@@ -434,9 +434,37 @@ pub(crate) fn json_line(topic: &str, partition: i32, r: &LogRecord) -> Vec<u8> {
         topic: quoted(topic),
         partition,
         timestamp_unit: Some(TimeUnit::Microsecond),
+        raw: false,
     };
     write_json_line(&mut line, &meta, r);
     line
+}
+
+/// One record as the line its pipeline reads (`raw`: Spark's columns;
+/// else [`json_line`]), if it holds fields to infer a schema from.
+pub(crate) fn sample_line(
+    topic: &str,
+    partition: i32,
+    raw: bool,
+    r: &LogRecord,
+) -> Option<Vec<u8>> {
+    if !raw {
+        let fields = r
+            .value
+            .as_deref()
+            .and_then(one_object)
+            .is_some_and(|b| !b.trim().is_empty());
+        return fields.then(|| json_line(topic, partition, r));
+    }
+    let meta = Meta {
+        topic: quoted(topic),
+        partition,
+        timestamp_unit: Some(TimeUnit::Microsecond),
+        raw,
+    };
+    let mut line = Vec::new();
+    write_raw_line(&mut line, &meta, r);
+    Some(line)
 }
 
 /// What every line of one partition's range shares.
@@ -449,6 +477,9 @@ struct Meta {
     /// digits is written as a number in it, which the JSON reader takes as
     /// is (its text form reads only years 0000 to 9999).
     timestamp_unit: Option<TimeUnit>,
+    /// Spark's Kafka columns ([`crate::pipeline::RAW_COLUMNS`]), the key
+    /// and value as hex (the JSON reader's binary), not the value's fields.
+    raw: bool,
 }
 
 use datafusion::arrow::datatypes::TimeUnit;
@@ -470,6 +501,11 @@ fn write_json_line(out: &mut Vec<u8>, meta: &Meta, r: &LogRecord) {
 /// for a line that never reads.
 fn write_shaped_line(out: &mut Vec<u8>, shape: &mut Vec<u8>, meta: &Meta, r: &LogRecord) {
     shape.clear();
+    if meta.raw {
+        write_raw_line(out, meta, r);
+        shape.extend_from_slice(b"raw");
+        return;
+    }
     out.push(b'{');
     let timestamp_kind = match r.value.as_deref().map(|v| object_shape(v, shape)) {
         None => write_meta(out, meta, r),
@@ -502,6 +538,35 @@ fn write_shaped_line(out: &mut Vec<u8>, shape: &mut Vec<u8>, meta: &Meta, r: &Lo
         b'#'
     });
     shape.push(if r.key.is_some() { b's' } else { b'n' });
+}
+
+/// A record as Spark's Kafka columns: `key` and `value` as hex (or null),
+/// `topic`, `partition`, `offset` and `timestamp`.
+fn write_raw_line(out: &mut Vec<u8>, meta: &Meta, r: &LogRecord) {
+    use std::io::Write;
+    let hex = |out: &mut Vec<u8>, bytes: &Option<Vec<u8>>| match bytes {
+        None => out.extend_from_slice(b"null"),
+        Some(b) => {
+            const DIGITS: &[u8; 16] = b"0123456789abcdef";
+            out.push(b'"');
+            for byte in b {
+                out.push(DIGITS[(byte >> 4) as usize]);
+                out.push(DIGITS[(byte & 15) as usize]);
+            }
+            out.push(b'"');
+        }
+    };
+    out.extend_from_slice(b"{\"key\":");
+    hex(out, &r.key);
+    out.extend_from_slice(b",\"value\":");
+    hex(out, &r.value);
+    let _ = write!(
+        out,
+        ",\"topic\":{},\"partition\":{},\"offset\":{},\"timestamp\":",
+        meta.topic, meta.partition, r.offset
+    );
+    write_timestamp(out, r.timestamp_ms, meta.timestamp_unit);
+    out.push(b'}');
 }
 
 /// A record's metadata members; the first byte of `_timestamp`'s value
@@ -753,8 +818,10 @@ pub(crate) async fn read_units(
     topic: &str,
     units: &[RecordRange],
     schema: &datafusion::arrow::datatypes::Schema,
+    raw: bool,
 ) -> Result<(Arc<dyn Store>, Vec<InputFile>, Vec<InputFile>)> {
-    let timestamp_unit = match schema.field_with_name("_timestamp").map(|f| f.data_type()) {
+    let column = if raw { "timestamp" } else { "_timestamp" };
+    let timestamp_unit = match schema.field_with_name(column).map(|f| f.data_type()) {
         Ok(datafusion::arrow::datatypes::DataType::Timestamp(unit, _)) => Some(*unit),
         _ => None,
     };
@@ -769,6 +836,7 @@ pub(crate) async fn read_units(
                 topic: quoted(&topic),
                 partition: u.partition,
                 timestamp_unit,
+                raw,
             };
             let mut body = Vec::with_capacity(records.len() * 160);
             let (mut shapes, mut seen, mut shape) = (Vec::new(), HashSet::new(), Vec::new());
@@ -914,7 +982,9 @@ mod tests {
         };
         let log: Arc<dyn RecordLog> = Arc::new(log);
         let schema = datafusion::arrow::datatypes::Schema::empty();
-        let (store, files, _) = read_units(log, "rides", &[unit], &schema).await.unwrap();
+        let (store, files, _) = read_units(log, "rides", &[unit], &schema, false)
+            .await
+            .unwrap();
         assert_eq!(files.len(), 1);
         let body = store.get(&files[0].key).await.unwrap().unwrap().bytes;
         let ns: Vec<i64> = String::from_utf8(body.to_vec())
@@ -1025,6 +1095,7 @@ mod tests {
             topic: quoted("rides"),
             partition: 0,
             timestamp_unit: Some(TimeUnit::Microsecond),
+            raw: false,
         };
         let (mut all, mut shapes, mut seen, mut shape) =
             (Vec::new(), Vec::new(), HashSet::new(), Vec::new());

@@ -666,7 +666,8 @@ impl Source {
             });
         };
         let log = super::kafka::open(&p.source).await?;
-        let (store, files, shapes) = super::kafka::read_units(log, topic, &units, schema).await?;
+        let (store, files, shapes) =
+            super::kafka::read_units(log, topic, &units, schema, p.source.raw).await?;
         let plan = checkpoint::TaskPlan {
             task: task.task,
             inputs: (0..files.len() as u32).collect(),

@@ -107,17 +107,13 @@ pub(crate) async fn look(
     if let Some(range) = sample {
         let topic = topic(ctx);
         let mut body = Vec::new();
+        let raw = ctx.pipeline.source.raw;
         for r in log.fetch(range).await? {
             // Only records that read: the sample is for inferring the
             // schema; bad records meet the bad-row policy when read.
             // Tombstones and empty objects hold no columns to infer.
-            let has_fields = r
-                .value
-                .as_deref()
-                .and_then(kafka::one_object)
-                .is_some_and(|b| !b.trim().is_empty());
-            if has_fields {
-                body.extend(kafka::json_line(topic, range.partition, &r));
+            if let Some(line) = kafka::sample_line(topic, range.partition, raw, &r) {
+                body.extend(line);
                 body.push(b'\n');
             }
         }

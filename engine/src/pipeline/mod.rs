@@ -254,7 +254,22 @@ pub struct Source {
     /// A Kafka source under SASL: the mechanism.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sasl_mechanism: Option<SaslMechanism>,
+    /// A record stream read as Spark's Kafka columns (`format = "raw"` in
+    /// the pipeline file: [`RAW_COLUMNS`]), not its values as JSON.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub raw: bool,
 }
+
+/// The columns of a record stream read raw: Spark's Kafka source's (its
+/// `timestampType` and `headers` left out).
+pub const RAW_COLUMNS: [(&str, &str); 6] = [
+    ("key", "binary"),
+    ("value", "binary"),
+    ("topic", "string"),
+    ("partition", "int"),
+    ("offset", "bigint"),
+    ("timestamp", "timestamp"),
+];
 
 /// How a Kafka source reaches its brokers, by Kafka's names.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

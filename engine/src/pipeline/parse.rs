@@ -171,7 +171,7 @@ impl Pipeline {
             file: file.to_string(),
             message,
         };
-        let raw: PipelineFile = toml::from_str(text).map_err(|e| spec_err(toml_message(&e)))?;
+        let (raw, raw_records) = read_file(text).map_err(spec_err)?;
         check_name(&raw.name).map_err(spec_err)?;
         let at = |field: &str, uri: &str| -> Result<Location> {
             Location::parse(uri, base).map_err(|m| spec_err(format!("{field}: {m}")))
@@ -179,7 +179,10 @@ impl Pipeline {
         let source_loc = at("source.uri", &raw.source.uri)?;
         let sink = at("sink.uri", &raw.sink.uri)?;
         let checkpoint_root = at("checkpoint.uri", &raw.checkpoint.uri)?;
-        let source = source(&raw.source, source_loc).map_err(spec_err)?;
+        let mut source = source(&raw.source, source_loc).map_err(spec_err)?;
+        if raw_records {
+            raw_source(&raw.source, &mut source).map_err(spec_err)?;
+        }
         if let Some(f) = &raw.sink.format
             && f != "parquet"
         {
@@ -237,6 +240,72 @@ impl Pipeline {
             limits,
         })
     }
+}
+
+/// The pipeline file, and whether its source's format is `"raw"` (read
+/// as `"jsonl"` here: [`raw_source`] makes it raw).
+fn read_file(text: &str) -> std::result::Result<(PipelineFile, bool), String> {
+    let is_raw = toml::from_str::<toml::Table>(text)
+        .ok()
+        .and_then(|t| {
+            t.get("source")?
+                .get("format")
+                .map(|f| f.as_str() == Some("raw"))
+        })
+        .unwrap_or(false);
+    if !is_raw {
+        return toml::from_str(text)
+            .map(|f| (f, false))
+            .map_err(|e| toml_message(&e));
+    }
+    let mut table: toml::Table = toml::from_str(text).map_err(|e| toml_message(&e))?;
+    if let Some(toml::Value::Table(source)) = table.get_mut("source") {
+        source.insert("format".into(), toml::Value::String("jsonl".into()));
+    }
+    toml::Value::Table(table)
+        .try_into()
+        .map(|f| (f, true))
+        .map_err(|e: toml::de::Error| e.message().to_string())
+}
+
+/// A source whose file says `format = "raw"`: a topic only, read as
+/// [`super::RAW_COLUMNS`]; every record reads, so no schema, hints or
+/// bad-row and schema-change policies apply.
+fn raw_source(src: &SourceFile, source: &mut Source) -> std::result::Result<(), String> {
+    if source.discovery != DiscoveryMode::Kafka {
+        return Err(
+            "source.format = \"raw\" reads a kafka:// source's records as they are; for \
+             files use parquet, csv or jsonl"
+                .to_string(),
+        );
+    }
+    let given = [
+        ("schema", src.schema.is_some()),
+        ("schema_hints", src.schema_hints.is_some()),
+        ("on_bad_row", src.on_bad_row.is_some()),
+        ("on_schema_change", src.on_schema_change.is_some()),
+        ("corrupt_record", src.corrupt_record.is_some()),
+    ];
+    if let Some((name, _)) = given.iter().find(|(_, set)| *set) {
+        return Err(format!(
+            "source.{name} does not apply to format = \"raw\": its columns are always key, \
+             value (binary), topic, partition, offset and timestamp, and every record reads \
+             (use format = \"jsonl\" to read values as JSON objects)"
+        ));
+    }
+    source.raw = true;
+    source.schema_hints = Default::default();
+    source.schema = Some(
+        super::RAW_COLUMNS
+            .iter()
+            .map(|(name, ty)| ColumnSpec {
+                name: name.to_string(),
+                data_type: ty.to_string(),
+                nullable: true,
+            })
+            .collect(),
+    );
+    Ok(())
 }
 
 /// The name names the checkpoint folder and the Step Functions executions.
@@ -318,6 +387,7 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
         starting_offsets: src.starting_offsets.unwrap_or_default(),
         security_protocol: src.security_protocol.unwrap_or_default(),
         sasl_mechanism: src.sasl_mechanism,
+        raw: false,
         on_data_loss: src.on_data_loss.unwrap_or_default(),
     })
 }
@@ -475,7 +545,8 @@ fn check_source_options(
     if stream && src.format != SourceFormat::Jsonl {
         return Err(format!(
             "source.format = \"{}\": a kafka:// source reads each record's value as one JSON \
-             object: set format = \"jsonl\"",
+             object (format = \"jsonl\") or each record as it is (format = \"raw\": key, \
+             value, topic, partition, offset, timestamp)",
             src.format.name()
         ));
     }
