@@ -1063,7 +1063,9 @@ async fn raw_records_are_read_as_spark_reads_them() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-    let values: [(Option<&[u8]>, Option<&[u8]>); 6] = [
+    // (key, value) as produced.
+    type Record<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+    let values: [Record; 6] = [
         (Some(b"k1"), Some(b"{\"a\":1}")),
         (None, Some(&[0, 255, 10, 34, 92])),
         (Some(&[0xC3, 0x28]), Some(b"")),
