@@ -13,7 +13,7 @@ use crate::support::*;
 const LIMITS: &str = "max_files_per_batch = 2";
 
 /// Start `sluice run` on the pipeline file in `root`, output captured.
-fn spawn_run(root: &std::path::Path) -> std::process::Child {
+pub(crate) fn spawn_run(root: &std::path::Path) -> std::process::Child {
     std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("run")
         .arg(root.join("pipeline.toml"))

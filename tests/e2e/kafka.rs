@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::crash::spawn_run;
 use crate::support::*;
 
 /// The broker's bootstrap address.
@@ -104,6 +105,42 @@ fn produce_with(topic: &str, partition: i32, values: &[String], expected: &Path,
         keep.push('\n');
     }
     std::fs::write(expected, keep).unwrap();
+}
+
+/// Produce the records of `file` (`kafka_stand.py produce` lines) to
+/// `topic`; their offsets.
+fn produce_file(topic: &str, file: &Path) -> Vec<i64> {
+    let b = bootstrap();
+    let out = stand(&[
+        "produce",
+        "--bootstrap",
+        &b,
+        "--topic",
+        topic,
+        "--file",
+        file.to_str().unwrap(),
+    ]);
+    out.lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["offset"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Every quarantined row under `root`'s sink.
+fn quarantined_rows(root: &Path) -> Vec<serde_json::Value> {
+    walk_files(&root.join("out/sink/_quarantine"))
+        .iter()
+        .flat_map(|f| {
+            std::fs::read_to_string(f)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// `n` ride records numbered from `first`.
@@ -320,30 +357,13 @@ async fn bad_records_are_quarantined_with_their_partition_and_offset() {
     let records = root.join("produced.jsonl");
     produce(&topic, 0, &rides(0, 4), &records);
     // Offsets 4 and 5: not objects; then good ones again.
-    let b = bootstrap();
     let bad = root.join("bad.jsonl");
     std::fs::write(
         &bad,
         "{\"partition\": 0, \"value\": \"not json at all\"}\n{\"partition\": 0, \"value\": \"[1, 2]\"}\n",
     )
     .unwrap();
-    let out = stand(&[
-        "produce",
-        "--bootstrap",
-        &b,
-        "--topic",
-        &topic,
-        "--file",
-        bad.to_str().unwrap(),
-    ]);
-    let offsets: Vec<i64> = out
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["offset"]
-                .as_i64()
-                .unwrap()
-        })
-        .collect();
+    let offsets = produce_file(&topic, &bad);
     assert_eq!(offsets, vec![4, 5]);
     produce(&topic, 0, &rides(10, 3), &records);
     let toml = kafka_toml("bad", &topic, "on_bad_row = \"quarantine\"", "");
@@ -352,16 +372,7 @@ async fn bad_records_are_quarantined_with_their_partition_and_offset() {
         committed_rows(&root.join("out/sink"), "bad").await,
         expected(&records).await
     );
-    let quarantined: Vec<serde_json::Value> = walk_files(&root.join("out/sink/_quarantine"))
-        .iter()
-        .flat_map(|f| {
-            std::fs::read_to_string(f)
-                .unwrap()
-                .lines()
-                .map(|l| serde_json::from_str(l).unwrap())
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let quarantined = quarantined_rows(root);
     assert_eq!(quarantined.len(), 2, "{quarantined:?}");
     for (q, offset) in quarantined.iter().zip([4, 5]) {
         let raw = q["raw"].as_str().unwrap();
@@ -401,15 +412,7 @@ async fn a_window_over_the_record_timestamp_equals_duckdb() {
     std::fs::write(&file, lines).unwrap();
     std::fs::write(&produced, keep).unwrap();
     let b = bootstrap();
-    stand(&[
-        "produce",
-        "--bootstrap",
-        &b,
-        "--topic",
-        &topic,
-        "--file",
-        file.to_str().unwrap(),
-    ]);
+    produce_file(&topic, &file);
     let toml = format!(
         r#"name = "win"
 [source]
@@ -512,17 +515,6 @@ async fn another_topic_is_refused_while_the_offsets_are_the_first_ones() {
         committed_rows(&root.join("out/sink"), "sw").await,
         expected(&kept).await
     );
-}
-
-/// Start `sluice run` on the pipeline file in `root`, output captured.
-fn spawn_run(root: &Path) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("run")
-        .arg(root.join("pipeline.toml"))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap()
 }
 
 /// Waves of three `sluice run` processes started at once on one topic
@@ -740,15 +732,7 @@ async fn far_timestamps_are_read_and_lone_surrogates_are_bad_rows() {
     let file = root.join("records.jsonl");
     std::fs::write(&file, lines).unwrap();
     let b = bootstrap();
-    stand(&[
-        "produce",
-        "--bootstrap",
-        &b,
-        "--topic",
-        &topic,
-        "--file",
-        file.to_str().unwrap(),
-    ]);
+    produce_file(&topic, &file);
     let toml = format!(
         r#"name = "edge"
 [source]
@@ -792,16 +776,7 @@ uri = "out/checkpoint"
             .any(|r| r.contains('\u{1F600}') && r.contains("7")),
         "{got:?}"
     );
-    let quarantined: Vec<serde_json::Value> = walk_files(&root.join("out/sink/_quarantine"))
-        .iter()
-        .flat_map(|f| {
-            std::fs::read_to_string(f)
-                .unwrap()
-                .lines()
-                .map(|l| serde_json::from_str(l).unwrap())
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let quarantined = quarantined_rows(root);
     assert_eq!(quarantined.len(), 2, "{quarantined:?}");
     for (q, offset) in quarantined.iter().zip([5, 6]) {
         let raw = q["raw"].as_str().unwrap();
@@ -1098,23 +1073,7 @@ async fn raw_records_are_read_as_spark_reads_them() {
     let file = root.join("records.jsonl");
     std::fs::write(&file, lines).unwrap();
     let b = bootstrap();
-    let out = stand(&[
-        "produce",
-        "--bootstrap",
-        &b,
-        "--topic",
-        &topic,
-        "--file",
-        file.to_str().unwrap(),
-    ]);
-    let offsets: Vec<i64> = out
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["offset"]
-                .as_i64()
-                .unwrap()
-        })
-        .collect();
+    let offsets = produce_file(&topic, &file);
     let toml = format!(
         r#"name = "raw"
 [source]

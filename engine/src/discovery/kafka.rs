@@ -777,6 +777,23 @@ impl<'de> serde::de::Visitor<'de> for Key<'_> {
     }
 }
 
+/// `records` as lines ([`write_json_line`]), and the first line of each
+/// [`Shape`] among them.
+fn shaped_lines(meta: &Meta, records: &[LogRecord]) -> (Vec<u8>, Vec<u8>) {
+    let mut body = Vec::with_capacity(records.len() * 160);
+    let (mut shapes, mut seen, mut shape) = (Vec::new(), HashSet::new(), Vec::new());
+    for r in records {
+        let start = body.len();
+        write_shaped_line(&mut body, &mut shape, meta, r);
+        body.push(b'\n');
+        if !seen.contains(&shape) {
+            shapes.extend_from_slice(&body[start..]);
+            seen.insert(std::mem::take(&mut shape));
+        }
+    }
+    (body, shapes)
+}
+
 /// Whether every `\\uD800`-`\\uDFFF` escape in `json` (valid JSON) is half
 /// of a pair, high then low: the syntax check lets a lone one through,
 /// and the readers (arrow-json) then fail on it, so the record must be a
@@ -838,17 +855,7 @@ pub(crate) async fn read_units(
                 timestamp_unit,
                 raw,
             };
-            let mut body = Vec::with_capacity(records.len() * 160);
-            let (mut shapes, mut seen, mut shape) = (Vec::new(), HashSet::new(), Vec::new());
-            for r in &records {
-                let start = body.len();
-                write_shaped_line(&mut body, &mut shape, &meta, r);
-                body.push(b'\n');
-                if !seen.contains(&shape) {
-                    shapes.extend_from_slice(&body[start..]);
-                    seen.insert(std::mem::take(&mut shape));
-                }
-            }
+            let (body, shapes) = shaped_lines(&meta, &records);
             Ok::<_, Error>((u, body, shapes))
         })
     });
@@ -1097,16 +1104,7 @@ mod tests {
             timestamp_unit: Some(TimeUnit::Microsecond),
             raw: false,
         };
-        let (mut all, mut shapes, mut seen, mut shape) =
-            (Vec::new(), Vec::new(), HashSet::new(), Vec::new());
-        for r in &records {
-            let start = all.len();
-            write_shaped_line(&mut all, &mut shape, &meta, r);
-            all.push(b'\n');
-            if seen.insert(shape.clone()) {
-                shapes.extend_from_slice(&all[start..]);
-            }
-        }
+        let (all, shapes) = shaped_lines(&meta, &records);
         let infer = |text: &[u8]| {
             infer_json_schema_from_seekable(std::io::Cursor::new(text), None)
                 .map(|(s, _)| s)
@@ -1116,33 +1114,17 @@ mod tests {
         assert_eq!(infer(&shapes).unwrap(), every);
         // Each of those values alone after the others: the same again.
         for (i, v) in values.iter().enumerate() {
-            let (mut all, mut shapes, mut seen) = (Vec::new(), Vec::new(), HashSet::new());
-            for r in values[..i]
-                .iter()
-                .chain(std::iter::once(v))
-                .map(|v| record(0, Some(v)))
-            {
-                let start = all.len();
-                write_shaped_line(&mut all, &mut shape, &meta, &r);
-                all.push(b'\n');
-                if seen.insert(shape.clone()) {
-                    shapes.extend_from_slice(&all[start..]);
-                }
-            }
+            let records: Vec<LogRecord> = values[..=i].iter().map(|v| record(0, Some(v))).collect();
+            let (all, shapes) = shaped_lines(&meta, &records);
             assert_eq!(infer(&shapes).unwrap(), infer(&all).unwrap(), "{v}");
         }
         let lines = shapes.iter().filter(|b| **b == b'\n').count();
         assert!(lines < 100, "{lines} shapes of {} records", records.len());
         // A line that never reads is a shape of its own: inference from
         // the shapes fails as it does from every line.
-        let bad = record(601, Some("[1, 2]"));
-        let (mut line, mut bad_shape) = (Vec::new(), Vec::new());
-        write_shaped_line(&mut line, &mut bad_shape, &meta, &bad);
-        assert_eq!(bad_shape, b"!");
-        assert!(!seen.contains(&bad_shape));
-        line.push(b'\n');
-        all.extend_from_slice(&line);
-        shapes.extend_from_slice(&line);
+        records.push(record(601, Some("[1, 2]")));
+        let (all, shapes) = shaped_lines(&meta, &records);
+        assert!(shapes.ends_with(b"!}\n"));
         assert!(infer(&all).is_err() && infer(&shapes).is_err());
     }
 
