@@ -87,37 +87,57 @@ fn line_with(
 pub fn batch_line(c: &crate::checkpoint::Commit, pipeline: &str) -> String {
     let d = &c.durations;
     let bill = crate::cost::bill(&c.usage, &c.requests, &crate::cost::Prices::default_table());
+    let mut metrics = vec![
+        (
+            "BatchDuration",
+            "Milliseconds",
+            (d.plan_ms + d.operate_ms + d.commit_ms) as f64,
+        ),
+        ("RowsIn", "Count", c.rows_in as f64),
+        ("RowsOut", "Count", c.rows_out as f64),
+        ("Files", "Count", c.files as f64),
+        ("BytesRead", "Bytes", c.bytes_read as f64),
+        (
+            "LateRows",
+            "Count",
+            c.stateful.as_ref().map_or(0, |s| s.late_rows) as f64,
+        ),
+        (
+            "QuarantinedRows",
+            "Count",
+            c.rejected.iter().map(|r| r.rows).sum::<u64>() as f64,
+        ),
+        ("QuarantinedFiles", "Count", c.quarantined.len() as f64),
+        ("BatchCost", "None", bill.total()),
+    ];
+    if let Some(s) = &c.stream {
+        // A record stream's batch: the offsets it read (transaction
+        // markers included), and those lost before they were read.
+        metrics.push(("RecordsRead", "Count", s.records() as f64));
+        let lost: u64 = s.lost.iter().map(|r| r.len()).sum();
+        metrics.push(("RecordsLost", "Count", lost as f64));
+    }
     line(
         pipeline,
         c.committed_ms,
-        &[
-            (
-                "BatchDuration",
-                "Milliseconds",
-                (d.plan_ms + d.operate_ms + d.commit_ms) as f64,
-            ),
-            ("RowsIn", "Count", c.rows_in as f64),
-            ("RowsOut", "Count", c.rows_out as f64),
-            ("Files", "Count", c.files as f64),
-            ("BytesRead", "Bytes", c.bytes_read as f64),
-            (
-                "LateRows",
-                "Count",
-                c.stateful.as_ref().map_or(0, |s| s.late_rows) as f64,
-            ),
-            (
-                "QuarantinedRows",
-                "Count",
-                c.rejected.iter().map(|r| r.rows).sum::<u64>() as f64,
-            ),
-            ("QuarantinedFiles", "Count", c.quarantined.len() as f64),
-            ("BatchCost", "None", bill.total()),
-        ],
+        &metrics,
         &[
             ("batch", json!(c.batch)),
             ("epoch", json!(c.epoch)),
             ("trigger", json!(c.trigger)),
         ],
+    )
+}
+
+/// The lag line of a record stream: the records (offsets) waiting up to
+/// the ends the run captured. (The age of the oldest one is not known
+/// without reading it: `sluice show` reads it.)
+pub fn stream_lag_line(pipeline: &str, now_ms: i64, records: u64) -> String {
+    line(
+        pipeline,
+        now_ms,
+        &[("RecordsWaiting", "Count", records as f64)],
+        &[],
     )
 }
 
@@ -141,4 +161,44 @@ pub fn lag_line(
         ],
         &[],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record stream's batch line counts the offsets it read and those
+    /// its record says were lost (no test broker here can delete records,
+    /// so no run loses any).
+    #[test]
+    fn a_stream_batch_line_counts_records_read_and_lost() {
+        let record: crate::checkpoint::Commit = serde_json::from_value(json!({
+            "format_version": 1, "batch": 3, "epoch": 1, "history": "h",
+            "committed_ms": 1_764_680_400_000i64, "files": 0, "bytes_read": 10,
+            "rows_in": 7, "rows_out": 7, "outputs": [],
+            "durations": {"plan_ms": 1, "operate_ms": 2, "task_max_ms": 2, "merge_max_ms": 0, "commit_ms": 3},
+            "requests": crate::storage::RequestCounts::default(), "input_keys": [],
+            "stream": {
+                "next": {"0": 12, "1": 4},
+                "ranges": [{"partition": 0, "start": 5, "end": 12}],
+                "lost": [{"partition": 0, "start": 2, "end": 5}, {"partition": 1, "start": 0, "end": 4}],
+            },
+        }))
+        .expect("a commit record");
+        let line: Value = serde_json::from_str(&batch_line(&record, "p")).unwrap();
+        assert_eq!(line["RecordsRead"], 7.0);
+        assert_eq!(line["RecordsLost"], 7.0);
+        let names: Vec<&str> = line["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["Name"].as_str().unwrap())
+            .collect();
+        assert!(names.contains(&"RecordsRead") && names.contains(&"RecordsLost"));
+        // A file batch's line has neither.
+        let mut files = record.clone();
+        files.stream = None;
+        let line: Value = serde_json::from_str(&batch_line(&files, "p")).unwrap();
+        assert!(line.get("RecordsRead").is_none() && line.get("RecordsLost").is_none());
+    }
 }

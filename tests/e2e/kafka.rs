@@ -1120,3 +1120,55 @@ max_records_per_task = 2
         );
     }
 }
+
+/// A topic's metric lines: the planner's says how many records wait (the
+/// offsets up to the ends the run captured), each batch's how many it read
+/// and lost; an idle run's says none wait. Checked by `tests/e2e/emf.py`
+/// against the EMF specification, and against the records produced.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topics_metric_lines_count_its_records() {
+    let topic = fresh_topic("emf", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = root.join("produced.jsonl");
+    produce(&topic, 0, &rides(0, 5), &records);
+    produce(&topic, 1, &rides(100, 4), &records);
+    let toml = kafka_toml("kemf", &topic, "", "max_records_per_batch = 4");
+    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut ctx = local_context(&pipeline(root, &toml));
+    let sink = lines.clone();
+    ctx.metrics = Some(Arc::new(move |l: &str| {
+        sink.lock().unwrap().push(l.to_string())
+    }));
+    let ran = run(&ctx).await.unwrap();
+    assert!(ran.batches.len() >= 2);
+    run(&ctx).await.unwrap();
+    let lines = lines.lock().unwrap().clone();
+    let path = root.join("emf.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let out = std::process::Command::new(python())
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/emf.py"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "emf.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let waiting: Vec<f64> = docs
+        .iter()
+        .filter_map(|d| d["RecordsWaiting"].as_f64())
+        .collect();
+    assert_eq!(waiting.first(), Some(&9.0), "{lines:?}");
+    assert_eq!(waiting.last(), Some(&0.0), "{lines:?}");
+    let read: f64 = docs.iter().filter_map(|d| d["RecordsRead"].as_f64()).sum();
+    assert_eq!(read, 9.0);
+    let lost: f64 = docs.iter().filter_map(|d| d["RecordsLost"].as_f64()).sum();
+    assert_eq!(lost, 0.0);
+    assert!(docs.iter().all(|d| d.get("FilesWaiting").is_none()));
+}

@@ -212,7 +212,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     });
     let looked = match source.look(&ctx.scope(), control, settled).await? {
         Look::Idle => {
-            ctx.metric(|| crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None));
+            ctx.metric(|| idle_lag(ctx, source));
             return Ok(idle("no new data"));
         }
         Look::Maybe(l) => l,
@@ -243,7 +243,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         .pending(&ctx.scope(), control, looked, recover, owed)
         .await?
     else {
-        ctx.metric(|| crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None));
+        ctx.metric(|| idle_lag(ctx, source));
         return Ok(idle("no new data"));
     };
     // Before anything is written: is the sink this checkpoint's?
@@ -640,12 +640,25 @@ async fn discover_and_plan(
     }
     tracing::info!(pipeline = %p.name, files = fresh.inputs.len(), batches = plans.len(), "planned new input");
     ctx.metric(|| {
+        if source.is_stream() {
+            let records = plans.iter().filter_map(|o| o.stream.as_ref());
+            let records = records.map(|s| s.records()).sum();
+            return crate::metrics::stream_lag_line(&p.name, ctx.now(), records);
+        }
         let inputs = plans.iter().flat_map(|o| o.inputs.iter());
         let oldest = inputs.clone().filter_map(|i| i.modified_ms).min();
         let (files, bytes) = inputs.fold((0, 0), |(n, b), i| (n + 1, b + i.size));
         crate::metrics::lag_line(&p.name, ctx.now(), files, bytes, oldest)
     });
     batch_outcome(ctx, run, &plans[0]).await
+}
+
+/// The lag line of a run that finds nothing to do.
+fn idle_lag(ctx: &Context, source: Source) -> String {
+    match source.is_stream() {
+        true => crate::metrics::stream_lag_line(&ctx.pipeline.name, ctx.now(), 0),
+        false => crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None),
+    }
 }
 
 #[cfg(test)]
