@@ -830,7 +830,13 @@ uri = "out/checkpoint"
         .await
         .unwrap_err()
         .to_string();
-    assert!(e.contains("extra"), "{e}");
+    // It offers what a topic takes: rescue, not add-columns, and no file
+    // to replace.
+    assert!(
+        e.contains("extra") && e.contains("rescue") && !e.contains("add-columns"),
+        "{e}"
+    );
+    assert!(!e.contains("replace the file"), "{e}");
     assert_eq!(commit_records(root, &fail).await.len(), 1);
     run(&local_context(&pipeline(root, &rescue))).await.unwrap();
     let rows = duckdb_sql(&format!(

@@ -103,8 +103,22 @@ fn typed_new<'d>(d: &'d Drift, file: &Schema) -> Vec<&'d String> {
 
 /// Why the schema `policy` refuses a file whose columns drifted as `d`
 /// (`typed_new`: its added columns that have a type); `None` if it takes it.
-fn refusal(policy: SchemaChangePolicy, d: &Drift, typed_new: &[&String]) -> Option<String> {
+/// `stream`: the input is a record stream's range, not a file.
+fn refusal(
+    policy: SchemaChangePolicy,
+    d: &Drift,
+    typed_new: &[&String],
+    stream: bool,
+) -> Option<String> {
     match policy {
+        // A topic's records cannot be replaced, and add-columns is not
+        // taken for a topic yet.
+        SchemaChangePolicy::Fail if stream => Some(format!(
+            "its records' columns do not match the pinned source schema: {d}. To take such \
+             records as they come, set source.on_schema_change = \"rescue\" (what does not \
+             fit goes into {RESCUED}); if the topic changed for good, declare source.schema \
+             with the new columns and run `sluice reset` on the pipeline file"
+        )),
         SchemaChangePolicy::Fail => Some(format!(
             "its columns do not match the pinned source schema: {d}. Fix or replace the \
              file (same key); to take such files as they come, set \
@@ -258,7 +272,11 @@ impl SqlOperator {
                 continue;
             };
             let typed_new = typed_new(&d, &schema);
-            if let Some(message) = refusal(policy, &d, &typed_new) {
+            let stream = matches!(
+                self.pipeline.source.location,
+                crate::storage::Location::Kafka { .. }
+            );
+            if let Some(message) = refusal(policy, &d, &typed_new, stream) {
                 return Err(Error::Input {
                     pipeline: self.pipeline.name.clone(),
                     batch,
