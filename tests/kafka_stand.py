@@ -18,6 +18,10 @@ Subcommands:
            [--tls-cert C --tls-key K]: TLS on P, through a proxy in front
            of tansu (whose own TLS does not serve); the other subcommands
            then need KAFKA_STAND_CA_FILE=C
+           [--sasl-plain USER:PASSWORD]: SASL/PLAIN on P, answered by that
+           proxy (the handshake and authentication only; SCRAM is not
+           served); the other subcommands then need
+           KAFKA_STAND_SASL_PLAIN=USER:PASSWORD
     stop   --pidfile F                      SIGTERM (then SIGKILL) the broker
     create-topic --bootstrap B --topic T --partitions N
     delete-topic --bootstrap B --topic T    (then create-topic again: the
@@ -108,10 +112,13 @@ def cmd_start(args):
         sys.exit(f"kafka_stand: something already listens on {HOST}:{port}")
     url = f"tcp://{HOST}:{port}"
     advertised = url
-    if args.tls_cert:
+    proxied = bool(args.tls_cert or args.sasl_plain)
+    if proxied:
         # tansu's own TLS does not serve here (0.6.0: --cert and --key are
-        # refused together, and either alone drops every connection): a
-        # TLS proxy in front of it, which tansu advertises as itself.
+        # refused together, and either alone drops every connection), and
+        # its SASL users are made through an authenticated admin call: a
+        # proxy in front of it, which tansu advertises as itself, serves
+        # TLS and SASL/PLAIN.
         inner = free_port()
         advertised, url = url, f"tcp://{HOST}:{inner}"
     log_path = args.log or args.pidfile + ".log"
@@ -130,11 +137,15 @@ def cmd_start(args):
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env=env, start_new_session=True)
         pids = [proc.pid]
-        if args.tls_cert:
+        if proxied:
+            extra = []
+            if args.tls_cert:
+                extra += ["--cert", args.tls_cert, "--key", args.tls_key]
+            if args.sasl_plain:
+                extra += ["--sasl-plain", args.sasl_plain]
             proxy = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "tls-proxy",
-                 "--port", str(port), "--upstream", f"{HOST}:{inner}",
-                 "--cert", args.tls_cert, "--key", args.tls_key],
+                [sys.executable, os.path.abspath(__file__), "proxy",
+                 "--port", str(port), "--upstream", f"{HOST}:{inner}", *extra],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
             pids.append(proxy.pid)
@@ -196,18 +207,119 @@ def cmd_stop(args):
 
 
 def security():
-    """Client settings for a broker behind TLS: KAFKA_STAND_CA_FILE names
-    the PEM file of the certificate to trust."""
+    """Client settings for a broker behind the proxy: KAFKA_STAND_CA_FILE
+    names the PEM file of the certificate to trust, KAFKA_STAND_SASL_PLAIN
+    the USER:PASSWORD to authenticate with."""
+    out = {}
     ca = os.environ.get("KAFKA_STAND_CA_FILE")
-    return dict(security_protocol="SSL", ssl_cafile=ca) if ca else {}
+    plain = os.environ.get("KAFKA_STAND_SASL_PLAIN")
+    if ca:
+        out.update(security_protocol="SSL", ssl_cafile=ca)
+    if plain:
+        user, password = plain.split(":", 1)
+        out.update(security_protocol="SASL_SSL" if ca else "SASL_PLAINTEXT",
+                   sasl_mechanism="PLAIN", sasl_plain_username=user,
+                   sasl_plain_password=password)
+    return out
 
 
-def cmd_tls_proxy(args):
-    """Terminate TLS on 127.0.0.1:PORT and pass the bytes on to UPSTREAM."""
+# Kafka's SASL requests, answered by the proxy itself.
+API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
+SASL_AUTHENTICATION_FAILED, ILLEGAL_SASL_STATE = 58, 34
+
+
+def uvarint(data, i):
+    """An unsigned varint of data at i: (value, next index)."""
+    shift = value = 0
+    while True:
+        b = data[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, i
+        shift += 7
+
+
+def put_uvarint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def sasl_answer(frame, plain):
+    """The answer to one request frame of a connection not yet
+    authenticated: (response frame or None to forward it upstream,
+    whether the connection is now authenticated, whether to close it)."""
+    import struct
+    api_key, version, correlation = struct.unpack(">hhi", frame[:8])
+    if api_key == API_VERSIONS:
+        return None, False, False
+    if api_key == SASL_HANDSHAKE:
+        (n,) = struct.unpack(">h", frame[8:10])
+        i = 10 + max(n, 0)
+        (m,) = struct.unpack(">h", frame[i:i + 2])
+        mechanism = frame[i + 2:i + 2 + m].decode()
+        error = 0 if mechanism == "PLAIN" else 33  # UNSUPPORTED_SASL_MECHANISM
+        body = struct.pack(">ih", correlation, error)
+        body += struct.pack(">i", 1) + struct.pack(">h", 5) + b"PLAIN"
+        return body, False, error != 0
+    if api_key != SASL_AUTHENTICATE:
+        # A SASL listener answers nothing else before authentication.
+        return b"", False, True
+    # Header: client id (int16 string) even in the flexible versions, whose
+    # header then carries tagged fields.
+    (n,) = struct.unpack(">h", frame[8:10])
+    i = 10 + max(n, 0)
+    if version >= 2:
+        tags, i = uvarint(frame, i)
+        for _ in range(tags):
+            _, i = uvarint(frame, i)
+            size, i = uvarint(frame, i)
+            i += size
+        size, i = uvarint(frame, i)
+        auth = frame[i:i + size - 1]
+    else:
+        (size,) = struct.unpack(">i", frame[i:i + 4])
+        auth = frame[i + 4:i + 4 + size]
+    parts = auth.split(b"\0")
+    ok = len(parts) == 3 and parts[1].decode() + ":" + parts[2].decode() == plain
+    error = 0 if ok else SASL_AUTHENTICATION_FAILED
+    message = None if ok else "Authentication failed: Invalid username or password"
+    if version >= 2:
+        body = struct.pack(">i", correlation) + b"\0" + struct.pack(">h", error)
+        if message is None:
+            body += put_uvarint(0)
+        else:
+            body += put_uvarint(len(message) + 1) + message.encode()
+        body += put_uvarint(1)  # auth bytes: empty
+        body += struct.pack(">q", 0) + b"\0"
+    else:
+        body = struct.pack(">ih", correlation, error)
+        body += (struct.pack(">h", -1) if message is None
+                 else struct.pack(">h", len(message)) + message.encode())
+        body += struct.pack(">i", 0)
+        if version >= 1:
+            body += struct.pack(">q", 0)
+    return body, ok, not ok
+
+
+def cmd_proxy(args):
+    """Serve 127.0.0.1:PORT in front of UPSTREAM: TLS with --cert/--key,
+    SASL/PLAIN for --sasl-plain USER:PASSWORD (answered here; the rest of
+    each connection is passed on as it is)."""
     import asyncio
     import ssl
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(args.cert, args.key)
+    import struct
+    ctx = None
+    if args.cert:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args.cert, args.key)
     host, port = args.upstream.rsplit(":", 1)
 
     async def pipe(reader, writer):
@@ -220,12 +332,43 @@ def cmd_tls_proxy(args):
         finally:
             writer.close()
 
+    async def frame(reader):
+        (size,) = struct.unpack(">i", await reader.readexactly(4))
+        return await reader.readexactly(size)
+
+    async def authenticate(client_r, client_w, up_r, up_w):
+        """Whether the client authenticated (requests before it answered
+        here, ApiVersions passed upstream)."""
+        while True:
+            request = await frame(client_r)
+            answer, ok, close = sasl_answer(request, args.sasl_plain)
+            if answer is None:
+                up_w.write(struct.pack(">i", len(request)) + request)
+                await up_w.drain()
+                answer = await frame(up_r)
+            if answer:
+                client_w.write(struct.pack(">i", len(answer)) + answer)
+                await client_w.drain()
+            if close:
+                return False
+            if ok:
+                return True
+
     async def serve(client_r, client_w):
         try:
             up_r, up_w = await asyncio.open_connection(host, int(port))
         except OSError:
             client_w.close()
             return
+        if args.sasl_plain:
+            try:
+                ok = await authenticate(client_r, client_w, up_r, up_w)
+            except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+                ok = False
+            if not ok:
+                client_w.close()
+                up_w.close()
+                return
         await asyncio.gather(pipe(client_r, up_w), pipe(up_r, client_w))
 
     async def main():
@@ -451,12 +594,17 @@ def main():
     p.add_argument("--tls-key", help="the certificate's PEM private key")
     p.set_defaults(func=cmd_start)
 
-    p = sub.add_parser("tls-proxy")
+    p.add_argument("--sasl-plain", metavar="USER:PASSWORD",
+                   help="require SASL/PLAIN with these credentials (answered "
+                        "by the proxy); clients then set KAFKA_STAND_SASL_PLAIN")
+
+    p = sub.add_parser("proxy")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--upstream", required=True)
-    p.add_argument("--cert", required=True)
-    p.add_argument("--key", required=True)
-    p.set_defaults(func=cmd_tls_proxy)
+    p.add_argument("--cert")
+    p.add_argument("--key")
+    p.add_argument("--sasl-plain")
+    p.set_defaults(func=cmd_proxy)
 
     p = sub.add_parser("stop")
     p.add_argument("--pidfile", required=True)

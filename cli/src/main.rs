@@ -590,16 +590,30 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
     ctx.check_source_exists()?;
     ctx.reconcile = reconcile;
     let name = ctx.pipeline.name.clone();
-    // On a terminal, a bar over the files waiting now (one listing).
+    // A topic's batches read partition ranges of records, not files.
+    let stream = matches!(
+        ctx.pipeline.source.location,
+        sluice_engine::storage::Location::Kafka { .. }
+    );
+    // On a terminal, a bar over the files (records) waiting now (one
+    // listing, or the topic's offsets).
     let progress = if !json && progress::Progress::wanted() {
-        progress::Progress::new(admin::status(&ctx).await?.waiting_files, "files")
+        let status = admin::status(&ctx).await?;
+        match status.waiting_records {
+            Some(records) => progress::Progress::new(records, "records"),
+            None => progress::Progress::new(status.waiting_files, "files"),
+        }
     } else {
         progress::Progress::none()
     };
     let summary = runner::run(&ctx, |b| {
         if !json {
-            progress.inc(b.files);
-            progress.line(&batch_line(b));
+            progress.inc(if stream {
+                b.rows_in + b.rows_quarantined
+            } else {
+                b.files
+            });
+            progress.line(&batch_line(b, stream));
         }
     })
     .await?;
@@ -626,16 +640,18 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
             );
             return Ok(ExitCode::from(exit::PAUSED));
         }
-        RunEnd::Done => println!("{}", committed_line(&name, &summary)),
+        RunEnd::Done => println!("{}", committed_line(&name, &summary, stream)),
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// `sluice run`'s line for one committed batch.
-fn batch_line(b: &runner::BatchReport) -> String {
+/// `sluice run`'s line for one committed batch (`stream`: of a topic,
+/// whose inputs are partition ranges).
+fn batch_line(b: &runner::BatchReport, stream: bool) -> String {
     format!(
-        "batch {:>6}  files {:>5}  {:>12}  rows in {:>10}  out {:>10}  {:>7} ms{}{}",
+        "batch {:>6}  {} {:>5}  {:>12}  rows in {:>10}  out {:>10}  {:>7} ms{}{}",
         b.batch,
+        if stream { "ranges" } else { "files" },
         b.files,
         mib(b.bytes),
         b.rows_in,
@@ -656,7 +672,7 @@ fn batch_line(b: &runner::BatchReport) -> String {
 
 /// `sluice run`'s closing line after it committed batches: what they read
 /// and wrote, and what they did with bad data and new columns.
-fn committed_line(name: &str, summary: &runner::RunSummary) -> String {
+fn committed_line(name: &str, summary: &runner::RunSummary, stream: bool) -> String {
     let files: u64 = summary.batches.iter().map(|b| b.files).sum();
     let bytes: u64 = summary.batches.iter().map(|b| b.bytes).sum();
     let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
@@ -678,7 +694,7 @@ fn committed_line(name: &str, summary: &runner::RunSummary) -> String {
     format!(
         "{name}: committed {}: {}, {}, {} in, {} out in {} ({}){}",
         count(summary.batches.len() as u64, "batch"),
-        count(files, "file"),
+        count(files, if stream { "partition range" } else { "file" }),
         mib(bytes),
         count(rows_in, "row"),
         count(rows_out, "row"),

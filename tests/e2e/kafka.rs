@@ -21,11 +21,17 @@ fn bootstrap() -> String {
 
 /// Run tests/kafka_stand.py with `args`; its standard output.
 fn stand(args: &[&str]) -> String {
+    stand_with(&[], args)
+}
+
+/// `kafka_stand.py` with `env` set (a TLS or SASL broker's settings).
+fn stand_with(env: &[(&str, &std::ffi::OsStr)], args: &[&str]) -> String {
     let python = std::env::var("SLUICE_KAFKA_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/kafka_stand.py");
     let out = std::process::Command::new(python)
         .arg(script)
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     assert!(
@@ -346,7 +352,8 @@ async fn a_topic_that_does_not_exist_is_named() {
     assert!(!root.join("out/sink").join("batch=0000000000").exists());
 }
 
-/// Values that are not JSON objects are bad rows: under
+/// Values that are not JSON objects are bad rows: under `fail` the batch
+/// is refused with advice a topic can take; under
 /// `on_bad_row = "quarantine"` they go to the batch's quarantine file,
 /// each with its partition and offset, and the rest is read.
 #[tokio::test(flavor = "multi_thread")]
@@ -366,6 +373,20 @@ async fn bad_records_are_quarantined_with_their_partition_and_offset() {
     let offsets = produce_file(&topic, &bad);
     assert_eq!(offsets, vec![4, 5]);
     produce(&topic, 0, &rides(10, 3), &records);
+    // Under `fail` (the default) the batch is refused, saying what a topic
+    // allows: records cannot be fixed in place as a file can.
+    let strict = kafka_toml("bad", &topic, "", "");
+    let e = run(&local_context(&pipeline(root, &strict)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cannot be changed")
+            && e.contains("on_bad_row = \"quarantine\"")
+            && !e.contains("replace the file"),
+        "{e}"
+    );
+    assert!(!root.join("out/sink/_sluice/manifest").exists());
     let toml = kafka_toml("bad", &topic, "on_bad_row = \"quarantine\"", "");
     run(&local_context(&pipeline(root, &toml))).await.unwrap();
     assert_eq!(
@@ -868,20 +889,7 @@ fn tls_ca() -> std::path::PathBuf {
 
 /// `kafka_stand.py` against the TLS broker.
 fn tls_stand(args: &[&str]) -> String {
-    let python = std::env::var("SLUICE_KAFKA_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/kafka_stand.py");
-    let out = std::process::Command::new(python)
-        .arg(script)
-        .args(args)
-        .env("KAFKA_STAND_CA_FILE", tls_ca())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kafka_stand {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    stand_with(&[("KAFKA_STAND_CA_FILE", tls_ca().as_os_str())], args)
 }
 
 /// A topic on a broker that takes TLS only: read exactly once with
@@ -982,10 +990,162 @@ uri = "out/checkpoint"
     assert_eq!(committed_rows(&root.join("out/sink"), "tls").await, want);
 }
 
+/// The SASL/PLAIN credentials of the broker that tests/run.sh starts.
+const SASL_USER: &str = "sluice";
+const SASL_PASSWORD: &str = "stand-secret";
+
+/// A secret in moto's Secrets Manager holding `text`: its ARN.
+fn secret(name: &str, text: &str) -> String {
+    let out = std::process::Command::new(python())
+        .args([
+            "-c",
+            "import boto3, sys; c = boto3.client('secretsmanager', endpoint_url=sys.argv[1], \
+             region_name='us-east-1', aws_access_key_id='test', aws_secret_access_key='test'); \
+             print(c.create_secret(Name=sys.argv[2], SecretString=sys.argv[3])['ARN'])",
+            &s3_endpoint(),
+            name,
+            text,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// A topic on a broker that takes SASL/PLAIN only, read with the
+/// credentials of a Secrets Manager secret (the functions' way on AWS):
+/// the secret wins over the environment's credentials; a wrong password,
+/// a secret without a password, a secret that is not there and the
+/// environment's wrong credentials are each refused naming what to fix,
+/// not retried, with nothing written; the right secret reads every record
+/// exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn sasl_credentials_from_a_secret_are_what_the_broker_checks() {
+    let b = std::env::var("SLUICE_KAFKA_SASL").expect(
+        "SLUICE_KAFKA_SASL is not set: run the suite with tests/run.sh, which starts the SASL \
+         test broker",
+    );
+    let plain = format!("{SASL_USER}:{SASL_PASSWORD}");
+    let sasl = |args: &[&str]| stand_with(&[("KAFKA_STAND_SASL_PLAIN", plain.as_ref())], args);
+    let topic = format!("sasl-{}", std::process::id());
+    sasl(&[
+        "create-topic",
+        "--bootstrap",
+        &b,
+        "--topic",
+        &topic,
+        "--partitions",
+        "2",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let lines: String = (0..9)
+        .map(|i| {
+            let value = serde_json::json!({"ride_id": i, "fare": 2.5 * f64::from(i)}).to_string();
+            format!(
+                "{}\n",
+                serde_json::json!({"partition": i % 2, "value": value})
+            )
+        })
+        .collect();
+    let file = root.join("records.jsonl");
+    std::fs::write(&file, &lines).unwrap();
+    sasl(&[
+        "produce",
+        "--bootstrap",
+        &b,
+        "--topic",
+        &topic,
+        "--file",
+        file.to_str().unwrap(),
+    ]);
+    std::fs::write(
+        root.join("pipeline.toml"),
+        format!(
+            r#"name = "sasl"
+[source]
+uri = "kafka://{b}/{topic}"
+format = "jsonl"
+table = "t"
+security_protocol = "sasl_plaintext"
+sasl_mechanism = "PLAIN"
+[query]
+sql = "SELECT ride_id, fare FROM t WHERE fare > 3"
+[sink]
+uri = "out/sink"
+[checkpoint]
+uri = "out/checkpoint"
+"#
+        ),
+    )
+    .unwrap();
+    let pid = std::process::id();
+    let good = secret(
+        &format!("kafka-good-{pid}"),
+        &serde_json::json!({"username": SASL_USER, "password": SASL_PASSWORD}).to_string(),
+    );
+    let wrong = secret(
+        &format!("kafka-wrong-{pid}"),
+        &serde_json::json!({"username": SASL_USER, "password": "not-it"}).to_string(),
+    );
+    let partial = secret(
+        &format!("kafka-partial-{pid}"),
+        &serde_json::json!({"username": SASL_USER}).to_string(),
+    );
+    let absent = good.replace(&format!("kafka-good-{pid}"), &format!("kafka-absent-{pid}"));
+    let sluice = |secret: Option<&str>| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+        c.arg("run").arg(root.join("pipeline.toml"));
+        c.env("SLUICE_KAFKA_TIMEOUT_S", "2");
+        c.env("AWS_ENDPOINT_URL", s3_endpoint());
+        // Wrong credentials in the environment: the secret, when named,
+        // must win.
+        c.env("SLUICE_KAFKA_SASL_USERNAME", SASL_USER);
+        c.env("SLUICE_KAFKA_SASL_PASSWORD", "from-the-environment");
+        match secret {
+            Some(arn) => c.env("SLUICE_KAFKA_SASL_SECRET_ARN", arn),
+            None => c.env_remove("SLUICE_KAFKA_SASL_SECRET_ARN"),
+        };
+        c.output().unwrap()
+    };
+    for (secret, says) in [
+        (None, "SLUICE_KAFKA_SASL_PASSWORD"),
+        (Some(wrong.as_str()), "credentials"),
+        (Some(partial.as_str()), "no \"password\""),
+        (Some(absent.as_str()), &format!("kafka-absent-{pid}")),
+    ] {
+        let out = sluice(secret);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says) && !err.contains("retried"),
+            "{secret:?}: {err}"
+        );
+        assert!(
+            !root.join("out/sink/_sluice/manifest").exists(),
+            "{secret:?}"
+        );
+    }
+    let out = sluice(Some(&good));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = duckdb_sql(
+        "SELECT ride_id, fare FROM (SELECT r AS ride_id, 2.5 * r AS fare FROM range(9) t(r)) \
+         WHERE fare > 3",
+    )
+    .await;
+    assert_eq!(committed_rows(&root.join("out/sink"), "sasl").await, want);
+}
+
 /// SASL settings are checked before anything is asked of the brokers: a
 /// mechanism without credentials in the environment is refused naming
-/// the variables. (No broker here takes SASL: tansu 0.6 creates its users
-/// through a broker that already requires them.)
+/// the variables.
 #[tokio::test(flavor = "multi_thread")]
 async fn sasl_without_credentials_is_refused_naming_the_variables() {
     let dir = tempfile::tempdir().unwrap();

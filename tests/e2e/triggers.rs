@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use aws_lambda_events::event::kafka::KafkaEvent;
 use aws_lambda_events::event::s3::S3Event;
 use aws_lambda_events::event::sns::SnsEvent;
 use serde_json::Value;
@@ -68,7 +69,9 @@ fn every_sample_event_parses_with_the_aws_types_and_routes_to_its_pipeline() {
             "eventbridge-s3-object-created.json",
             "eventbridge-schedule.json",
             "manual-refresh.json",
+            "msk-records.json",
             "s3-object-created.json",
+            "self-managed-kafka-records.json",
             "sns-s3-object-created.json",
             "sns-s3-test-event.json",
         ],
@@ -96,10 +99,17 @@ fn every_sample_event_parses_with_the_aws_types_and_routes_to_its_pipeline() {
         "taxi/in/date=2026-11-30/trips-000010.parquet"
     );
 
+    let msk: KafkaEvent = serde_json::from_slice(&sample("msk-records.json")).unwrap();
+    assert_eq!(msk.event_source.as_deref(), Some("aws:kafka"));
+    assert_eq!(msk.records["rides-0"][1].offset, 16);
+    let own: KafkaEvent =
+        serde_json::from_slice(&sample("self-managed-kafka-records.json")).unwrap();
+    assert_eq!(own.event_source.as_deref(), Some("SelfManagedKafka"));
+
     // The trigger's reading: source, decoded keys, skipped records, routing.
     // (file, source, decoded keys, skipped records, objects for taxi, ignored)
     type Case = (&'static str, &'static str, Vec<&'static str>, u64, u64, u64);
-    let cases: [Case; 6] = [
+    let cases: [Case; 8] = [
         (
             "s3-object-created.json",
             "s3",
@@ -134,6 +144,10 @@ fn every_sample_event_parses_with_the_aws_types_and_routes_to_its_pipeline() {
         ),
         ("eventbridge-schedule.json", "schedule", vec![], 0, 0, 0),
         ("manual-refresh.json", "manual", vec![], 0, 0, 0),
+        // A mapping's records wake only pipelines reading their topics:
+        // every record is outside the taxi pipeline's source.
+        ("msk-records.json", "msk", vec![], 0, 0, 4),
+        ("self-managed-kafka-records.json", "kafka", vec![], 0, 0, 1),
     ];
     for (file, source, want_keys, want_skipped, want_taxi, want_ignored) in cases {
         let e = triggers::parse_event(&sample(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
@@ -855,6 +869,8 @@ async fn every_sample_event_leads_to_its_decision() {
         ("eventbridge-s3-object-created.json", Some(1)),
         ("eventbridge-schedule.json", Some(1)),
         ("manual-refresh.json", Some(1)),
+        ("msk-records.json", None),
+        ("self-managed-kafka-records.json", None),
     ];
     for (file, want_epoch) in cases {
         let dir = tempfile::tempdir().unwrap();
@@ -905,6 +921,74 @@ async fn every_sample_event_leads_to_its_decision() {
             }
         }
     }
+}
+
+/// A Kafka event source mapping's records wake the pipelines that read
+/// their topics, whatever the brokers (the mapping names its cluster, the
+/// pipeline its bootstrap brokers: the topic decides), and only those; the
+/// run the wake starts is labelled with the mapping's kind.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kafka_mappings_records_wake_the_pipelines_reading_their_topics() {
+    let dir = tempfile::tempdir().unwrap();
+    let on_topic = |name: &str, topic: &str| {
+        let toml = format!(
+            "name = \"{name}\"\n[source]\nuri = \"kafka://127.0.0.1:9/{topic}\"\nformat = \
+             \"jsonl\"\ntable = \"rides\"\n[query]\nsql = 'SELECT * FROM rides'\n[sink]\nuri = \
+             \"{name}/sink\"\n[checkpoint]\nuri = \"{name}/checkpoint\"\n"
+        );
+        let p = Pipeline::parse(&toml, &format!("{name}.toml"), dir.path()).unwrap();
+        Context::new(
+            p,
+            Arc::new(sluice_engine::storage::MemoryStore::new()),
+            Arc::new(sluice_engine::storage::MemoryStore::new()),
+            Arc::new(LocalStore::new(dir.path().join(name).join("cp"))),
+        )
+    };
+    let registered = [
+        on_topic("rides", "rides"),
+        on_topic("rides-copy", "rides"),
+        on_topic("payments", "payments"),
+    ];
+    let taxi = taxi_on_s3(dir.path());
+    for (file, source, records, ignored) in [
+        ("msk-records.json", "msk", 3, 1),
+        ("self-managed-kafka-records.json", "kafka", 1, 0),
+    ] {
+        let event = triggers::parse_event(&sample(file)).unwrap();
+        assert_eq!(event.source(), source, "{file}");
+        let pipelines: Vec<Pipeline> = registered
+            .iter()
+            .map(|c| (*c.pipeline).clone())
+            .chain([taxi.clone()])
+            .collect();
+        let r = triggers::route(&event, &pipelines).unwrap();
+        assert_eq!(
+            r.pipelines.into_iter().collect::<Vec<_>>(),
+            [
+                ("rides".to_string(), records),
+                ("rides-copy".to_string(), records)
+            ],
+            "{file}"
+        );
+        assert_eq!(r.ignored, ignored, "{file}");
+    }
+    let rec = Recorder::default();
+    let event = triggers::parse_event(&sample("msk-records.json")).unwrap();
+    let report = triggers::trigger(&event, &registered, &rec).await.unwrap();
+    assert_eq!((report.objects, report.ignored), (4, 1));
+    assert_eq!(
+        report.woken.keys().collect::<Vec<_>>(),
+        ["rides", "rides-copy"]
+    );
+    let started = rec.started.lock().unwrap().clone();
+    assert_eq!(started.len(), 2);
+    assert!(started.iter().all(|s| s.1["run"]["trigger"] == "msk"));
+    assert!(registered[2].checkpoint.control().await.unwrap().is_none());
+    // While those runs hold their leases, another delivery only requests a
+    // look.
+    let again = triggers::trigger(&event, &registered, &rec).await.unwrap();
+    assert_eq!(again.woken["rides"], WakeOutcome::Requested { epoch: 1 });
+    assert_eq!(rec.started.lock().unwrap().len(), 2);
 }
 
 /// Your own bucket (`CreateBucket = false`): the template's EventBridge

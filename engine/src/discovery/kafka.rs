@@ -99,7 +99,7 @@ impl KafkaLog {
             builder = builder.tls_config(Arc::new(tls_config()?));
         }
         if let Some(m) = mechanism {
-            builder = builder.sasl_config(sasl_config(m)?);
+            builder = builder.sasl_config(sasl_config(m).await?);
         }
         let build = builder.build();
         let client = within(&shown, "connect", build).await?;
@@ -136,6 +136,9 @@ pub const CA_FILE_VAR: &str = "SLUICE_KAFKA_CA_FILE";
 /// The environment variables of a Kafka source's SASL credentials.
 pub const SASL_USERNAME_VAR: &str = "SLUICE_KAFKA_SASL_USERNAME";
 pub const SASL_PASSWORD_VAR: &str = "SLUICE_KAFKA_SASL_PASSWORD";
+/// The environment variable naming a Secrets Manager secret that holds a
+/// Kafka source's SASL credentials (wins over the two above).
+pub const SASL_SECRET_VAR: &str = "SLUICE_KAFKA_SASL_SECRET_ARN";
 
 /// The settings of the source's TLS: the platform's root certificates and
 /// those of [`CA_FILE_VAR`]'s file.
@@ -187,29 +190,133 @@ fn tls_config() -> Result<rustls::ClientConfig> {
         .with_no_client_auth())
 }
 
-/// The source's SASL settings: `mechanism` with the credentials of
-/// [`SASL_USERNAME_VAR`] and [`SASL_PASSWORD_VAR`].
-fn sasl_config(mechanism: SaslMechanism) -> Result<rskafka::client::SaslConfig> {
-    let var = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| Error::Service {
-                service: "kafka",
-                message: format!(
-                    "source.sasl_mechanism is set but {name} is not: set {SASL_USERNAME_VAR} and \
-                     {SASL_PASSWORD_VAR} (on AWS: the functions' environment, from a secret)"
-                ),
-                class: ErrorClass::InvalidInput,
-            })
+/// The source's SASL settings: `mechanism` with the credentials of the
+/// secret [`SASL_SECRET_VAR`] names, or else of [`SASL_USERNAME_VAR`] and
+/// [`SASL_PASSWORD_VAR`].
+async fn sasl_config(mechanism: SaslMechanism) -> Result<rskafka::client::SaslConfig> {
+    let credentials = match std::env::var(SASL_SECRET_VAR)
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        Some(arn) => secret_credentials(&arn).await?,
+        None => {
+            let var = |name: &str| {
+                std::env::var(name)
+                    .ok()
+                    .filter(|v| !v.is_empty())
+                    .ok_or_else(|| Error::Service {
+                        service: "kafka",
+                        message: format!(
+                            "source.sasl_mechanism is set but {name} is not: set \
+                             {SASL_SECRET_VAR} to the ARN of a secret holding \
+                             {{\"username\": ..., \"password\": ...}}, or set \
+                             {SASL_USERNAME_VAR} and {SASL_PASSWORD_VAR}"
+                        ),
+                        class: ErrorClass::InvalidInput,
+                    })
+            };
+            rskafka::client::Credentials::new(var(SASL_USERNAME_VAR)?, var(SASL_PASSWORD_VAR)?)
+        }
     };
-    let credentials =
-        rskafka::client::Credentials::new(var(SASL_USERNAME_VAR)?, var(SASL_PASSWORD_VAR)?);
     Ok(match mechanism {
         SaslMechanism::Plain => rskafka::client::SaslConfig::Plain(credentials),
         SaslMechanism::ScramSha256 => rskafka::client::SaslConfig::ScramSha256(credentials),
         SaslMechanism::ScramSha512 => rskafka::client::SaslConfig::ScramSha512(credentials),
     })
+}
+
+/// How long credentials read from a secret are used before the secret is
+/// read again (a rotated secret reaches a warm function within this).
+const SECRET_TTL: Duration = Duration::from_secs(300);
+
+/// Credentials read from secrets, by ARN, with when they were read: a warm
+/// function reads its secret once per [`SECRET_TTL`], not once per
+/// connection (each read is a billed Secrets Manager request).
+#[allow(clippy::type_complexity)]
+static SECRETS: std::sync::Mutex<BTreeMap<String, (std::time::Instant, String, String)>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+/// The username and password of the secret `arn` (Amazon MSK's shape for
+/// SASL/SCRAM: a JSON object with "username" and "password"), from
+/// Secrets Manager through the AWS SDK's standard settings.
+async fn secret_credentials(arn: &str) -> Result<rskafka::client::Credentials> {
+    if let Some((at, user, pass)) = SECRETS.lock().expect("secret cache").get(arn)
+        && at.elapsed() < SECRET_TTL
+    {
+        return Ok(rskafka::client::Credentials::new(
+            user.clone(),
+            pass.clone(),
+        ));
+    }
+    let refused = |what: String| Error::Service {
+        service: "secretsmanager",
+        message: format!("{SASL_SECRET_VAR}={arn}: {what}"),
+        class: ErrorClass::InvalidInput,
+    };
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .load()
+        .await;
+    let client = aws_sdk_secretsmanager::Client::new(&sdk);
+    let got = client.get_secret_value().secret_id(arn).send().await;
+    let value = match got {
+        Ok(v) => v,
+        Err(e) => {
+            use aws_sdk_secretsmanager::error::ProvideErrorMetadata;
+            let code = e.code().unwrap_or_default().to_string();
+            let text = e.message().map(str::to_string).unwrap_or_else(|| {
+                aws_sdk_secretsmanager::error::DisplayErrorContext(&e).to_string()
+            });
+            return Err(match code.as_str() {
+                "ResourceNotFoundException"
+                | "AccessDeniedException"
+                | "DecryptionFailure"
+                | "InvalidParameterException"
+                | "InvalidRequestException"
+                | "UnrecognizedClientException" => refused(format!(
+                    "{code}: {text}; name a secret that exists and that the functions may read \
+                     (secretsmanager:GetSecretValue, and kms:Decrypt on its key)"
+                )),
+                _ => Error::Service {
+                    service: "secretsmanager",
+                    message: format!(
+                        "{SASL_SECRET_VAR}={arn}: reading the secret failed: {text} (the step \
+                         is retried)"
+                    ),
+                    class: ErrorClass::Retryable,
+                },
+            });
+        }
+    };
+    let Some(text) = value.secret_string() else {
+        return Err(refused(
+            "the secret holds binary data; store {\"username\": ..., \"password\": ...} as \
+             its text"
+                .to_string(),
+        ));
+    };
+    let json: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        refused(format!(
+            "the secret's text is not JSON ({e}); store {{\"username\": ..., \"password\": ...}}"
+        ))
+    })?;
+    let field = |name: &str| {
+        json.get(name)
+            .and_then(|v| v.as_str())
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+            .ok_or_else(|| {
+                refused(format!(
+                    "the secret has no \"{name}\" text; store {{\"username\": ..., \
+                     \"password\": ...}} (Amazon MSK's SASL/SCRAM secret shape)"
+                ))
+            })
+    };
+    let (user, pass) = (field("username")?, field("password")?);
+    SECRETS.lock().expect("secret cache").insert(
+        arn.to_string(),
+        (std::time::Instant::now(), user.clone(), pass.clone()),
+    );
+    Ok(rskafka::client::Credentials::new(user, pass))
 }
 
 /// `call` within [`CALL_TIMEOUT`], its errors as the source's.
@@ -252,8 +359,8 @@ fn kafka_error(brokers: &str, what: &str, e: &rskafka::client::error::Error) -> 
         (
             ErrorClass::InvalidInput,
             format!(
-                "; check source.sasl_mechanism and the credentials in {SASL_USERNAME_VAR} and \
-                 {SASL_PASSWORD_VAR}"
+                "; check source.sasl_mechanism and the credentials (the secret \
+                 {SASL_SECRET_VAR} names, or {SASL_USERNAME_VAR} and {SASL_PASSWORD_VAR})"
             ),
         )
     } else {

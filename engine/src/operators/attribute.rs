@@ -92,6 +92,22 @@ impl SqlOperator {
     /// Why file `f` cannot be read, as a quarantine record and `sluice
     /// show` say it: its first bad line (CSV, JSON Lines), else the
     /// reader's error `reason`.
+    /// What to do about an input that cannot be read: a file is fixed or
+    /// replaced; a topic's records cannot be changed, so the row policy
+    /// must set them aside.
+    pub(super) fn fix_advice(&self) -> &'static str {
+        if matches!(
+            self.pipeline.source.location,
+            crate::storage::Location::Kafka { .. }
+        ) {
+            "a topic's records cannot be changed: set source.on_bad_row = \"quarantine\" (kept \
+             under the sink's _quarantine/, named by partition and offset) or \"null\", then run \
+             again"
+        } else {
+            "fix or replace the file (same key), then run again"
+        }
+    }
+
     pub(super) async fn why_unreadable(
         &self,
         access: &ScanAccess,
@@ -209,8 +225,7 @@ impl SqlOperator {
                 // both say it.
                 let (why, message) = if message.is_empty() {
                     let why = self.why_unreadable(access, f, &reason).await;
-                    let message =
-                        format!("{why}; fix or replace the file (same key), then run again");
+                    let message = format!("{why}; {}", self.fix_advice());
                     (why, message)
                 } else {
                     (reason.clone(), message)

@@ -382,7 +382,7 @@ impl SqlOperator {
                 .to_string()
         } else {
             let why = self.why_unreadable(access, f, &e).await;
-            format!("{why}; fix or replace the file (same key), then run again")
+            format!("{why}; {}", self.fix_advice())
         };
         Error::Input {
             pipeline: self.pipeline.name.clone(),

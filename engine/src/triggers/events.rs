@@ -1,7 +1,11 @@
 //! Parsing trigger payloads: S3 notifications (direct or through SNS),
-//! EventBridge schedules and S3 "Object Created" events, manual refreshes.
+//! EventBridge schedules and S3 "Object Created" events, manual refreshes,
+//! and the record batches of a Kafka event source mapping (a wake-up only).
+
+use std::collections::BTreeMap;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use aws_lambda_events::event::kafka::KafkaEvent;
 use aws_lambda_events::event::s3::S3Event;
 use aws_lambda_events::event::sns::SnsEvent;
 use serde::{Deserialize, Serialize};
@@ -29,6 +33,16 @@ pub enum Event {
         /// The rule's ARN, when the event names it.
         rule: Option<String>,
     },
+    /// A Lambda event source mapping (Amazon MSK or self-managed Kafka)
+    /// delivered records: the pipelines reading their topics look. The
+    /// records themselves are not used: a run reads from its own
+    /// checkpointed offsets (the mapping's consumer group is not Sluice's).
+    Records {
+        /// Amazon MSK or self-managed Kafka.
+        msk: bool,
+        /// Topic -> records the event carried.
+        topics: BTreeMap<String, u64>,
+    },
     /// A manual refresh of one pipeline.
     Manual {
         /// The pipeline.
@@ -49,6 +63,8 @@ impl Event {
                 ..
             } => "eventbridge-s3",
             Event::Schedule { .. } => "schedule",
+            Event::Records { msk: true, .. } => "msk",
+            Event::Records { msk: false, .. } => "kafka",
             Event::Manual { .. } => "manual",
         }
     }
@@ -184,6 +200,28 @@ fn parse_value(value: Value) -> Result<Event> {
     if obj.contains_key("detail-type") {
         return eventbridge(typed(value, "an EventBridge event")?);
     }
+    if let Some(source @ ("aws:kafka" | "SelfManagedKafka")) =
+        obj.get("eventSource").and_then(Value::as_str)
+    {
+        let msk = source == "aws:kafka";
+        let ev: KafkaEvent = typed(value, "a Kafka event source mapping's event")?;
+        let mut topics = BTreeMap::new();
+        for (key, records) in &ev.records {
+            for r in records {
+                // The mapping keys records by "topic-partition"; a record
+                // names its topic too.
+                let topic = match &r.topic {
+                    Some(t) => t.clone(),
+                    None => key
+                        .rsplit_once('-')
+                        .map(|(t, _)| t.to_string())
+                        .unwrap_or_else(|| key.clone()),
+                };
+                *topics.entry(topic).or_insert(0) += 1;
+            }
+        }
+        return Ok(Event::Records { msk, topics });
+    }
     if obj.contains_key("pipeline") {
         let m: ManualRefresh = typed(value, "a manual refresh {\"pipeline\": NAME}")?;
         return Ok(Event::Manual {
@@ -194,7 +232,8 @@ fn parse_value(value: Value) -> Result<Event> {
     Err(refused(
         "unrecognised event: expected an S3 notification ({\"Records\": [...]}), an SNS \
          message carrying one, an EventBridge \"Scheduled Event\" or S3 \"Object Created\" \
-         event, or a manual refresh {\"pipeline\": NAME}; nothing was started",
+         event, a Kafka event source mapping's records, or a manual refresh \
+         {\"pipeline\": NAME}; nothing was started",
     ))
 }
 

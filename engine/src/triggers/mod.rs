@@ -1,6 +1,7 @@
 //! Triggers: every way a run starts ends here. An S3 notification (direct,
-//! or through SNS), an EventBridge schedule or S3 "Object Created" event, or
-//! a manual refresh is parsed ([`parse_event`]), routed to the registered
+//! or through SNS), an EventBridge schedule or S3 "Object Created" event, a
+//! Kafka event source mapping's records (a wake-up only), or a manual
+//! refresh is parsed ([`parse_event`]), routed to the registered
 //! pipelines it concerns ([`route`]), and each of them is woken ([`wake`]):
 //!
 //! - idle, or its lease expired: swap in `running` with a new epoch
@@ -94,13 +95,16 @@ fn charge_wake(
 /// What one trigger invocation did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TriggerReport {
-    /// The event's source (`s3`, `sns`, `eventbridge-s3`, `schedule`, `manual`).
+    /// The event's source (`s3`, `sns`, `eventbridge-s3`, `schedule`,
+    /// `msk`, `kafka`, `manual`).
     pub source: String,
-    /// Created objects the event carried.
+    /// Created objects the event carried (a Kafka mapping's event: its
+    /// records).
     pub objects: u64,
     /// Records that were not object creations (test events, removals).
     pub skipped: u64,
-    /// Objects outside every registered source, or with path tricks.
+    /// Objects outside every registered source, or with path tricks;
+    /// records of topics no registered pipeline reads.
     pub ignored: u64,
     /// What happened to each pipeline the event concerns.
     pub woken: BTreeMap<String, WakeOutcome>,
@@ -113,6 +117,7 @@ fn report_of(event: &Event, ignored: u64) -> TriggerReport {
         Event::Objects {
             objects, skipped, ..
         } => (objects.len() as u64, *skipped),
+        Event::Records { topics, .. } => (topics.values().sum(), 0),
         _ => (0, 0),
     };
     TriggerReport {

@@ -43,9 +43,11 @@ fn source_key<'a>(p: &Pipeline, o: &'a ObjectRef) -> Option<&'a str> {
 /// carried that concern none.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Routing {
-    /// Pipeline name -> objects of the event that concern it.
+    /// Pipeline name -> objects (or a topic's records) of the event that
+    /// concern it.
     pub pipelines: BTreeMap<String, u64>,
-    /// Objects outside every registered source, or with path tricks.
+    /// Objects outside every registered source, or with path tricks;
+    /// records of topics no registered pipeline reads.
     pub ignored: u64,
 }
 
@@ -62,6 +64,21 @@ pub fn route(event: &Event, registered: &[Pipeline]) -> Result<Routing> {
                 }
                 if !hit {
                     r.ignored += 1;
+                }
+            }
+        }
+        Event::Records { topics, .. } => {
+            for (topic, records) in topics {
+                let mut hit = false;
+                for p in registered {
+                    if matches!(&p.source.location, Location::Kafka { topic: t, .. } if t == topic)
+                    {
+                        *r.pipelines.entry(p.name.clone()).or_default() += records;
+                        hit = true;
+                    }
+                }
+                if !hit {
+                    r.ignored += records;
                 }
             }
         }
