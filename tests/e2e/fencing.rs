@@ -104,6 +104,9 @@ enum Scenario {
     /// A Kafka topic of two partitions: record ranges planned, offsets
     /// committed in control; records arrive meanwhile (the test broker).
     Kafka,
+    /// `list` discovery into a Delta table: each batch's publish ends with
+    /// a Delta commit; a reset retires the table with one.
+    Delta,
 }
 
 const CSV_SQL: &str = "SELECT id, v, v * 2 AS twice FROM t WHERE v > 1";
@@ -116,6 +119,7 @@ impl Scenario {
             Scenario::Windowed => "fencew",
             Scenario::Refused => "fencer",
             Scenario::Kafka => "fencek",
+            Scenario::Delta => "fenced",
         }
     }
 
@@ -154,6 +158,7 @@ max_files_per_batch = 2
             Scenario::Windowed => crate::stateful::windowed_toml("fencew")
                 .replace("state_partitions = 3", "state_partitions = 2"),
             Scenario::Refused => pipeline_toml("fencer", "parquet", "", "max_files_per_batch = 1"),
+            Scenario::Delta => crate::delta::delta_toml("fenced", "max_files_per_batch = 2"),
         }
     }
 
@@ -179,6 +184,9 @@ max_files_per_batch = 2
             Scenario::Refused => {
                 let files = gen_files(&root.join("input"), 3, 40);
                 std::fs::write(&files[1], b"not parquet at all").unwrap();
+            }
+            Scenario::Delta => {
+                gen_files(&root.join("input"), 3, 40);
             }
             Scenario::Kafka => {
                 let topic = crate::kafka::fresh_topic("fence", 2);
@@ -222,6 +230,9 @@ max_files_per_batch = 2
                     .await
                     .unwrap();
             }
+            Scenario::Delta => {
+                gen_files(&root.join("input"), 1, 40);
+            }
             Scenario::Kafka => {
                 let topic = std::fs::read_to_string(root.join("topic")).unwrap();
                 let records = root.join("produced.jsonl");
@@ -239,6 +250,13 @@ max_files_per_batch = 2
             Scenario::List => manifest_rows(&sink, self.name(), "id, v, twice", "").await,
             Scenario::Notify | Scenario::Refused | Scenario::Kafka => {
                 committed_rows(&sink, self.name()).await
+            }
+            // The table as deltalake reads it (DuckDB's delta extension
+            // must agree).
+            Scenario::Delta => {
+                let v = crate::delta::delta_view(&sink, "-").await;
+                assert_eq!(v.deltalake, v.duckdb, "the two Delta readers differ");
+                v.deltalake
             }
             Scenario::Windowed => {
                 let (mut got, _) = crate::stateful::windowed_output(root, self.name(), false).await;
@@ -268,7 +286,9 @@ max_files_per_batch = 2
                 ))
                 .await
             }
-            Scenario::Notify | Scenario::Refused => one_shot_rows(&root.join("input")).await,
+            Scenario::Notify | Scenario::Refused | Scenario::Delta => {
+                one_shot_rows(&root.join("input")).await
+            }
             // DuckDB over the records as produced, kept by the test.
             Scenario::Kafka => crate::kafka::expected(&root.join("produced.jsonl")).await,
             Scenario::Windowed => {
@@ -412,6 +432,14 @@ async fn assert_consistent(root: &Path, s: Scenario, inputs: u64, what: &str) {
             *end = next.max(*end);
         }
         assert_eq!(c.stream_offsets, ends, "{what}: control's offsets");
+    }
+    if s == Scenario::Delta {
+        // The table's transaction for this history is the last batch, and
+        // no part was added twice.
+        let app = format!("{}-{}", s.name(), c.history);
+        let v = crate::delta::delta_view(&root.join("out/sink"), &app).await;
+        assert_eq!(v.txn, Some(last), "{what}: the table's txn version");
+        crate::delta::assert_added_once(&v);
     }
     let sink = root.join("out/sink");
     let manifests = manifest_files(&sink, s.name()).await;
@@ -662,4 +690,19 @@ async fn a_kafka_run_held_at_any_write_changes_nothing_after_a_takeover() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_kafka_run_held_at_any_write_changes_nothing_after_a_reset() {
     each_write_held(Scenario::Kafka, Stale::Run, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delta_run_held_at_any_write_changes_nothing_after_a_takeover() {
+    each_write_held(Scenario::Delta, Stale::Run, Meanwhile::TakeOver).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delta_run_held_at_any_write_changes_nothing_after_a_reset() {
+    each_write_held(Scenario::Delta, Stale::Run, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delta_reset_held_at_any_write_changes_nothing_after_another_reset() {
+    each_write_held(Scenario::Delta, Stale::Reset, Meanwhile::Reset).await;
 }

@@ -12,6 +12,7 @@ mod claim_model;
 mod cli;
 mod contexts;
 mod crash;
+mod delta;
 mod equivalence;
 mod fencing;
 mod golden;

@@ -544,6 +544,10 @@ pub struct OutputFile {
     pub rows: u64,
     /// Size of the file.
     pub bytes: u64,
+    /// A Delta sink's part: its Delta schema and statistics, for its
+    /// `add` action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<crate::sinks::DeltaPart>,
 }
 
 /// Time spent in each step of a batch.

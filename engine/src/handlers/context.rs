@@ -89,10 +89,11 @@ impl Context {
         checkpoint: Arc<dyn Store>,
     ) -> Context {
         let name = pipeline.name.clone();
+        let delta = pipeline.sink_format == crate::pipeline::SinkFormat::Delta;
         Context {
             pipeline: Arc::new(pipeline),
             source,
-            sink: ParquetSink::new(sink, &name),
+            sink: ParquetSink::new(sink, &name).with_delta(delta),
             checkpoint: Checkpoint::new(checkpoint, &name),
             owner: Owner::this_process().to_string(),
             clock: Arc::new(|| chrono::Utc::now().timestamp_millis()),
@@ -214,7 +215,7 @@ impl Context {
         Context {
             others,
             source: view(&self.source),
-            sink: ParquetSink::new(view(self.sink.store()), name),
+            sink: ParquetSink::new(view(self.sink.store()), name).with_delta(self.sink.delta()),
             checkpoint: Checkpoint::new(view(self.checkpoint.store()), name),
             registry: self.registry.as_ref().map(view),
             ..self.clone()

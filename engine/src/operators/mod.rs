@@ -323,10 +323,15 @@ impl SqlOperator {
         }
         // Optimise and plan physically too: some errors (a literal that
         // cannot be cast) only show there.
-        ctx.state()
+        let physical = ctx
+            .state()
             .create_physical_plan(&plan)
             .await
             .map_err(|e| self.sql_err(format!("{e}\nfix query.sql in the pipeline file")))?;
+        if p.sink_format == crate::pipeline::SinkFormat::Delta {
+            crate::sinks::delta_check(&physical.schema())
+                .map_err(|m| self.sql_err(format!("sink.format = \"delta\": {m}")))?;
+        }
         Ok(plan)
     }
 

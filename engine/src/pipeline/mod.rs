@@ -569,6 +569,24 @@ impl OutputMode {
     }
 }
 
+/// How the sink's committed output is laid out (`[sink] format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkFormat {
+    /// Parquet parts under `batch=N/`, with a manifest per batch.
+    #[default]
+    Parquet,
+    /// The same parts, also committed to a Delta table in the sink folder
+    /// (one Delta commit per batch).
+    Delta,
+}
+
+impl SinkFormat {
+    fn is_parquet(&self) -> bool {
+        *self == SinkFormat::Parquet
+    }
+}
+
 /// `[watermark]`: the event time of a stateful query.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Watermark {
@@ -613,6 +631,9 @@ pub struct Pipeline {
     /// How a stateful query's results reach the sink.
     #[serde(default, skip_serializing_if = "OutputMode::is_append")]
     pub output_mode: OutputMode,
+    /// The sink's layout.
+    #[serde(default, skip_serializing_if = "SinkFormat::is_parquet")]
+    pub sink_format: SinkFormat,
 }
 
 mod location_serde {

@@ -183,12 +183,27 @@ impl Pipeline {
         if raw_records {
             raw_source(&raw.source, &mut source).map_err(spec_err)?;
         }
-        if let Some(f) = &raw.sink.format
-            && f != "parquet"
+        let sink_format = match raw.sink.format.as_deref() {
+            None | Some("parquet") => super::SinkFormat::Parquet,
+            Some("delta") => super::SinkFormat::Delta,
+            Some(f) => {
+                return Err(spec_err(format!(
+                    "sink.format = \"{f}\": use \"parquet\" (the default) or \"delta\""
+                )));
+            }
+        };
+        if sink_format == super::SinkFormat::Delta
+            && raw
+                .sink
+                .mode
+                .is_some_and(|m| m != super::OutputMode::Append)
         {
-            return Err(spec_err(format!(
-                "sink.format = \"{f}\": only \"parquet\" is supported"
-            )));
+            return Err(spec_err(
+                "sink.format = \"delta\" takes sink.mode = \"append\" (the default) for now: a \
+                 Delta sink in complete or update mode is not built yet (use sink.format = \
+                 \"parquet\", whose manifests carry each snapshot)"
+                    .to_string(),
+            ));
         }
         check_locations(&source.location, &sink, &checkpoint_root).map_err(spec_err)?;
         let limits = limits(&raw.limits).map_err(spec_err)?;
@@ -231,6 +246,7 @@ impl Pipeline {
         Ok(Pipeline {
             watermark,
             output_mode: raw.sink.mode.unwrap_or_default(),
+            sink_format,
             checkpoint: checkpoint_root.join(&raw.name),
             name: raw.name,
             source,

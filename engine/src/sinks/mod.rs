@@ -1,7 +1,11 @@
 //! Sinks: where a batch's rows go, and how a batch's output becomes
-//! visible to readers. One today: [`ParquetSink`] (Parquet parts plus a
-//! manifest per committed batch).
+//! visible to readers: [`ParquetSink`] (Parquet parts plus a manifest per
+//! committed batch), and, with `sink.format = "delta"`, the same parts
+//! also committed to a Delta table (`sinks::delta`) as the last publish step.
 
+pub(crate) mod delta;
 mod parquet;
 
+pub use delta::DeltaPart;
 pub use parquet::ParquetSink;
+pub(crate) use parquet::delta_check;

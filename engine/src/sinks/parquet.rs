@@ -83,6 +83,39 @@ fn as_readable(
     RecordBatch::try_new(schema.clone(), columns)
 }
 
+/// `schema` with each top-level column of a type a Delta table has no
+/// type for replaced by the wider one it is written as
+/// ([`super::delta::delta_physical`]).
+fn delta_schema_of(schema: &SchemaRef) -> SchemaRef {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match super::delta::delta_physical(f.data_type()) {
+            Some(t) => f.as_ref().clone().with_data_type(t),
+            None => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// Whether a query whose output has `schema` can write a Delta table's
+/// parts: the column whose type Delta lacks, and what to do, if not.
+pub(crate) fn delta_check(schema: &SchemaRef) -> std::result::Result<(), String> {
+    super::delta::schema_string(&delta_schema_of(&readable_schema(schema))).map(|_| ())
+}
+
+/// A Delta part's facts, from the batch's Delta schema and the part's
+/// statistics.
+fn delta_part(
+    schema: &Option<String>,
+    stats: Option<super::delta::PartStats>,
+) -> Option<crate::sinks::DeltaPart> {
+    Some(crate::sinks::DeltaPart {
+        schema: schema.clone()?,
+        stats: stats?.finish(),
+    })
+}
+
 /// The folder (prefix ending in `/`) a key is in.
 fn folder_of(key: &str) -> String {
     key.rsplit_once('/')
@@ -98,11 +131,13 @@ fn writer_properties() -> WriterProperties {
         .build()
 }
 
-/// A sink of Parquet files with a manifest per committed batch.
+/// A sink of Parquet files with a manifest per committed batch (and, as
+/// a Delta sink, a Delta commit per batch).
 #[derive(Debug, Clone)]
 pub struct ParquetSink {
     store: Arc<dyn Store>,
     pipeline: String,
+    delta: bool,
 }
 
 impl ParquetSink {
@@ -111,7 +146,20 @@ impl ParquetSink {
         ParquetSink {
             store,
             pipeline: pipeline.to_string(),
+            delta: false,
         }
+    }
+
+    /// This sink, committing its batches to a Delta table too when
+    /// `delta`: parts are written with Delta's types and statistics.
+    pub fn with_delta(mut self, delta: bool) -> ParquetSink {
+        self.delta = delta;
+        self
+    }
+
+    /// Whether batches are committed to a Delta table too.
+    pub fn delta(&self) -> bool {
+        self.delta
     }
 
     /// The pipeline whose output this sink holds.
@@ -150,6 +198,19 @@ impl ParquetSink {
         let mut writer: Option<(ArrowWriter<Vec<u8>>, u64)> = None;
         let fail = |m: String| self.exec_err(batch, task, m, ErrorClass::Fatal);
         let schema = readable_schema(&schema);
+        // A Delta table's parts: Delta's types, a schema every part of the
+        // batch shares, statistics per part.
+        let (schema, delta_schema) = if self.delta {
+            let schema = delta_schema_of(&schema);
+            // Checked when the query is checked; Fatal, not InvalidInput:
+            // no input file is to blame.
+            let delta = super::delta::schema_string(&schema)
+                .map_err(|m| self.exec_err(batch, task, m, ErrorClass::Fatal))?;
+            (schema, Some(delta))
+        } else {
+            (schema, None)
+        };
+        let mut stats: Option<super::delta::PartStats> = None;
         while let Some(rb) = stream.next().await {
             let rb = rb.map_err(|e| Error::Execution {
                 pipeline: self.pipeline.clone(),
@@ -173,14 +234,27 @@ impl ParquetSink {
             w.write(&rb)
                 .map_err(|e| fail(format!("parquet write: {e}")))?;
             *rows += rb.num_rows() as u64;
+            if delta_schema.is_some() {
+                stats
+                    .get_or_insert_with(|| super::delta::PartStats::new(&schema))
+                    .update(rb.columns())?;
+            }
             if w.bytes_written() + w.in_progress_size() >= TARGET_PART_BYTES {
                 let (w, rows) = writer.take().expect("writer is open");
-                outputs.push(self.finish_part(id, partition, roll, w, rows).await?);
+                let delta = delta_part(&delta_schema, stats.take());
+                outputs.push(
+                    self.finish_part(id, partition, roll, w, rows, delta)
+                        .await?,
+                );
                 roll += 1;
             }
         }
         if let Some((w, rows)) = writer.take() {
-            outputs.push(self.finish_part(id, partition, roll, w, rows).await?);
+            let delta = delta_part(&delta_schema, stats.take());
+            outputs.push(
+                self.finish_part(id, partition, roll, w, rows, delta)
+                    .await?,
+            );
         }
         Ok(outputs)
     }
@@ -212,6 +286,7 @@ impl ParquetSink {
             key,
             rows: rows.len() as u64,
             bytes,
+            delta: None,
         })
     }
 
@@ -253,6 +328,7 @@ impl ParquetSink {
             key,
             rows: rows.iter().map(|b| b.num_rows() as u64).sum(),
             bytes,
+            delta: None,
         })
     }
 
@@ -265,6 +341,7 @@ impl ParquetSink {
         roll: u32,
         w: ArrowWriter<Vec<u8>>,
         rows: u64,
+        delta: Option<crate::sinks::DeltaPart>,
     ) -> Result<OutputFile> {
         let bytes = w.into_inner().map_err(|e| {
             self.exec_err(
@@ -288,6 +365,7 @@ impl ParquetSink {
             key,
             rows,
             bytes: size,
+            delta,
         })
     }
 
@@ -459,6 +537,39 @@ impl ParquetSink {
             &paths::sink::staged_manifest(batch, record.epoch),
             &paths::sink::manifest(batch),
         )
+        .await?;
+        if self.delta {
+            // The last step: the Delta commit names only parts that are
+            // published (above) and committed (the record).
+            let log = super::delta::DeltaLog {
+                store: &self.store,
+                pipeline: &self.pipeline,
+            };
+            let owned = || async {
+                Ok(self
+                    .owner()
+                    .await?
+                    .is_some_and(|o| o.history == record.history))
+            };
+            let done = log.commit(record, owned).await?;
+            tracing::debug!(pipeline = %self.pipeline, batch, ?done, "delta commit");
+        }
+        Ok(())
+    }
+
+    /// `sluice reset` of a Delta sink, after its owner record was retired:
+    /// one Delta commit that removes every live file and marks the table
+    /// retired (see [`super::delta`]). Returns the parts it removed from
+    /// the table.
+    pub(crate) async fn retire_table(&self, now_ms: i64, retired: &str) -> Result<Vec<String>> {
+        if !self.delta {
+            return Ok(Vec::new());
+        }
+        super::delta::DeltaLog {
+            store: &self.store,
+            pipeline: &self.pipeline,
+        }
+        .retire(now_ms, retired)
         .await
     }
 

@@ -1,0 +1,1042 @@
+//! Delta Lake publishing (`sink.format = "delta"`). The parts a batch
+//! commits are the Parquet sink's, published the same way (copied from
+//! staging to `batch=N/...`); the Delta commit is the last publish step:
+//! one log entry `_delta_log/<version>.json` naming those parts as `add`
+//! actions (with their row counts and column statistics), the
+//! application transaction `txn {appId: <pipeline>-<history>, version:
+//! <batch>}` and the commit's info. It is written create-only (S3
+//! `If-None-Match`, no lock table), after the batch's Sluice commit
+//! record, so it only ever names committed output.
+//!
+//! Exactly once: before writing, the log is read back from its latest
+//! entry to the last one of this history (its `txn`) or the last
+//! `metaData`; a `txn` version at or past the batch means the batch is in
+//! the table already (recovery, or a run that lost its lease) and nothing
+//! is written. A version taken meanwhile (another writer's blind append)
+//! makes the commit read again and go to the next version.
+//!
+//! Fencing: the table's `metaData.configuration` names the pipeline and
+//! the history whose commits it holds (`sluice.pipeline`,
+//! `sluice.history`). A run appends only on a log whose newest `metaData`
+//! or `txn` of a Sluice history is its own; `sluice reset` retires the
+//! sink's owner record, then writes a commit that removes every live file
+//! and marks the table retired (an empty history). A run stopped past its
+//! lease and resumed after a reset therefore either finds the version it
+//! read taken (and, reading again, the retired mark: it stops), or reads
+//! the retired mark and finds the owner record no longer its own. The log
+//! is never deleted: a deleted log would let such a run write a version
+//! far past the new history's, a gap no reader can read.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use datafusion::arrow::array::{Array, ArrayRef};
+use datafusion::arrow::datatypes::{DataType, Field, SchemaRef, TimeUnit};
+use datafusion::scalar::ScalarValue;
+use serde_json::{Value, json};
+
+use crate::checkpoint::{Commit, OutputFile};
+use crate::error::{Error, ErrorClass, Result};
+use crate::storage::{PutMode, PutOutcome, Store};
+
+/// The log's folder in the table.
+pub(crate) const LOG_PREFIX: &str = "_delta_log/";
+
+/// The table configuration keys that name the pipeline and history whose
+/// commits the table holds.
+const PIPELINE_KEY: &str = "sluice.pipeline";
+const HISTORY_KEY: &str = "sluice.history";
+
+/// The log entry of `version`.
+pub(crate) fn commit_key(version: u64) -> String {
+    format!("{LOG_PREFIX}{version:020}.json")
+}
+
+/// The version of log entry `key`, if it is a commit (not a checkpoint or
+/// a temporary file).
+fn version_of(key: &str) -> Option<u64> {
+    let digits = key.strip_prefix(LOG_PREFIX)?.strip_suffix(".json")?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// The application id of a pipeline's history in the table's `txn`
+/// actions (Spark's streaming sink uses its query id the same way).
+pub(crate) fn app_id(pipeline: &str, history: &str) -> String {
+    format!("{pipeline}-{history}")
+}
+
+/// What a Delta sink knows of a part it wrote: the Delta schema of its
+/// columns and its statistics, for the part's `add` action.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct DeltaPart {
+    /// The table schema the part was written with (Delta's `schemaString`).
+    pub schema: String,
+    /// The part's statistics (Delta's `stats`: numRecords, minValues,
+    /// maxValues, nullCount).
+    pub stats: String,
+}
+
+/// The type a column is written as in a Delta table's parts, where the
+/// Arrow type has no Delta type of its own but a wider one holds every
+/// value: unsigned integers widen, half floats become floats, nanosecond
+/// timestamps become microseconds (Delta's unit; nanoseconds are cut),
+/// millisecond dates become timestamps.
+pub(crate) fn delta_physical(dt: &DataType) -> Option<DataType> {
+    Some(match dt {
+        DataType::UInt8 => DataType::Int16,
+        DataType::UInt16 => DataType::Int32,
+        DataType::UInt32 => DataType::Int64,
+        DataType::UInt64 => DataType::Decimal128(20, 0),
+        DataType::Float16 => DataType::Float32,
+        DataType::Timestamp(TimeUnit::Nanosecond, tz) => {
+            DataType::Timestamp(TimeUnit::Microsecond, tz.clone())
+        }
+        DataType::Date64 => DataType::Timestamp(TimeUnit::Millisecond, None),
+        DataType::Dictionary(_, v) => delta_physical(v).unwrap_or_else(|| v.as_ref().clone()),
+        _ => return None,
+    })
+}
+
+/// The Delta type of an Arrow type (as written, after
+/// [`delta_physical`]), or why there is none.
+fn delta_type(dt: &DataType) -> std::result::Result<Value, String> {
+    Ok(match dt {
+        DataType::Boolean => json!("boolean"),
+        DataType::Int8 => json!("byte"),
+        DataType::Int16 => json!("short"),
+        DataType::Int32 => json!("integer"),
+        DataType::Int64 => json!("long"),
+        DataType::Float32 => json!("float"),
+        DataType::Float64 => json!("double"),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => json!("string"),
+        DataType::Binary
+        | DataType::LargeBinary
+        | DataType::BinaryView
+        | DataType::FixedSizeBinary(_) => json!("binary"),
+        DataType::Date32 => json!("date"),
+        DataType::Timestamp(_, Some(_)) => json!("timestamp"),
+        DataType::Timestamp(_, None) => json!("timestamp_ntz"),
+        DataType::Decimal128(p, s) if *p <= 38 && *s >= 0 => json!(format!("decimal({p},{s})")),
+        DataType::Struct(fields) => json!({
+            "type": "struct",
+            "fields": fields.iter().map(|f| delta_field(f)).collect::<std::result::Result<Vec<_>, _>>()?,
+        }),
+        DataType::List(f) | DataType::LargeList(f) | DataType::ListView(f) => json!({
+            "type": "array",
+            "elementType": delta_type(f.data_type())?,
+            "containsNull": f.is_nullable(),
+        }),
+        DataType::Map(entries, _) => {
+            let DataType::Struct(kv) = entries.data_type() else {
+                return Err(format!("{dt}"));
+            };
+            json!({
+                "type": "map",
+                "keyType": delta_type(kv[0].data_type())?,
+                "valueType": delta_type(kv[1].data_type())?,
+                "valueContainsNull": kv[1].is_nullable(),
+            })
+        }
+        other => return Err(format!("{other}")),
+    })
+}
+
+fn delta_field(f: &Field) -> std::result::Result<Value, String> {
+    Ok(json!({
+        "name": f.name(),
+        "type": delta_type(f.data_type())?,
+        "nullable": f.is_nullable(),
+        "metadata": {},
+    }))
+}
+
+/// The Delta schema (`schemaString`) of the parts' Arrow schema, or the
+/// column whose type Delta has none for and what to do.
+pub(crate) fn schema_string(schema: &SchemaRef) -> std::result::Result<String, String> {
+    let mut fields = Vec::new();
+    for f in schema.fields() {
+        fields.push(delta_field(f).map_err(|t| {
+            format!(
+                "column \"{}\" has type {t}, which a Delta table cannot hold; CAST it in \
+                 query.sql to a type Delta has (boolean, integers, float, double, decimal, \
+                 string, binary, date, timestamp, struct, array, map)",
+                f.name()
+            )
+        })?);
+    }
+    Ok(json!({"type": "struct", "fields": fields}).to_string())
+}
+
+/// Whether a Delta schema holds a `timestamp_ntz` column anywhere (the
+/// table then needs the `timestampNtz` reader and writer feature).
+fn has_ntz(schema_string: &str) -> bool {
+    schema_string.contains("\"timestamp_ntz\"")
+}
+
+/// Strings longer than this get no min/max statistics (a cut maximum
+/// would be below the real one, and readers would skip files they need).
+const MAX_STAT_STRING: usize = 32;
+
+/// Column statistics of one part, gathered batch by batch as it is
+/// written: row count, nulls per column, and min/max for the top-level
+/// columns whose values order as readers order them.
+pub(crate) struct PartStats {
+    rows: u64,
+    columns: Vec<ColumnStats>,
+}
+
+struct ColumnStats {
+    name: String,
+    nulls: u64,
+    min: Option<datafusion::functions_aggregate::min_max::MinAccumulator>,
+    max: Option<datafusion::functions_aggregate::min_max::MaxAccumulator>,
+}
+
+/// Whether min/max statistics are kept for a column of this type: numbers,
+/// strings, dates and zoned timestamps (readers compare those as written).
+fn has_min_max(dt: &DataType) -> bool {
+    matches!(
+        dt,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::Float32
+            | DataType::Float64
+            | DataType::Utf8
+            | DataType::LargeUtf8
+            | DataType::Utf8View
+            | DataType::Date32
+            | DataType::Timestamp(_, Some(_))
+    )
+}
+
+impl PartStats {
+    /// Statistics of a part of `schema` (as written), none gathered yet.
+    pub(crate) fn new(schema: &SchemaRef) -> PartStats {
+        use datafusion::functions_aggregate::min_max::{MaxAccumulator, MinAccumulator};
+        PartStats {
+            rows: 0,
+            columns: schema
+                .fields()
+                .iter()
+                .map(|f| {
+                    let dt = f.data_type();
+                    let keep = has_min_max(dt);
+                    ColumnStats {
+                        name: f.name().clone(),
+                        nulls: 0,
+                        min: keep.then(|| MinAccumulator::try_new(dt).ok()).flatten(),
+                        max: keep.then(|| MaxAccumulator::try_new(dt).ok()).flatten(),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Take one record batch (of the part's schema) into the statistics.
+    pub(crate) fn update(&mut self, columns: &[ArrayRef]) -> Result<()> {
+        use datafusion::logical_expr::Accumulator;
+        let fail = |e: datafusion::error::DataFusionError| Error::Service {
+            service: "delta",
+            message: format!("column statistics: {e}"),
+            class: ErrorClass::Fatal,
+        };
+        if let Some(c) = columns.first() {
+            self.rows += c.len() as u64;
+        }
+        for (s, c) in self.columns.iter_mut().zip(columns) {
+            s.nulls += c.null_count() as u64;
+            if let Some(m) = &mut s.min {
+                m.update_batch(std::slice::from_ref(c)).map_err(fail)?;
+            }
+            if let Some(m) = &mut s.max {
+                m.update_batch(std::slice::from_ref(c)).map_err(fail)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Delta's `stats` JSON of the part.
+    pub(crate) fn finish(mut self) -> String {
+        use datafusion::logical_expr::Accumulator;
+        let mut min_values = serde_json::Map::new();
+        let mut max_values = serde_json::Map::new();
+        let mut null_count = serde_json::Map::new();
+        for s in &mut self.columns {
+            null_count.insert(s.name.clone(), json!(s.nulls));
+            let (Some(min), Some(max)) = (&mut s.min, &mut s.max) else {
+                continue;
+            };
+            let (Ok(lo), Ok(hi)) = (min.evaluate(), max.evaluate()) else {
+                continue;
+            };
+            if let (Some(lo), Some(hi)) = (stat_value(&lo), stat_value(&hi)) {
+                min_values.insert(s.name.clone(), lo);
+                max_values.insert(s.name.clone(), hi);
+            }
+        }
+        json!({
+            "numRecords": self.rows,
+            "minValues": min_values,
+            "maxValues": max_values,
+            "nullCount": null_count,
+        })
+        .to_string()
+    }
+}
+
+/// A min or max as Delta's statistics write it; `None` where it is not
+/// kept (no value, NaN or infinite floats, long strings).
+fn stat_value(v: &ScalarValue) -> Option<Value> {
+    let finite = |f: f64| f.is_finite().then(|| json!(f));
+    match v {
+        ScalarValue::Int8(Some(n)) => Some(json!(n)),
+        ScalarValue::Int16(Some(n)) => Some(json!(n)),
+        ScalarValue::Int32(Some(n)) => Some(json!(n)),
+        ScalarValue::Int64(Some(n)) => Some(json!(n)),
+        ScalarValue::Float32(Some(f)) => finite(f64::from(*f)),
+        ScalarValue::Float64(Some(f)) => finite(*f),
+        ScalarValue::Utf8(Some(s))
+        | ScalarValue::LargeUtf8(Some(s))
+        | ScalarValue::Utf8View(Some(s)) => {
+            (s.chars().count() <= MAX_STAT_STRING).then(|| json!(s))
+        }
+        ScalarValue::Date32(Some(d)) => chrono::DateTime::from_timestamp(i64::from(*d) * 86_400, 0)
+            .map(|t| json!(t.format("%Y-%m-%d").to_string())),
+        ScalarValue::TimestampSecond(Some(t), Some(_)) => micros_iso(t.checked_mul(1_000_000)?),
+        ScalarValue::TimestampMillisecond(Some(t), Some(_)) => micros_iso(t.checked_mul(1_000)?),
+        ScalarValue::TimestampMicrosecond(Some(t), Some(_)) => micros_iso(*t),
+        _ => None,
+    }
+}
+
+/// A UTC instant in microseconds as Delta's statistics write timestamps
+/// (milliseconds, `Z`). A maximum with sub-millisecond digits would be
+/// cut below the real one, so it is left out.
+fn micros_iso(us: i64) -> Option<Value> {
+    if us % 1_000 != 0 {
+        return None;
+    }
+    let t = chrono::DateTime::from_timestamp_micros(us)?;
+    Some(json!(t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()))
+}
+
+/// The newest state of the log that a commit decides on.
+#[derive(Debug, Default)]
+struct Tip {
+    /// The latest version; `None` when there is no table yet.
+    latest: Option<u64>,
+    /// This history's `txn` version, if one was met reading back.
+    committed: Option<u64>,
+    /// The newest `metaData` met reading back before any `txn` of this
+    /// history: its configuration names the history the table is for.
+    meta: Option<Value>,
+}
+
+/// One log entry's actions.
+fn actions(bytes: &[u8], key: &str, pipeline: &str) -> Result<Vec<Value>> {
+    let text = std::str::from_utf8(bytes).map_err(|_| broken(pipeline, key, "not UTF-8"))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str(l).map_err(|e| broken(pipeline, key, &format!("not JSON: {e}")))
+        })
+        .collect()
+}
+
+fn broken(pipeline: &str, key: &str, what: &str) -> Error {
+    Error::Checkpoint {
+        pipeline: pipeline.to_string(),
+        key: key.to_string(),
+        message: format!(
+            "the Delta log entry is unreadable ({what}); the table was changed outside Sluice"
+        ),
+    }
+}
+
+/// The Delta log of a table that a pipeline's sink holds.
+pub(crate) struct DeltaLog<'a> {
+    pub(crate) store: &'a Arc<dyn Store>,
+    pub(crate) pipeline: &'a str,
+}
+
+/// What [`DeltaLog::commit`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Published {
+    /// The batch's entry is this version.
+    Written(u64),
+    /// The table has the batch already (its txn version is at or past it).
+    Already,
+    /// The batch wrote nothing and there is no table to record it in.
+    Nothing,
+}
+
+impl DeltaLog<'_> {
+    fn conflict(&self, message: String) -> Error {
+        Error::Execution {
+            pipeline: self.pipeline.to_string(),
+            batch: 0,
+            task: None,
+            message,
+            class: ErrorClass::Conflict,
+        }
+    }
+
+    /// The versions in the log, ascending (one listing).
+    async fn versions(&self) -> Result<Vec<u64>> {
+        let listed = self.store.list(LOG_PREFIX, None).await?;
+        if listed
+            .iter()
+            .any(|m| m.key.ends_with(".checkpoint.parquet") || m.key.ends_with("_last_checkpoint"))
+            && !listed.iter().any(|m| version_of(&m.key) == Some(0))
+        {
+            return Err(Error::Spec {
+                file: self.store.describe(),
+                message: "the Delta table's log starts at a checkpoint (its first entries were \
+                          cleaned up); Sluice reads a log from its first entry only: write to a \
+                          new table"
+                    .into(),
+            });
+        }
+        let mut v: Vec<u64> = listed.iter().filter_map(|m| version_of(&m.key)).collect();
+        v.sort_unstable();
+        Ok(v)
+    }
+
+    /// Read the log back from its latest entry until this history's last
+    /// `txn` or the newest `metaData` (usually one entry: the history's
+    /// previous commit).
+    async fn tip(&self, app: &str) -> Result<Tip> {
+        let versions = self.versions().await?;
+        let mut tip = Tip {
+            latest: versions.last().copied(),
+            ..Tip::default()
+        };
+        for v in versions.iter().rev() {
+            let key = commit_key(*v);
+            let Some(obj) = self.store.get(&key).await? else {
+                return Err(broken(self.pipeline, &key, "listed, then gone"));
+            };
+            for a in actions(&obj.bytes, &key, self.pipeline)? {
+                if let Some(t) = a.get("txn")
+                    && t.get("appId").and_then(Value::as_str) == Some(app)
+                {
+                    let version = t.get("version").and_then(Value::as_u64).unwrap_or(0);
+                    tip.committed = Some(tip.committed.map_or(version, |c| c.max(version)));
+                }
+                if let Some(m) = a.get("metaData")
+                    && tip.meta.is_none()
+                {
+                    tip.meta = Some(m.clone());
+                }
+            }
+            if tip.committed.is_some() || tip.meta.is_some() {
+                break;
+            }
+        }
+        Ok(tip)
+    }
+
+    /// The newest `metaData` of the log (read back from the latest entry).
+    async fn newest_meta(&self) -> Result<Option<Value>> {
+        for v in self.versions().await?.iter().rev() {
+            let key = commit_key(*v);
+            if let Some(obj) = self.store.get(&key).await? {
+                for a in actions(&obj.bytes, &key, self.pipeline)? {
+                    if let Some(m) = a.get("metaData") {
+                        return Ok(Some(m.clone()));
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Make `record`'s batch one Delta commit, exactly once: see the
+    /// module's comment. `owned` says whether the sink's owner record
+    /// names `record`'s history now (read after the log: needed to take
+    /// over a table that `sluice reset` retired).
+    pub(crate) async fn commit<F, Fut>(&self, record: &Commit, owned: F) -> Result<Published>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<bool>>,
+    {
+        let app = app_id(self.pipeline, &record.history);
+        for _ in 0..16 {
+            let tip = self.tip(&app).await?;
+            if tip.committed.is_some_and(|v| v >= record.batch) {
+                return Ok(Published::Already);
+            }
+            let parts_schema = record
+                .outputs
+                .iter()
+                .find_map(|o| o.delta.as_ref().map(|d| d.schema.clone()));
+            // Whether this commit must (re)write the table's metaData:
+            // creating it, taking over a retired one, or new columns.
+            let mut meta: Option<Value> = None;
+            let stale = || {
+                self.conflict(format!(
+                    "the Delta table is not history {}'s any more (a `sluice reset` or a newer \
+                     run took it over): batch {} is not published; this run stops",
+                    record.history, record.batch
+                ))
+            };
+            match (&tip.committed, &tip.meta) {
+                // The history's own previous commit is the newest Sluice
+                // mark: the table is this history's.
+                (Some(_), _) => {
+                    if !record.added_columns.is_empty() {
+                        meta = self.newest_meta().await?;
+                    }
+                }
+                (None, Some(m)) => {
+                    let config = &m["configuration"];
+                    let history = config.get(HISTORY_KEY).and_then(Value::as_str);
+                    if config.get(PIPELINE_KEY).and_then(Value::as_str).is_none() {
+                        return Err(Error::Spec {
+                            file: self.store.describe(),
+                            message: "sink.uri holds a Delta table that Sluice did not create; \
+                                      a Delta sink writes only to a table it created: name a new \
+                                      folder"
+                                .into(),
+                        });
+                    }
+                    match history {
+                        Some(h) if h == record.history => {
+                            if !record.added_columns.is_empty() {
+                                meta = Some(m.clone());
+                            }
+                        }
+                        // Retired by `sluice reset`: the history the owner
+                        // record names takes it over, with its first batch
+                        // that wrote rows (its schema).
+                        Some("") => {
+                            if !owned().await? {
+                                return Err(stale());
+                            }
+                            if parts_schema.is_none() {
+                                return Ok(Published::Nothing);
+                            }
+                            meta = Some(m.clone());
+                        }
+                        _ => return Err(stale()),
+                    }
+                }
+                (None, None) => {
+                    if tip.latest.is_some() {
+                        return Err(Error::Spec {
+                            file: self.store.describe(),
+                            message: "sink.uri holds a Delta log without table metadata; name a \
+                                      new folder"
+                                .into(),
+                        });
+                    }
+                    if parts_schema.is_none() {
+                        // Nothing to create a table with yet.
+                        return Ok(Published::Nothing);
+                    }
+                    if !owned().await? {
+                        return Err(stale());
+                    }
+                }
+            }
+            let version = tip.latest.map_or(0, |v| v + 1);
+            let body = self.entry(
+                record,
+                &app,
+                version,
+                meta.as_ref(),
+                parts_schema.as_deref(),
+            );
+            match self
+                .store
+                .put(&commit_key(version), Bytes::from(body), PutMode::Create)
+                .await?
+            {
+                PutOutcome::Written(_) => return Ok(Published::Written(version)),
+                // Another writer took the version: read again.
+                PutOutcome::Conflict => continue,
+            }
+        }
+        Err(Error::Execution {
+            pipeline: self.pipeline.to_string(),
+            batch: record.batch,
+            task: None,
+            message: "the Delta log kept moving under this commit (16 versions taken by other \
+                      writers in a row); the step is retried"
+                .into(),
+            class: ErrorClass::Retryable,
+        })
+    }
+
+    /// The log entry that commits `record` as `version`: commit info,
+    /// protocol and metaData when the table is created (or its metaData
+    /// changes: `meta` is the current one), the parts as `add` actions, and
+    /// the history's `txn`.
+    fn entry(
+        &self,
+        record: &Commit,
+        app: &str,
+        version: u64,
+        meta: Option<&Value>,
+        parts_schema: Option<&str>,
+    ) -> Vec<u8> {
+        let now = record.committed_ms;
+        let mut lines: Vec<Value> = vec![json!({"commitInfo": {
+            "timestamp": now,
+            "operation": "STREAMING UPDATE",
+            "operationParameters": {
+                "outputMode": "Append",
+                "queryId": app,
+                "epochId": record.batch.to_string(),
+            },
+            "isBlindAppend": meta.is_none() && version > 0,
+            "engineInfo": concat!("sluice/", env!("CARGO_PKG_VERSION")),
+            "sluice": {"pipeline": self.pipeline, "batch": record.batch, "epoch": record.epoch},
+        }})];
+        let schema = parts_schema.map(str::to_string).or_else(|| {
+            meta.and_then(|m| m.get("schemaString").and_then(Value::as_str))
+                .map(str::to_string)
+        });
+        if version == 0 || meta.is_some() {
+            let schema = schema.clone().unwrap_or_default();
+            lines.push(if has_ntz(&schema) {
+                json!({"protocol": {
+                    "minReaderVersion": 3,
+                    "minWriterVersion": 7,
+                    "readerFeatures": ["timestampNtz"],
+                    "writerFeatures": ["timestampNtz"],
+                }})
+            } else {
+                json!({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}})
+            });
+            // The table's id is kept; a reset gave a retired table a new one.
+            let id = meta
+                .and_then(|m| m.get("id").and_then(Value::as_str))
+                .map(str::to_string)
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            let created = meta
+                .and_then(|m| m.get("createdTime").and_then(Value::as_i64))
+                .unwrap_or(now);
+            lines.push(json!({"metaData": {
+                "id": id,
+                "format": {"provider": "parquet", "options": {}},
+                "schemaString": schema,
+                "partitionColumns": [],
+                "configuration": {
+                    PIPELINE_KEY: self.pipeline,
+                    HISTORY_KEY: record.history,
+                },
+                "createdTime": created,
+            }}));
+        }
+        for o in &record.outputs {
+            lines.push(add_action(o, now));
+        }
+        lines.push(json!({"txn": {"appId": app, "version": record.batch, "lastUpdated": now}}));
+        let mut out = Vec::new();
+        for l in lines {
+            serde_json::to_writer(&mut out, &l).expect("JSON values serialize");
+            out.push(b'\n');
+        }
+        out
+    }
+
+    /// `sluice reset`: replace the table's content with nothing, as one
+    /// commit that removes every live file and marks the table retired (a
+    /// new id, an empty history), so the next history takes the table over
+    /// and a run of the old history stops (see the module's comment).
+    /// Without a table, a retired empty one is created, so that a run of
+    /// the old history cannot create one later. Returns the files it
+    /// removed from the table; nothing is written when the table is
+    /// retired and empty already, or when a history other than `retired`
+    /// holds it now. Called after the sink's owner record was retired.
+    pub(crate) async fn retire(&self, now_ms: i64, retired: &str) -> Result<Vec<String>> {
+        for _ in 0..16 {
+            let versions = self.versions().await?;
+            let next = versions.last().map_or(0, |v| v + 1);
+            let mut live: BTreeSet<String> = BTreeSet::new();
+            let mut meta: Option<Value> = None;
+            let mut protocol: Option<Value> = None;
+            for v in &versions {
+                let key = commit_key(*v);
+                let Some(obj) = self.store.get(&key).await? else {
+                    return Err(broken(self.pipeline, &key, "listed, then gone"));
+                };
+                for a in actions(&obj.bytes, &key, self.pipeline)? {
+                    if let Some(p) = a
+                        .get("add")
+                        .and_then(|x| x.get("path"))
+                        .and_then(Value::as_str)
+                    {
+                        live.insert(p.to_string());
+                    }
+                    if let Some(p) = a
+                        .get("remove")
+                        .and_then(|x| x.get("path"))
+                        .and_then(Value::as_str)
+                    {
+                        live.remove(p);
+                    }
+                    if let Some(m) = a.get("metaData") {
+                        meta = Some(m.clone());
+                    }
+                    if let Some(p) = a.get("protocol") {
+                        protocol = Some(p.clone());
+                    }
+                }
+            }
+            // No table yet: a retired empty one, so that a run of the old
+            // history cannot create one after this reset.
+            let mut meta = meta.unwrap_or_else(|| {
+                json!({
+                    "format": {"provider": "parquet", "options": {}},
+                    "schemaString": json!({"type": "struct", "fields": []}).to_string(),
+                    "partitionColumns": [],
+                    "configuration": {PIPELINE_KEY: self.pipeline},
+                    "createdTime": now_ms,
+                })
+            });
+            let marked = meta["configuration"]
+                .get(HISTORY_KEY)
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if marked.is_empty() && live.is_empty() {
+                return Ok(Vec::new());
+            }
+            // Another history took the table over since (a reset that
+            // finished this one, then a run): it is not this reset's.
+            if !marked.is_empty() && marked != retired {
+                return Ok(Vec::new());
+            }
+            meta["id"] = json!(uuid::Uuid::new_v4().to_string());
+            meta["configuration"][HISTORY_KEY] = json!("");
+            let protocol =
+                protocol.unwrap_or_else(|| json!({"minReaderVersion": 1, "minWriterVersion": 2}));
+            let mut lines = vec![json!({"commitInfo": {
+                "timestamp": now_ms,
+                "operation": "REPLACE TABLE",
+                "operationParameters": {"reason": "sluice reset"},
+                "isBlindAppend": false,
+                "engineInfo": concat!("sluice/", env!("CARGO_PKG_VERSION")),
+            }})];
+            lines.push(json!({"protocol": protocol}));
+            lines.push(json!({"metaData": meta}));
+            for path in &live {
+                lines.push(json!({"remove": {
+                    "path": path,
+                    "deletionTimestamp": now_ms,
+                    "dataChange": true,
+                }}));
+            }
+            let mut body = Vec::new();
+            for l in lines {
+                serde_json::to_writer(&mut body, &l).expect("JSON values serialize");
+                body.push(b'\n');
+            }
+            if let PutOutcome::Written(_) = self
+                .store
+                .put(&commit_key(next), Bytes::from(body), PutMode::Create)
+                .await?
+            {
+                return Ok(live
+                    .into_iter()
+                    .map(|p| {
+                        percent_encoding::percent_decode_str(&p)
+                            .decode_utf8_lossy()
+                            .into_owned()
+                    })
+                    .collect());
+            }
+        }
+        Err(self
+            .conflict("the Delta log kept moving under `sluice reset`; run it again".to_string()))
+    }
+}
+
+/// Characters a Delta `add` path escapes (it is a relative URI).
+const PATH_ESCAPES: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'/')
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'=');
+
+/// The `add` action of a committed part.
+fn add_action(o: &OutputFile, now: i64) -> Value {
+    let mut add = json!({
+        "path": percent_encoding::utf8_percent_encode(&o.key, PATH_ESCAPES).to_string(),
+        "partitionValues": {},
+        "size": o.bytes,
+        "modificationTime": now,
+        "dataChange": true,
+    });
+    if let Some(d) = &o.delta {
+        add["stats"] = json!(d.stats);
+    }
+    json!({ "add": add })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
+    use datafusion::arrow::datatypes::Schema;
+
+    #[test]
+    fn log_keys_are_twenty_digit_versions() {
+        assert_eq!(commit_key(7), "_delta_log/00000000000000000007.json");
+        assert_eq!(version_of(&commit_key(123)), Some(123));
+        assert_eq!(
+            version_of("_delta_log/00000000000000000010.checkpoint.parquet"),
+            None
+        );
+        assert_eq!(version_of("_delta_log/_last_checkpoint"), None);
+        assert_eq!(version_of("_delta_log/7.json"), None);
+    }
+
+    #[test]
+    fn schemas_map_to_delta_types_and_refuse_what_delta_lacks() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("fare", DataType::Float64, true),
+            Field::new("zone", DataType::Utf8, true),
+            Field::new("day", DataType::Date32, true),
+            Field::new(
+                "at",
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+                true,
+            ),
+            Field::new("amount", DataType::Decimal128(10, 2), true),
+            Field::new_list("tags", Field::new("item", DataType::Utf8, true), true),
+        ]));
+        let s: Value = serde_json::from_str(&schema_string(&schema).unwrap()).unwrap();
+        let types: Vec<Value> = s["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["type"].clone())
+            .collect();
+        assert_eq!(
+            types,
+            vec![
+                json!("long"),
+                json!("double"),
+                json!("string"),
+                json!("date"),
+                json!("timestamp"),
+                json!("decimal(10,2)"),
+                json!({"type": "array", "elementType": "string", "containsNull": true}),
+            ]
+        );
+        assert_eq!(s["fields"][0]["nullable"], json!(false));
+        let bad = Arc::new(Schema::new(vec![Field::new(
+            "t",
+            DataType::Time64(TimeUnit::Microsecond),
+            true,
+        )]));
+        let e = schema_string(&bad).unwrap_err();
+        assert!(e.contains("\"t\"") && e.contains("CAST"), "{e}");
+        let ntz = Arc::new(Schema::new(vec![Field::new(
+            "at",
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            true,
+        )]));
+        assert!(has_ntz(&schema_string(&ntz).unwrap()));
+    }
+
+    #[test]
+    fn statistics_are_counted_over_every_batch_of_a_part() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("fare", DataType::Float64, true),
+            Field::new("zone", DataType::Utf8, true),
+        ]));
+        let mut s = PartStats::new(&schema);
+        s.update(&[
+            Arc::new(Int64Array::from(vec![Some(5), None, Some(-2)])),
+            Arc::new(Float64Array::from(vec![Some(1.5), Some(9.0), None])),
+            Arc::new(StringArray::from(vec![
+                Some("b"),
+                Some("a"),
+                Some(&"x".repeat(40)[..]),
+            ])),
+        ])
+        .unwrap();
+        s.update(&[
+            Arc::new(Int64Array::from(vec![Some(11)])),
+            Arc::new(Float64Array::from(vec![Some(f64::NAN)])),
+            Arc::new(StringArray::from(vec![Some("c")])),
+        ])
+        .unwrap();
+        let v: Value = serde_json::from_str(&s.finish()).unwrap();
+        assert_eq!(v["numRecords"], json!(4));
+        assert_eq!(v["minValues"]["id"], json!(-2));
+        assert_eq!(v["maxValues"]["id"], json!(11));
+        assert_eq!(v["nullCount"], json!({"id": 1, "fare": 1, "zone": 0}));
+        // A NaN maximum, and a string longer than 32 characters: no
+        // min/max, rather than a wrong one.
+        assert!(v["maxValues"].get("fare").is_none(), "{v}");
+        assert!(v["maxValues"].get("zone").is_none(), "{v}");
+    }
+
+    #[test]
+    fn add_paths_are_escaped_as_uris() {
+        let o = OutputFile {
+            key: "batch=0000000001/part-00000-00000-e1.parquet".into(),
+            rows: 3,
+            bytes: 10,
+            delta: None,
+        };
+        assert_eq!(
+            add_action(&o, 1)["add"]["path"],
+            json!("batch=0000000001/part-00000-00000-e1.parquet")
+        );
+        let o = OutputFile {
+            key: "a b/c%.parquet".into(),
+            ..o
+        };
+        assert_eq!(
+            add_action(&o, 1)["add"]["path"],
+            json!("a%20b/c%25.parquet")
+        );
+    }
+
+    /// A commit record of `history`'s batch `batch` with one part.
+    fn record(history: &str, batch: u64) -> Commit {
+        let schema = json!({"type": "struct", "fields": [
+            {"name": "x", "type": "long", "nullable": true, "metadata": {}}
+        ]})
+        .to_string();
+        serde_json::from_value(json!({
+            "format_version": crate::checkpoint::FORMAT_VERSION,
+            "batch": batch,
+            "epoch": 1,
+            "history": history,
+            "committed_ms": 1_000,
+            "files": 1,
+            "bytes_read": 10,
+            "rows_in": 1,
+            "rows_out": 1,
+            "outputs": [{
+                "key": format!("batch={batch:010}/part-00000-00000-e1.parquet"),
+                "rows": 1,
+                "bytes": 10,
+                "delta": {"schema": schema, "stats": "{\"numRecords\":1}"},
+            }],
+            "durations": serde_json::to_value(crate::checkpoint::Durations::default()).unwrap(),
+            "requests": serde_json::to_value(crate::storage::RequestCounts::default()).unwrap(),
+            "input_keys": [],
+        }))
+        .unwrap()
+    }
+
+    async fn entry_of(store: &Arc<dyn Store>, version: u64) -> Vec<Value> {
+        let key = commit_key(version);
+        let obj = store.get(&key).await.unwrap().expect("the entry exists");
+        actions(&obj.bytes, &key, "p").unwrap()
+    }
+
+    /// The log protocol on its own: a table created by the first batch,
+    /// a batch committed once however often it is published, a version
+    /// taken by an outside writer passed over, a reset's retired mark that
+    /// only the history the owner record names may take over, and a
+    /// history that is not the table's stopped.
+    #[tokio::test]
+    async fn each_batch_is_committed_once_and_only_by_the_tables_history() {
+        let store: Arc<dyn Store> = Arc::new(crate::storage::MemoryStore::new());
+        let log = DeltaLog {
+            store: &store,
+            pipeline: "p",
+        };
+        let yes = || async { Ok(true) };
+        let no = || async { Ok(false) };
+        // Without the owner record, not even a new table is made.
+        assert!(log.commit(&record("h1", 0), no).await.is_err());
+        assert_eq!(
+            log.commit(&record("h1", 0), yes).await.unwrap(),
+            Published::Written(0)
+        );
+        let first = entry_of(&store, 0).await;
+        assert!(first.iter().any(|a| a.get("protocol").is_some()));
+        let meta = first.iter().find_map(|a| a.get("metaData")).unwrap();
+        assert_eq!(meta["configuration"][HISTORY_KEY], json!("h1"));
+        // Published again (recovery): nothing written.
+        assert_eq!(
+            log.commit(&record("h1", 0), yes).await.unwrap(),
+            Published::Already
+        );
+        // An outside writer's blind append takes version 1.
+        store
+            .put(
+                &commit_key(1),
+                Bytes::from_static(b"{\"add\":{\"path\":\"other.parquet\",\"partitionValues\":{},\"size\":1,\"modificationTime\":1,\"dataChange\":true}}\n"),
+                PutMode::Create,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            log.commit(&record("h1", 1), yes).await.unwrap(),
+            Published::Written(2)
+        );
+        let txn = entry_of(&store, 2)
+            .await
+            .into_iter()
+            .find_map(|a| a.get("txn").cloned())
+            .unwrap();
+        assert_eq!(txn["appId"], json!("p-h1"));
+        assert_eq!(txn["version"], json!(1));
+        // A reset: every live file removed, the table marked retired.
+        let removed = log.retire(5_000, "h1").await.unwrap();
+        assert_eq!(removed.len(), 3, "{removed:?}");
+        // A run of the retired history, stopped past its lease, publishes
+        // nothing: the owner record is not its own.
+        let e = log.commit(&record("h1", 2), no).await.unwrap_err();
+        assert_eq!(e.class(), ErrorClass::Conflict, "{e}");
+        assert_eq!(log.versions().await.unwrap(), vec![0, 1, 2, 3]);
+        // The next history takes the table over.
+        assert_eq!(
+            log.commit(&record("h2", 7), yes).await.unwrap(),
+            Published::Written(4)
+        );
+        let meta = entry_of(&store, 4)
+            .await
+            .into_iter()
+            .find_map(|a| a.get("metaData").cloned())
+            .unwrap();
+        assert_eq!(meta["configuration"][HISTORY_KEY], json!("h2"));
+        // And the old one stays out even when it thinks it owns the sink.
+        let e = log.commit(&record("h1", 3), yes).await.unwrap_err();
+        assert_eq!(e.class(), ErrorClass::Conflict, "{e}");
+        // A reset that finds another history holding the table (another
+        // reset finished first, then a run) leaves it alone.
+        assert!(log.retire(6_000, "h1").await.unwrap().is_empty());
+        assert_eq!(log.versions().await.unwrap(), vec![0, 1, 2, 3, 4]);
+    }
+
+    /// A table another writer created is not written to.
+    #[tokio::test]
+    async fn a_table_sluice_did_not_create_is_refused() {
+        let store: Arc<dyn Store> = Arc::new(crate::storage::MemoryStore::new());
+        let body = json!({"metaData": {"id": "x", "format": {"provider": "parquet", "options": {}},
+            "schemaString": "{}", "partitionColumns": [], "configuration": {}}})
+        .to_string();
+        store
+            .put(&commit_key(0), Bytes::from(body), PutMode::Create)
+            .await
+            .unwrap();
+        let log = DeltaLog {
+            store: &store,
+            pipeline: "p",
+        };
+        let e = log
+            .commit(&record("h1", 0), || async { Ok(true) })
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("did not create"), "{e}");
+    }
+}

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Read a Delta table with two independent readers, for the tests.
+
+    delta_read.py read TABLE OUT_DIR [--app APP_ID]
+        writes OUT_DIR/deltalake.parquet (deltalake's to_pyarrow_table of
+        the latest version) and OUT_DIR/duckdb.parquet (DuckDB's
+        delta_scan), then prints one JSON object: the table's version,
+        APP_ID's transaction version (deltalake's transaction_version),
+        the live files' add actions (path, size, stats) and every path any
+        version's log entry adds (read from the log as JSON, to count
+        files added twice).
+    delta_read.py append TABLE ROWS_JSON
+        an outside writer: deltalake's write_deltalake(mode="append") of
+        the JSON list of objects ROWS_JSON, with the table's own schema.
+
+TABLE is a folder, or s3://bucket/prefix with AWS_ENDPOINT_URL set (moto).
+The environment is the venv tests/run.sh makes with deltalake==1.6.6,
+duckdb==1.5.5, duckdb-extension-delta==1.5.5 and
+duckdb-extension-httpfs==1.5.5 (DuckDB's delta extension does not install
+online here: it is loaded from that wheel's file).
+"""
+
+import glob
+import json
+import os
+import sys
+
+
+def storage_options(table):
+    if not table.startswith("s3://"):
+        return None
+    return {
+        "AWS_ENDPOINT_URL": os.environ["AWS_ENDPOINT_URL"],
+        "AWS_REGION": os.environ.get("AWS_REGION", "us-east-1"),
+        "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "test"),
+        "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "test"),
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+        "conditional_put": "etag",
+    }
+
+
+def extension(name):
+    import duckdb_extension_delta
+    base = os.path.dirname(duckdb_extension_delta.__file__)
+    if name != "delta":
+        import importlib
+        mod = importlib.import_module(f"duckdb_extension_{name}")
+        base = os.path.dirname(mod.__file__)
+    found = glob.glob(os.path.join(base, "**", f"{name}.duckdb_extension"),
+                      recursive=True)
+    if not found:
+        sys.exit(f"delta_read: no {name}.duckdb_extension under {base}")
+    return found[0]
+
+
+def log_adds(table):
+    """Every path an add action of any log entry names (local tables)."""
+    if table.startswith("s3://"):
+        return None
+    out = []
+    for f in sorted(glob.glob(os.path.join(table, "_delta_log", "*.json"))):
+        with open(f) as fh:
+            for line in fh:
+                if line.strip():
+                    a = json.loads(line)
+                    if "add" in a:
+                        out.append(a["add"]["path"])
+    return out
+
+
+def cmd_read(args):
+    import duckdb
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+    table, out_dir = args[0], args[1]
+    app = args[args.index("--app") + 1] if "--app" in args else None
+    dt = DeltaTable(table, storage_options=storage_options(table))
+    pq.write_table(dt.to_pyarrow_table(), os.path.join(out_dir, "deltalake.parquet"))
+    import pyarrow as pa
+    adds = pa.table(dt.get_add_actions(flatten=False)).to_pylist()
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
+    con.execute(f"LOAD '{extension('delta')}'")
+    if table.startswith("s3://"):
+        con.execute(f"LOAD '{extension('httpfs')}'")
+        endpoint = os.environ["AWS_ENDPOINT_URL"].split("://", 1)[1]
+        con.execute(
+            "CREATE SECRET (TYPE s3, KEY_ID 'test', SECRET 'test', REGION 'us-east-1', "
+            f"ENDPOINT '{endpoint}', URL_STYLE 'path', USE_SSL false)")
+    target = os.path.join(out_dir, "duckdb.parquet").replace("'", "''")
+    con.execute(f"COPY (SELECT * FROM delta_scan('{table}')) TO '{target}' (FORMAT parquet)")
+    print(json.dumps({
+        "version": dt.version(),
+        "txn": dt.transaction_version(app) if app else None,
+        "adds": [{"path": a["path"], "size": a["size_bytes"],
+                  "num_records": a.get("num_records"),
+                  "min": a.get("min"), "max": a.get("max"),
+                  "null_count": a.get("null_count")} for a in adds],
+        "log_adds": log_adds(table),
+    }, default=str))
+
+
+def cmd_append(args):
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+    table, rows = args[0], json.loads(args[1])
+    opts = storage_options(table)
+    schema = pa.schema(DeltaTable(table, storage_options=opts).schema().to_arrow())
+    data = pa.Table.from_pylist(rows, schema=schema)
+    write_deltalake(table, data, mode="append", storage_options=opts)
+
+
+def main():
+    if len(sys.argv) < 3 or sys.argv[1] not in ("read", "append"):
+        sys.exit(__doc__)
+    {"read": cmd_read, "append": cmd_append}[sys.argv[1]](sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,338 @@
+//! The Delta sink (`sink.format = "delta"`): each batch one Delta commit,
+//! read by two independent readers (deltalake, DuckDB's delta extension)
+//! and compared with DuckDB's one-shot query over the input; exactly once
+//! through failures at every write, an outside writer, and a reset.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use serde_json::Value;
+
+use crate::support::*;
+
+/// A pipeline file over `root/input` whose sink is a Delta table.
+pub(crate) fn delta_toml(name: &str, limits: &str) -> String {
+    pipeline_toml(name, "parquet", "", limits).replace(
+        "[sink]\nuri = \"out/sink\"\n",
+        "[sink]\nuri = \"out/sink\"\nformat = \"delta\"\n",
+    )
+}
+
+/// What the two readers make of a table.
+pub(crate) struct DeltaView {
+    /// deltalake's rows of the latest version.
+    pub(crate) deltalake: Vec<String>,
+    /// DuckDB's `delta_scan` rows.
+    pub(crate) duckdb: Vec<String>,
+    /// The latest version.
+    pub(crate) version: u64,
+    /// The application's transaction version.
+    pub(crate) txn: Option<u64>,
+    /// The live files' add actions.
+    pub(crate) adds: Vec<Value>,
+    /// Every path any log entry adds.
+    pub(crate) log_adds: Vec<String>,
+}
+
+fn delta_python() -> String {
+    std::env::var("SLUICE_DELTA_PYTHON").expect(
+        "SLUICE_DELTA_PYTHON is not set: run the suite with tests/run.sh, which installs the \
+         Delta readers",
+    )
+}
+
+fn delta_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/delta_read.py")
+}
+
+async fn parquet_rows(path: &Path) -> Vec<String> {
+    let ctx = SessionContext::new();
+    let df = ctx
+        .read_parquet(path.to_str().unwrap(), ParquetReadOptions::default())
+        .await
+        .unwrap();
+    rows_of(&df.collect().await.unwrap())
+}
+
+pub(crate) async fn delta_view(table: &Path, app: &str) -> DeltaView {
+    let out = tempfile::tempdir().unwrap();
+    let run = std::process::Command::new(delta_python())
+        .arg(delta_script())
+        .args([
+            "read",
+            table.to_str().unwrap(),
+            out.path().to_str().unwrap(),
+        ])
+        .args(["--app", app])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "delta_read: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let facts: Value = serde_json::from_slice(&run.stdout).unwrap();
+    DeltaView {
+        deltalake: parquet_rows(&out.path().join("deltalake.parquet")).await,
+        duckdb: parquet_rows(&out.path().join("duckdb.parquet")).await,
+        version: facts["version"].as_u64().unwrap(),
+        txn: facts["txn"].as_u64(),
+        adds: facts["adds"].as_array().unwrap().clone(),
+        log_adds: facts["log_adds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap().to_string())
+            .collect(),
+    }
+}
+
+/// The application id of the pipeline's current history in the table.
+async fn app_of(root: &Path, toml: &str) -> String {
+    let c = control_of(root, toml).await;
+    format!("{}-{}", pipeline(root, toml).name, c.history)
+}
+
+/// No path was added twice across the log, and the table holds every
+/// added path (appends only).
+pub(crate) fn assert_added_once(v: &DeltaView) {
+    let mut seen = std::collections::BTreeSet::new();
+    for p in &v.log_adds {
+        assert!(seen.insert(p.clone()), "{p} added twice: {:?}", v.log_adds);
+    }
+}
+
+/// Input files arriving over three runs, two per batch: after each run
+/// both readers read exactly DuckDB's one-shot rows over the input so
+/// far; each batch is one Delta commit (the table's version is the last
+/// batch), the txn version is the last batch, no file is added twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_batch_is_one_commit_that_both_readers_read_as_duckdb_computes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = delta_toml("dl", "max_files_per_batch = 2");
+    let input = root.join("input");
+    let mut files = Vec::new();
+    let mut batches = 0u64;
+    for (round, n) in [(0, 3), (1, 1), (2, 4)] {
+        let made = sluice_cli::generator::write_taxi_files(
+            &input.join(format!("r{round}")),
+            n,
+            40,
+            sluice_engine::pipeline::SourceFormat::Parquet,
+            None,
+        )
+        .unwrap();
+        files.extend(made);
+        let summary = run(&local_context(&pipeline(root, &toml))).await.unwrap();
+        batches += summary.batches.len() as u64;
+        let app = app_of(root, &toml).await;
+        let v = delta_view(&root.join("out/sink"), &app).await;
+        let want = duckdb_rows(&files, SQL).await;
+        assert_eq!(v.deltalake, want, "round {round}: deltalake");
+        assert_eq!(v.duckdb, want, "round {round}: duckdb");
+        assert_eq!(
+            v.version,
+            batches - 1,
+            "round {round}: one commit per batch"
+        );
+        assert_eq!(v.txn, Some(batches - 1), "round {round}: txn version");
+        assert_added_once(&v);
+    }
+    assert_eq!(batches, 2 + 1 + 2);
+}
+
+/// Every live file's statistics are its own: row count, and min, max and
+/// null count of each numeric column, as DuckDB computes them over the
+/// file.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_files_statistics_are_what_duckdb_computes_over_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = delta_toml("stats", "max_files_per_batch = 1");
+    gen_files(&root.join("input"), 2, 80);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let app = app_of(root, &toml).await;
+    let v = delta_view(&root.join("out/sink"), &app).await;
+    assert!(v.adds.len() >= 2, "{:?}", v.adds);
+    for add in &v.adds {
+        let path = root.join("out/sink").join(add["path"].as_str().unwrap());
+        let want = duckdb_sql(&format!(
+            "SELECT count(*) AS n, min(trip_distance), max(trip_distance), \
+             min(fare_amount), max(fare_amount), min(\"PULocationID\"), max(\"PULocationID\"), \
+             count(*) - count(fare_amount) FROM read_parquet('{}')",
+            path.display()
+        ))
+        .await;
+        let got = format!(
+            "{}|{}|{}|{}|{}|{}|{}|{}",
+            add["num_records"],
+            add["min"]["trip_distance"],
+            add["max"]["trip_distance"],
+            add["min"]["fare_amount"],
+            add["max"]["fare_amount"],
+            add["min"]["PULocationID"],
+            add["max"]["PULocationID"],
+            add["null_count"]["fare_amount"],
+        );
+        assert_eq!(vec![got], want, "{}", add["path"]);
+    }
+}
+
+/// Fail each sink and checkpoint write of a two-batch run into a Delta
+/// table in turn (parts, Sluice's records, the Delta log entries), then
+/// run again: both readers read the clean run's rows, the txn version is
+/// the last batch, no file is added twice; and right after each failure
+/// a reader of the table sees committed rows only, whole batches of them.
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_any_write_of_a_delta_batch_then_rerunning_gives_the_clean_table() {
+    let toml = delta_toml("crash", "max_files_per_batch = 2");
+    let clean = tempfile::tempdir().unwrap();
+    let files = gen_files(&clean.path().join("input"), 4, 30);
+    let writes = Arc::new(AtomicU64::new(0));
+    let summary = run(&fault_context(clean.path(), &toml, writes.clone(), 0))
+        .await
+        .unwrap();
+    assert_eq!(summary.batches.len(), 2, "the scenario needs two batches");
+    let total = writes.load(Ordering::SeqCst);
+    let want = duckdb_rows(&files, SQL).await;
+    // The rows of the first batch alone (its two files).
+    let mut first_files = files.clone();
+    first_files.sort();
+    let first = duckdb_rows(&first_files[..2], SQL).await;
+    eprintln!("delta crash test: failing each of {total} writes in turn");
+    for k in 1..=total {
+        let dir = tempfile::tempdir().unwrap();
+        gen_files(&dir.path().join("input"), 4, 30);
+        let failed = run(&fault_context(
+            dir.path(),
+            &toml,
+            Arc::new(AtomicU64::new(0)),
+            k,
+        ))
+        .await;
+        assert!(failed.is_err(), "write {k} was injected to fail");
+        let table = dir.path().join("out/sink");
+        if table.join("_delta_log").exists() {
+            let app = app_of(dir.path(), &toml).await;
+            let v = delta_view(&table, &app).await;
+            // Whole batches only: none, the first, or both.
+            let whole = v.deltalake.is_empty() || v.deltalake == first || v.deltalake == want;
+            assert!(whole, "after failing write {k}: {} rows", v.deltalake.len());
+            assert_eq!(v.deltalake, v.duckdb, "after failing write {k}");
+        }
+        run(&fault_context(
+            dir.path(),
+            &toml,
+            Arc::new(AtomicU64::new(0)),
+            0,
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("rerun after failing write {k}: {e}"));
+        let app = app_of(dir.path(), &toml).await;
+        let v = delta_view(&table, &app).await;
+        assert_eq!(v.deltalake, want, "after failing write {k}: deltalake");
+        assert_eq!(v.duckdb, want, "after failing write {k}: duckdb");
+        assert_eq!(v.txn, Some(1), "after failing write {k}");
+        assert_added_once(&v);
+    }
+}
+
+/// An outside writer (deltalake's blind append) between two runs: both
+/// writers' rows are in the table, and Sluice's txn version is exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outside_writer_appending_between_batches_keeps_both_writers_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = delta_toml("shared", "");
+    let mut files = gen_files(&root.join("input/a"), 2, 30);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let table = root.join("out/sink");
+    let outside = r#"[{"VendorID": 77, "tpep_pickup_datetime": null, "PULocationID": 7, "trip_distance": 7.5, "fare_amount": 70.25, "surcharges": 1.5}]"#;
+    let append = std::process::Command::new(delta_python())
+        .arg(delta_script())
+        .args(["append", table.to_str().unwrap(), outside])
+        .output()
+        .unwrap();
+    assert!(
+        append.status.success(),
+        "{}",
+        String::from_utf8_lossy(&append.stderr)
+    );
+    files.extend(gen_files(&root.join("input/b"), 2, 30));
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let app = app_of(root, &toml).await;
+    let v = delta_view(&table, &app).await;
+    let want = duckdb_sql(&format!(
+        "SELECT * FROM ({SQL_OVER_FILES}) UNION ALL SELECT 77, NULL::TIMESTAMP, 7, 7.5, 70.25, 1.5",
+        SQL_OVER_FILES = SQL.replace(
+            "FROM trips",
+            &format!("FROM read_parquet([{}])", quoted(&files))
+        )
+    ))
+    .await;
+    assert_eq!(v.deltalake, want);
+    assert_eq!(v.duckdb, want);
+    // Sluice's two commits and the outside one.
+    assert_eq!(v.version, 2);
+    assert_eq!(v.txn, Some(1));
+}
+
+/// `sluice reset` replaces the table's content with nothing in one commit
+/// (the log is kept), and the next history takes the table over: after it
+/// runs, both readers read the input once, under the new history's txn.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reset_retires_the_table_and_the_next_history_takes_it_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = delta_toml("again", "");
+    let files = gen_files(&root.join("input"), 2, 30);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let old_app = app_of(root, &toml).await;
+    sluice_engine::admin::reset(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap();
+    let table = root.join("out/sink");
+    let v = delta_view(&table, &old_app).await;
+    assert!(v.deltalake.is_empty() && v.duckdb.is_empty());
+    assert_eq!(v.version, 1, "the reset is one commit after the batch");
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let app = app_of(root, &toml).await;
+    assert_ne!(app, old_app);
+    let v = delta_view(&table, &app).await;
+    let want = duckdb_rows(&files, SQL).await;
+    assert_eq!(v.deltalake, want);
+    assert_eq!(v.duckdb, want);
+    let c = control_of(root, &toml).await;
+    assert_eq!(v.txn, c.last_committed);
+}
+
+/// What a Delta sink cannot take is refused before anything is written:
+/// complete and update modes (not built), and a column type Delta has no
+/// type for, named with what to do.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_a_delta_sink_cannot_take_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let complete = delta_toml("modes", "").replace(
+        "format = \"delta\"\n",
+        "format = \"delta\"\nmode = \"complete\"\n",
+    );
+    let e = sluice_engine::pipeline::Pipeline::parse(&complete, "p.toml", root)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sink.mode") && e.contains("not built"), "{e}");
+    gen_files(&root.join("input"), 1, 10);
+    let timed = delta_toml("timed", "").replace(
+        SQL,
+        "SELECT \"VendorID\", CAST(tpep_pickup_datetime AS TIME) AS t FROM trips",
+    );
+    let e = run(&local_context(&pipeline(root, &timed)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"t\"") && e.contains("CAST"), "{e}");
+    assert!(!root.join("out/sink/_delta_log").exists());
+}
