@@ -46,6 +46,19 @@ pub struct BenchArgs {
     /// `--source kafka`: partitions of the topic.
     #[arg(long, default_value_t = 4)]
     partitions: i32,
+    /// The sink: Parquet against raw DataFusion (default), or a Delta
+    /// table against the Parquet sink (`--sink delta`).
+    #[arg(long, value_enum, default_value_t = BenchSink::Parquet)]
+    sink: BenchSink,
+}
+
+/// The benchmark's sink.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchSink {
+    /// The Parquet sink, against raw DataFusion writing Parquet.
+    Parquet,
+    /// A Delta table, against the Parquet sink.
+    Delta,
 }
 
 /// The benchmark's input.
@@ -186,6 +199,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.query == BenchQuery::Window {
         return crate::bench_window::run(&dir, args.files, args.rows, args.rounds).await;
+    }
+    if args.sink == BenchSink::Delta {
+        std::fs::create_dir_all(&dir)?;
+        return crate::bench_delta::run(&dir, args.files, args.rows, args.rounds).await;
     }
     std::fs::create_dir_all(&dir)?;
     println!(

@@ -3,6 +3,7 @@
 
 mod aws;
 mod bench;
+mod bench_delta;
 mod bench_kafka;
 mod bench_planning;
 mod bench_window;

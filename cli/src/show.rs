@@ -28,7 +28,17 @@ pub(crate) async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             .collect();
         println!("schema       {}", columns.join(", "));
     }
-    println!("sink         {}", p.sink.display());
+    match (ctx.sink.delta(), status.delta_version) {
+        (false, _) => println!("sink         {}", p.sink.display()),
+        (true, Some(v)) => println!(
+            "sink         {} (Delta table, version {v})",
+            p.sink.display()
+        ),
+        (true, None) => println!(
+            "sink         {} (Delta table, not created yet)",
+            p.sink.display()
+        ),
+    }
     println!("checkpoint   {}", p.checkpoint.display());
     match &status.control {
         None => println!("state        never run"),

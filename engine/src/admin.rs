@@ -337,6 +337,9 @@ pub struct Status {
     /// their SQL names; `None` before the first run infers it.
     #[serde(default)]
     pub schema: Option<Vec<ColumnSpec>>,
+    /// A Delta sink: the table's version (`None` before its first commit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_version: Option<u64>,
 }
 
 /// Read the pipeline's state and count waiting input (one listing).
@@ -370,6 +373,7 @@ pub async fn status(ctx: &Context) -> Result<Status> {
             .filter_map(|f| f.last_modified.map(|t| t.timestamp_millis()))
             .min(),
         skipped,
+        delta_version: ctx.sink.delta_version().await?,
     })
 }
 

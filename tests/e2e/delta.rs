@@ -11,6 +11,7 @@ use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use serde_json::Value;
 
 use crate::support::*;
+use sluice_engine::storage::{PutMode, S3Config, S3Store, Store};
 
 /// A pipeline file over `root/input` whose sink is a Delta table.
 pub(crate) fn delta_toml(name: &str, limits: &str) -> String {
@@ -57,14 +58,16 @@ async fn parquet_rows(path: &Path) -> Vec<String> {
 }
 
 pub(crate) async fn delta_view(table: &Path, app: &str) -> DeltaView {
+    delta_view_at(table.to_str().unwrap(), app).await
+}
+
+/// [`delta_view`] of a table at a folder or an `s3://` URI (moto, through
+/// `AWS_ENDPOINT_URL`).
+pub(crate) async fn delta_view_at(table: &str, app: &str) -> DeltaView {
     let out = tempfile::tempdir().unwrap();
     let run = std::process::Command::new(delta_python())
         .arg(delta_script())
-        .args([
-            "read",
-            table.to_str().unwrap(),
-            out.path().to_str().unwrap(),
-        ])
+        .args(["read", table, out.path().to_str().unwrap()])
         .args(["--app", app])
         .output()
         .unwrap();
@@ -80,12 +83,11 @@ pub(crate) async fn delta_view(table: &Path, app: &str) -> DeltaView {
         version: facts["version"].as_u64().unwrap(),
         txn: facts["txn"].as_u64(),
         adds: facts["adds"].as_array().unwrap().clone(),
+        // Read from the log's files: local tables only.
         log_adds: facts["log_adds"]
             .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p.as_str().unwrap().to_string())
-            .collect(),
+            .map(|a| a.iter().map(|p| p.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default(),
     }
 }
 
@@ -140,6 +142,11 @@ async fn each_batch_is_one_commit_that_both_readers_read_as_duckdb_computes() {
         );
         assert_eq!(v.txn, Some(batches - 1), "round {round}: txn version");
         assert_added_once(&v);
+        // `sluice show` says the table's version.
+        let status = sluice_engine::admin::status(&local_context(&pipeline(root, &toml)))
+            .await
+            .unwrap();
+        assert_eq!(status.delta_version, Some(v.version), "round {round}");
     }
     assert_eq!(batches, 2 + 1 + 2);
 }
@@ -335,4 +342,56 @@ async fn what_a_delta_sink_cannot_take_is_refused_by_name() {
         .to_string();
     assert!(e.contains("\"t\"") && e.contains("CAST"), "{e}");
     assert!(!root.join("out/sink/_delta_log").exists());
+}
+
+/// On S3 (moto, with its conditional writes): the same Delta commits, and
+/// both readers read the table there (DuckDB through httpfs with an S3
+/// secret) as DuckDB computes over the input.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delta_table_on_s3_is_read_there_by_both_readers() {
+    let cfg = S3Config::from_env().await;
+    let bucket = fresh_bucket(&cfg, "delta").await;
+    let dir = tempfile::tempdir().unwrap();
+    let files = gen_files(&dir.path().join("input"), 4, 40);
+    let source = S3Store::new(&cfg, &bucket, "landing/trips");
+    for f in &files {
+        let key = f.file_name().unwrap().to_str().unwrap();
+        source
+            .put(
+                key,
+                bytes::Bytes::from(std::fs::read(f).unwrap()),
+                PutMode::Overwrite,
+            )
+            .await
+            .unwrap();
+    }
+    let toml = format!(
+        r#"name = "s3delta"
+[source]
+uri = "s3://{bucket}/landing/trips/"
+format = "parquet"
+table = "trips"
+[query]
+sql = '''{SQL}'''
+[sink]
+uri = "s3://{bucket}/curated/trips/"
+format = "delta"
+[checkpoint]
+uri = "s3://{bucket}/_checkpoints/"
+[limits]
+max_files_per_batch = 2
+"#
+    );
+    let p = sluice_engine::pipeline::Pipeline::parse(&toml, "s3.toml", dir.path()).unwrap();
+    let mut ctx = sluice_engine::handlers::Context::open(p, Some(&cfg)).unwrap();
+    test_mode(&mut ctx);
+    let summary = run(&ctx).await.unwrap();
+    assert_eq!(summary.batches.len(), 2);
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    let app = format!("s3delta-{}", c.history);
+    let v = delta_view_at(&format!("s3://{bucket}/curated/trips"), &app).await;
+    let want = duckdb_rows(&files, SQL).await;
+    assert_eq!(v.deltalake, want);
+    assert_eq!(v.duckdb, want);
+    assert_eq!((v.version, v.txn), (1, Some(1)));
 }

@@ -29,8 +29,8 @@ pub use control::{Attempts, CONTROL_TRIES, ControlRead};
 pub use index::{Index, IndexKeep, KeyClaim};
 pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};
 pub use records::{
-    Commit, Control, Durations, FORMAT_VERSION, FunctionUsage, InputFile, ListingState, Manifest,
-    Offsets, OutputFile, PipelineRecord, Quarantined, QueryShape, RecordRange, RunStatus,
+    Commit, Control, DeltaPart, Durations, FORMAT_VERSION, FunctionUsage, InputFile, ListingState,
+    Manifest, Offsets, OutputFile, PipelineRecord, Quarantined, QueryShape, RecordRange, RunStatus,
     SchemaVersion, SinkOwner, SourceCursor, StatefulState, StreamPlan, TaskPlan, Totals, Usage,
 };
 

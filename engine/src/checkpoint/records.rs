@@ -547,7 +547,18 @@ pub struct OutputFile {
     /// A Delta sink's part: its Delta schema and statistics, for its
     /// `add` action.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delta: Option<crate::sinks::DeltaPart>,
+    pub delta: Option<DeltaPart>,
+}
+
+/// What a Delta sink knows of a part it wrote: the Delta schema of its
+/// columns and its statistics, for the part's `add` action.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DeltaPart {
+    /// The table schema the part was written with (Delta's `schemaString`).
+    pub schema: String,
+    /// The part's statistics (Delta's `stats`: numRecords, minValues,
+    /// maxValues, nullCount).
+    pub stats: String,
 }
 
 /// Time spent in each step of a batch.

@@ -68,17 +68,6 @@ pub(crate) fn app_id(pipeline: &str, history: &str) -> String {
     format!("{pipeline}-{history}")
 }
 
-/// What a Delta sink knows of a part it wrote: the Delta schema of its
-/// columns and its statistics, for the part's `add` action.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct DeltaPart {
-    /// The table schema the part was written with (Delta's `schemaString`).
-    pub schema: String,
-    /// The part's statistics (Delta's `stats`: numRecords, minValues,
-    /// maxValues, nullCount).
-    pub stats: String,
-}
-
 /// The type a column is written as in a Delta table's parts, where the
 /// Arrow type has no Delta type of its own but a wider one holds every
 /// value: unsigned integers widen, half floats become floats, nanosecond
@@ -405,6 +394,11 @@ impl DeltaLog<'_> {
         let mut v: Vec<u64> = listed.iter().filter_map(|m| version_of(&m.key)).collect();
         v.sort_unstable();
         Ok(v)
+    }
+
+    /// The table's latest version, if there is a table.
+    pub(crate) async fn latest(&self) -> Result<Option<u64>> {
+        Ok(self.versions().await?.last().copied())
     }
 
     /// Read the log back from its latest entry until this history's last

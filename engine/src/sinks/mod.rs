@@ -6,6 +6,5 @@
 pub(crate) mod delta;
 mod parquet;
 
-pub use delta::DeltaPart;
 pub use parquet::ParquetSink;
 pub(crate) use parquet::delta_check;

@@ -109,8 +109,8 @@ pub(crate) fn delta_check(schema: &SchemaRef) -> std::result::Result<(), String>
 fn delta_part(
     schema: &Option<String>,
     stats: Option<super::delta::PartStats>,
-) -> Option<crate::sinks::DeltaPart> {
-    Some(crate::sinks::DeltaPart {
+) -> Option<crate::checkpoint::DeltaPart> {
+    Some(crate::checkpoint::DeltaPart {
         schema: schema.clone()?,
         stats: stats?.finish(),
     })
@@ -341,7 +341,7 @@ impl ParquetSink {
         roll: u32,
         w: ArrowWriter<Vec<u8>>,
         rows: u64,
-        delta: Option<crate::sinks::DeltaPart>,
+        delta: Option<crate::checkpoint::DeltaPart>,
     ) -> Result<OutputFile> {
         let bytes = w.into_inner().map_err(|e| {
             self.exec_err(
@@ -555,6 +555,20 @@ impl ParquetSink {
             tracing::debug!(pipeline = %self.pipeline, batch, ?done, "delta commit");
         }
         Ok(())
+    }
+
+    /// A Delta sink's table version now (`None` before its first commit,
+    /// and for a Parquet sink): one listing of its log.
+    pub async fn delta_version(&self) -> Result<Option<u64>> {
+        if !self.delta {
+            return Ok(None);
+        }
+        super::delta::DeltaLog {
+            store: &self.store,
+            pipeline: &self.pipeline,
+        }
+        .latest()
+        .await
     }
 
     /// `sluice reset` of a Delta sink, after its owner record was retired:
