@@ -647,13 +647,17 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
 }
 
 /// `sluice run`'s line for one committed batch (`stream`: of a topic,
-/// whose inputs are partition ranges).
+/// whose inputs are records).
 fn batch_line(b: &runner::BatchReport, stream: bool) -> String {
+    // A topic's batch reads records: those read, and those set aside.
+    let (what, inputs) = if stream {
+        ("records", b.rows_in + b.rows_quarantined)
+    } else {
+        ("files", b.files)
+    };
     format!(
-        "batch {:>6}  {} {:>5}  {:>12}  rows in {:>10}  out {:>10}  {:>7} ms{}{}",
+        "batch {:>6}  {what} {inputs:>5}  {:>12}  rows in {:>10}  out {:>10}  {:>7} ms{}{}",
         b.batch,
-        if stream { "ranges" } else { "files" },
-        b.files,
         mib(b.bytes),
         b.rows_in,
         b.rows_out,
@@ -674,7 +678,17 @@ fn batch_line(b: &runner::BatchReport, stream: bool) -> String {
 /// `sluice run`'s closing line after it committed batches: what they read
 /// and wrote, and what they did with bad data and new columns.
 fn committed_line(name: &str, summary: &runner::RunSummary, stream: bool) -> String {
-    let files: u64 = summary.batches.iter().map(|b| b.files).sum();
+    let files: u64 = summary
+        .batches
+        .iter()
+        .map(|b| {
+            if stream {
+                b.rows_in + b.rows_quarantined
+            } else {
+                b.files
+            }
+        })
+        .sum();
     let bytes: u64 = summary.batches.iter().map(|b| b.bytes).sum();
     let rows_in: u64 = summary.batches.iter().map(|b| b.rows_in).sum();
     let rows_out: u64 = summary.batches.iter().map(|b| b.rows_out).sum();
@@ -695,7 +709,7 @@ fn committed_line(name: &str, summary: &runner::RunSummary, stream: bool) -> Str
     format!(
         "{name}: committed {}: {}, {}, {} in, {} out in {} ({}){}",
         count(summary.batches.len() as u64, "batch"),
-        count(files, if stream { "partition range" } else { "file" }),
+        count(files, if stream { "record" } else { "file" }),
         mib(bytes),
         count(rows_in, "row"),
         count(rows_out, "row"),

@@ -92,9 +92,22 @@ pub async fn check(ctx: &Context) -> Result<CheckReport> {
         .checked
         .push("the pipeline file: fields, values and limits".into());
     ctx.check_source_exists()?;
-    report
-        .checked
-        .push(format!("source {} exists", p.source.location.display()));
+    report.checked.push(match &p.source.location {
+        crate::storage::Location::Local(_) => {
+            format!("source {} exists", p.source.location.display())
+        }
+        // The brokers answer and the topic is there (one metadata
+        // request).
+        crate::storage::Location::Kafka { .. } => format!(
+            "source {}: the brokers answer, the topic has {} partitions",
+            p.source.location.display(),
+            discovery::topic_partitions(&p.source).await?
+        ),
+        _ => format!(
+            "source {} (its objects are first listed by a run)",
+            p.source.location.display()
+        ),
+    });
     let control = ctx.checkpoint.control().await?.map(|(c, _)| c);
     if control.as_ref().is_some_and(|c| c.resetting) {
         return Err(Error::Run {

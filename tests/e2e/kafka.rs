@@ -350,6 +350,61 @@ async fn a_topic_that_does_not_exist_is_named() {
         .to_string();
     assert!(e.contains("\"no-such-topic-here\" does not exist"), "{e}");
     assert!(!root.join("out/sink").join("batch=0000000000").exists());
+    // `sluice check` asks the brokers too: refused the same way, and a
+    // topic that is there is checked with its partitions.
+    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"no-such-topic-here\" does not exist"), "{e}");
+    let there = fresh_topic("checked", 3);
+    let toml = kafka_toml("checked", &there, "", "");
+    let report = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap();
+    assert!(
+        report
+            .checked
+            .iter()
+            .any(|c| c.contains("the topic has 3 partitions")),
+        "{:?}",
+        report.checked
+    );
+}
+
+/// `starting_offsets = "latest"`: a new pipeline starts at the end of the
+/// topic as its first run finds it, and reads every record produced after
+/// that, also when the topic was empty then and no schema is declared
+/// (the start is recorded although nothing can be inferred yet); records
+/// produced before the first run are not read.
+#[tokio::test(flavor = "multi_thread")]
+async fn latest_starts_at_the_first_runs_end_even_on_an_empty_topic() {
+    for (what, before) in [("empty", 0), ("older", 5)] {
+        let topic = fresh_topic(&format!("latest-{what}"), 2);
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        if before > 0 {
+            produce(&topic, 0, &rides(900, before), &root.join("before.jsonl"));
+        }
+        let toml = kafka_toml("latest", &topic, "starting_offsets = \"latest\"", "");
+        // Before the first run, nothing waits for it (`sluice show`).
+        let status = sluice_engine::admin::status(&local_context(&pipeline(root, &toml)))
+            .await
+            .unwrap();
+        assert_eq!(status.waiting_records, Some(0), "{what}");
+        let first = run(&local_context(&pipeline(root, &toml))).await.unwrap();
+        assert!(first.batches.is_empty(), "{what}: {:?}", first.end);
+        let records = root.join("produced.jsonl");
+        produce(&topic, 1, &rides(0, 5), &records);
+        run(&local_context(&pipeline(root, &toml))).await.unwrap();
+        produce(&topic, 0, &rides(5, 3), &records);
+        run(&local_context(&pipeline(root, &toml))).await.unwrap();
+        assert_eq!(
+            committed_rows(&root.join("out/sink"), "latest").await,
+            expected(&records).await,
+            "{what}"
+        );
+    }
 }
 
 /// Values that are not JSON objects are bad rows: under `fail` the batch

@@ -33,6 +33,18 @@ pub use notify::{ClaimStep, InboxEntry, decide_key_claim, read_inbox, record_not
 pub(crate) use notify::{claim_key, inbox_files, reconcile_due, settle_claims, unnotified};
 pub(crate) use source::{Fresh, Freshness, Look, Planned, Scope, Seen, Source};
 
+/// How many partitions a `kafka://` source's topic has now (one metadata
+/// request): `sluice check`'s look at the brokers and the topic.
+pub(crate) async fn topic_partitions(
+    source: &crate::pipeline::Source,
+) -> crate::error::Result<usize> {
+    kafka::open(source)
+        .await?
+        .partitions()
+        .await
+        .map(|p| p.len())
+}
+
 #[cfg(test)]
 mod tests {
     use crate::storage::ObjectMeta;

@@ -275,13 +275,16 @@ pub(crate) async fn waiting(ctx: &Scope<'_>, control: Option<&Control>) -> Resul
     let cursor = control
         .map(|c| c.stream_offsets.clone())
         .unwrap_or_default();
+    // A pipeline that has not started under `starting_offsets = "latest"`
+    // will start at the ends: nothing waits for it yet.
+    let from_end = cursor.is_empty()
+        && ctx.pipeline.source.starting_offsets == crate::pipeline::StartingOffsets::Latest;
     let mut out = Vec::new();
     for (p, end) in &until {
-        let start = cursor
-            .get(p)
-            .copied()
-            .unwrap_or(earliest[p])
-            .max(earliest[p]);
+        let start = match cursor.get(p) {
+            None if from_end => *end,
+            c => c.copied().unwrap_or(earliest[p]).max(earliest[p]),
+        };
         if start >= *end {
             continue;
         }

@@ -222,6 +222,33 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         // What can be checked without a file is: a query that cannot run
         // whatever the columns (a join, a syntax error) is refused now.
         super::check_against_hints(ctx, control).await?;
+        // A topic read from its end: where it starts is recorded now, so
+        // the records that arrive before a run can infer the schema are
+        // read, not passed over by a later run's "latest".
+        if !recover
+            && source.is_stream()
+            && p.source.starting_offsets == crate::pipeline::StartingOffsets::Latest
+            && control.is_none_or(|c| c.stream_offsets.is_empty())
+        {
+            let sink = ownership::check_sink(ctx, control).await?;
+            let next = checkpoint::claimed(control, epoch, &ctx.owner, now, "");
+            let etag = read.as_ref().map(|(_, e)| e.as_str());
+            let Some(run) = take_lease(ctx, &next, etag, recover, sink).await? else {
+                return Ok(PlanOutcome::Busy {
+                    owner: "another run (it claimed the lease first)".into(),
+                    heartbeat_age_s: 0,
+                });
+            };
+            source
+                .find_new(&ctx.scope(), epoch, &next, Seen::Nothing, false)
+                .await?;
+            release(ctx, &run, RunStatus::Idle).await?;
+            return Ok(idle(
+                "started at the end of the topic (starting_offsets = \"latest\"); no record \
+                 waits, and no source.schema is declared: the query is checked once records \
+                 arrive",
+            ));
+        }
         return Ok(idle(
             "no input files yet, and no source.schema declared: the query is checked once the \
              first file arrives (declare source.schema to check it now; `sluice check` says \

@@ -207,6 +207,42 @@ impl Pipeline {
         }
         check_locations(&source.location, &sink, &checkpoint_root).map_err(spec_err)?;
         let limits = limits(&raw.limits).map_err(spec_err)?;
+        // A limit that does not apply to the source would be a silent no-op.
+        let l = &raw.limits;
+        let topic = matches!(source.location, Location::Kafka { .. });
+        let not_here: Vec<&str> = if topic {
+            [
+                ("max_files_per_batch", l.max_files_per_batch.is_some()),
+                ("max_bytes_per_batch", l.max_bytes_per_batch.is_some()),
+                ("max_bytes_per_task", l.max_bytes_per_task.is_some()),
+            ]
+            .into_iter()
+            .filter_map(|(n, set)| set.then_some(n))
+            .collect()
+        } else {
+            [
+                ("max_records_per_batch", l.max_records_per_batch.is_some()),
+                ("max_records_per_task", l.max_records_per_task.is_some()),
+            ]
+            .into_iter()
+            .filter_map(|(n, set)| set.then_some(n))
+            .collect()
+        };
+        if !not_here.is_empty() {
+            return Err(spec_err(format!(
+                "limits.{} {} not apply to a {} source: {}",
+                not_here.join(", limits."),
+                if not_here.len() == 1 { "does" } else { "do" },
+                if topic { "kafka://" } else { "file" },
+                if topic {
+                    "a topic's batches and tasks are sized by limits.max_records_per_batch and \
+                     max_records_per_task"
+                } else {
+                    "a folder's batches and tasks are sized by limits.max_files_per_batch, \
+                     max_bytes_per_batch and max_bytes_per_task"
+                }
+            )));
+        }
         if let Some(n) = raw.checkpoint.retain_batches {
             check_count("checkpoint.retain_batches", n, MAX_WINDOW).map_err(spec_err)?;
         }
@@ -884,6 +920,34 @@ max_bytes_per_batch = "64 MiB"
         let e = err(&GOOD.replace("table = \"trips\"", "table = \"trips\"\ncolour = 1"));
         assert!(e.contains("colour"), "{e}");
         assert!(e.contains("line 7"), "{e}");
+    }
+
+    #[test]
+    fn limits_that_do_not_apply_to_the_source_are_refused_by_name() {
+        let e = err(&GOOD.replace(
+            "max_bytes_per_batch",
+            "max_records_per_batch = 5\nmax_bytes_per_batch",
+        ));
+        assert!(
+            e.contains("limits.max_records_per_batch does not apply to a file"),
+            "{e}"
+        );
+        let topic = GOOD
+            .replace("uri = \"data/\"", "uri = \"kafka://b:9092/rides\"")
+            .replace("format = \"parquet\"", "format = \"jsonl\"")
+            .replace("discovery = \"ordered\"\nlookback = 10\n", "");
+        let e = err(&topic);
+        assert!(
+            e.contains(
+                "limits.max_files_per_batch, limits.max_bytes_per_batch do not apply to a kafka://"
+            ),
+            "{e}"
+        );
+        let ok = topic.replace(
+            "max_files_per_batch = 3\nmax_bytes_per_batch = \"64 MiB\"",
+            "max_records_per_batch = 10",
+        );
+        assert_eq!(parse(&ok).unwrap().limits.max_records_per_batch, 10);
     }
 
     #[test]

@@ -450,6 +450,15 @@ fn kafka_location(uri: &str, rest: &str) -> Result<Location, String> {
     let Some((brokers, topic)) = rest.split_once('/') else {
         return Err(format!("\"{uri}\" names no topic; {usage}"));
     };
+    // Never echo what looks like credentials back.
+    if brokers.contains('@') {
+        return Err(format!(
+            "source.uri holds credentials (user@ or user:password@ before the brokers); \
+             credentials never go in the pipeline file: set source.security_protocol and \
+             sasl_mechanism, and the credentials in the environment or a secret (docs/kafka.md); \
+             {usage}"
+        ));
+    }
     let topic = topic.trim_end_matches('/');
     let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
     if topic.is_empty() || topic.len() > 249 || !topic.chars().all(legal) {
@@ -552,6 +561,28 @@ mod tests {
         assert!(Location::parse("s3:///x", base).is_err());
         assert!(Location::parse("gs://b/x", base).is_err());
         assert!(Location::parse("s3://b/../x", base).is_err());
+    }
+
+    #[test]
+    fn kafka_locations_name_brokers_and_a_topic_and_no_credentials() {
+        let base = std::path::Path::new("/p");
+        assert_eq!(
+            Location::parse("kafka://a:9092,b:9093/rides", base).unwrap(),
+            Location::Kafka {
+                brokers: vec!["a:9092".into(), "b:9093".into()],
+                topic: "rides".into()
+            }
+        );
+        for (uri, says) in [
+            ("kafka://a:9092", "names no topic"),
+            ("kafka://a/rides", "is not host:port"),
+            ("kafka://a:9092/ri des", "not a Kafka topic name"),
+        ] {
+            let e = Location::parse(uri, base).unwrap_err();
+            assert!(e.contains(says), "{uri}: {e}");
+        }
+        let e = Location::parse("kafka://alice:s3cret@a:9092/rides", base).unwrap_err();
+        assert!(e.contains("credentials") && !e.contains("s3cret"), "{e}");
     }
 
     #[test]
