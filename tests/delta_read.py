@@ -12,6 +12,9 @@
     delta_read.py append TABLE ROWS_JSON
         an outside writer: deltalake's write_deltalake(mode="append") of
         the JSON list of objects ROWS_JSON, with the table's own schema.
+    delta_read.py create TABLE ROWS_JSON
+        a table another writer makes: write_deltalake of ROWS_JSON (types
+        as pyarrow infers them) into a new table.
 
 TABLE is a folder, or s3://bucket/prefix with AWS_ENDPOINT_URL set (moto).
 The environment is the venv tests/run.sh makes with deltalake==1.6.6,
@@ -110,10 +113,18 @@ def cmd_append(args):
     write_deltalake(table, data, mode="append", storage_options=opts)
 
 
+def cmd_create(args):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    table, rows = args[0], json.loads(args[1])
+    write_deltalake(table, pa.Table.from_pylist(rows), storage_options=storage_options(table))
+
+
 def main():
-    if len(sys.argv) < 3 or sys.argv[1] not in ("read", "append"):
+    commands = {"read": cmd_read, "append": cmd_append, "create": cmd_create}
+    if len(sys.argv) < 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)
-    {"read": cmd_read, "append": cmd_append}[sys.argv[1]](sys.argv[2:])
+    commands[sys.argv[1]](sys.argv[2:])
 
 
 if __name__ == "__main__":

@@ -316,6 +316,145 @@ async fn a_reset_retires_the_table_and_the_next_history_takes_it_over() {
     assert_eq!(v.txn, c.last_committed);
 }
 
+/// `delta_read.py` with `args` (an outside writer's calls).
+fn outside(args: &[&str]) {
+    let out = std::process::Command::new(delta_python())
+        .arg(delta_script())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A sink folder holding a table another writer created: `sluice check`
+/// and the run refuse it before anything is written (no commit record, no
+/// part, no manifest), and `sluice reset` leaves the table as it is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_another_writer_created_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let table = root.join("out/sink");
+    outside(&["create", table.to_str().unwrap(), r#"[{"x": 1}, {"x": 2}]"#]);
+    let toml = delta_toml("foreign", "");
+    gen_files(&root.join("input"), 1, 20);
+    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("did not create"), "{e}");
+    let e = run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("did not create") && e.contains("nothing was written"),
+        "{e}"
+    );
+    assert!(!root.join("out/checkpoint/foreign/commits").exists());
+    assert!(!table.join("_sluice/manifest").exists());
+    assert!(!table.join("batch=0000000000").exists());
+    sluice_engine::admin::reset(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap();
+    let v = delta_view(&table, "-").await;
+    assert_eq!(
+        (v.version, v.deltalake.len()),
+        (0, 2),
+        "the table is left as it was"
+    );
+}
+
+/// Switching `sink.format` after batches were written is refused like a
+/// new sink.uri: the table would miss the earlier batches.
+#[tokio::test(flavor = "multi_thread")]
+async fn switching_the_sink_format_after_a_batch_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let parquet = pipeline_toml("switch", "parquet", "", "");
+    gen_files(&root.join("input"), 1, 20);
+    run(&local_context(&pipeline(root, &parquet)))
+        .await
+        .unwrap();
+    gen_files(&root.join("input"), 1, 20);
+    let e = run(&local_context(&pipeline(root, &delta_toml("switch", ""))))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sink.format changed (parquet -> delta)"), "{e}");
+    assert!(!root.join("out/sink/_delta_log").exists());
+}
+
+/// Nested columns (a struct) next to a boolean: both readers read the
+/// table (a struct's null count as a number made deltalake refuse it).
+#[tokio::test(flavor = "multi_thread")]
+async fn struct_columns_are_read_by_both_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let sql = "SELECT named_struct('fare', fare_amount, 'vendor', \"VendorID\") AS s, \
+               trip_distance > 2 AS far FROM trips";
+    let toml = delta_toml("nested", "").replace(SQL, sql);
+    let files = gen_files(&root.join("input"), 2, 30);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let app = app_of(root, &toml).await;
+    let v = delta_view(&root.join("out/sink"), &app).await;
+    let want = duckdb_rows(
+        &files,
+        "SELECT {'fare': fare_amount, 'vendor': \"VendorID\"} AS s, trip_distance > 2 AS far \
+         FROM trips",
+    )
+    .await;
+    assert_eq!(v.deltalake, want);
+    assert_eq!(v.duckdb, want);
+}
+
+/// The query changes between runs: a new column joins the table's
+/// schema (the earlier rows read it as NULL in both readers); a column
+/// whose type changes is refused naming it, and the table stays readable.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_query_adds_columns_and_a_changed_type_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let first = "SELECT \"VendorID\" AS v, fare_amount AS f FROM trips";
+    let second = "SELECT \"VendorID\" AS v, fare_amount AS f, tip_amount AS tip FROM trips";
+    let toml = |sql: &str| delta_toml("grow", "").replace(SQL, sql);
+    let a = gen_files(&root.join("input/a"), 1, 30);
+    run(&local_context(&pipeline(root, &toml(first))))
+        .await
+        .unwrap();
+    let b = gen_files(&root.join("input/b"), 1, 30);
+    run(&local_context(&pipeline(root, &toml(second))))
+        .await
+        .unwrap();
+    let app = app_of(root, &toml(second)).await;
+    let v = delta_view(&root.join("out/sink"), &app).await;
+    let want = duckdb_sql(&format!(
+        "SELECT \"VendorID\" AS v, fare_amount AS f, NULL::DOUBLE AS tip FROM read_parquet([{}]) \
+         UNION ALL SELECT \"VendorID\", fare_amount, tip_amount FROM read_parquet([{}])",
+        quoted(&a),
+        quoted(&b)
+    ))
+    .await;
+    assert_eq!(v.deltalake, want);
+    assert_eq!(v.duckdb, want);
+    // `v` becomes text: refused, naming it; the table is as it was.
+    gen_files(&root.join("input/c"), 1, 30);
+    let third = "SELECT concat('x', \"VendorID\") AS v, fare_amount AS f FROM trips";
+    let e = run(&local_context(&pipeline(root, &toml(third))))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("column \"v\"") && e.contains("sluice reset"),
+        "{e}"
+    );
+    let after = delta_view(&root.join("out/sink"), &app).await;
+    assert_eq!((after.version, after.deltalake), (v.version, want));
+}
+
 /// What a Delta sink cannot take is refused before anything is written:
 /// complete and update modes (not built), and a column type Delta has no
 /// type for, named with what to do.
@@ -341,6 +480,17 @@ async fn what_a_delta_sink_cannot_take_is_refused_by_name() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("\"t\"") && e.contains("CAST"), "{e}");
+    assert!(!root.join("out/sink/_delta_log").exists());
+    // Names that differ only in case: Delta's readers refuse such a table.
+    let cased = delta_toml("cased", "").replace(
+        SQL,
+        "SELECT total_amount AS \"Total\", trip_distance AS total FROM trips",
+    );
+    let e = run(&local_context(&pipeline(root, &cased)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("differ only in case"), "{e}");
     assert!(!root.join("out/sink/_delta_log").exists());
 }
 

@@ -81,6 +81,11 @@ pub(super) fn earlier_history(ctx: &Context, o: &SinkOwner, history: &str) -> Er
 /// `retired` on, or only manifests of this pipeline's batches this
 /// checkpoint committed.
 async fn unclaimed(ctx: &Context, control: Option<&Control>, retired: u64) -> Result<SinkCheck> {
+    // A Delta sink over a table that is not this pipeline's: refused before
+    // anything is written.
+    if let Some(why) = ctx.sink.delta_foreign().await? {
+        return Err(refused(ctx, why));
+    }
     let mut batches = ctx.sink.manifest_batches().await?;
     batches.retain(|b| *b >= retired);
     let (Some(first), Some(last)) = (batches.first(), batches.last()) else {

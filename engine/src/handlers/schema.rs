@@ -266,6 +266,24 @@ fn check_source_kept(was: &Pipeline, p: &Pipeline) -> Result<()> {
             message,
         });
     }
+    // A Delta table made from here on (or left behind) would miss batches.
+    if was.sink_format != p.sink_format {
+        let name = |f: crate::pipeline::SinkFormat| match f {
+            crate::pipeline::SinkFormat::Parquet => "parquet",
+            crate::pipeline::SinkFormat::Delta => "delta",
+        };
+        return Err(Error::Incompatible {
+            pipeline: p.name.clone(),
+            message: format!(
+                "sink.format changed ({} -> {}) after this pipeline wrote batches: a Delta \
+                 table would hold only some of them, and its readers would miss rows. Keep \
+                 sink.format, or run `sluice reset` on the pipeline file to start over in that \
+                 format",
+                name(was.sink_format),
+                name(p.sink_format)
+            ),
+        });
+    }
     // The output so far is in the old sink: a new one would hold only the
     // batches from here on, and readers of either would miss rows.
     if was.sink != p.sink {

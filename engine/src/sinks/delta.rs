@@ -145,6 +145,19 @@ fn delta_field(f: &Field) -> std::result::Result<Value, String> {
 /// The Delta schema (`schemaString`) of the parts' Arrow schema, or the
 /// column whose type Delta has none for and what to do.
 pub(crate) fn schema_string(schema: &SchemaRef) -> std::result::Result<String, String> {
+    // Delta's column names are case-insensitive: readers refuse a table
+    // with two names that differ only in case.
+    let mut seen: std::collections::BTreeMap<String, &str> = Default::default();
+    for f in schema.fields() {
+        if let Some(other) = seen.insert(f.name().to_lowercase(), f.name()) {
+            return Err(format!(
+                "columns \"{other}\" and \"{}\" differ only in case, and a Delta table's column \
+                 names are case-insensitive (its readers refuse such a table); rename one with AS \
+                 in query.sql",
+                f.name()
+            ));
+        }
+    }
     let mut fields = Vec::new();
     for f in schema.fields() {
         fields.push(delta_field(f).map_err(|t| {
@@ -179,6 +192,10 @@ pub(crate) struct PartStats {
 
 struct ColumnStats {
     name: String,
+    /// Nested columns (structs, lists, maps) get no null count: Delta's
+    /// is an object per struct field, and a number there makes deltalake
+    /// refuse the table.
+    nested: bool,
     nulls: u64,
     min: Option<datafusion::functions_aggregate::min_max::MinAccumulator>,
     max: Option<datafusion::functions_aggregate::min_max::MaxAccumulator>,
@@ -217,6 +234,7 @@ impl PartStats {
                     let keep = has_min_max(dt);
                     ColumnStats {
                         name: f.name().clone(),
+                        nested: dt.is_nested(),
                         nulls: 0,
                         min: keep.then(|| MinAccumulator::try_new(dt).ok()).flatten(),
                         max: keep.then(|| MaxAccumulator::try_new(dt).ok()).flatten(),
@@ -256,7 +274,9 @@ impl PartStats {
         let mut max_values = serde_json::Map::new();
         let mut null_count = serde_json::Map::new();
         for s in &mut self.columns {
-            null_count.insert(s.name.clone(), json!(s.nulls));
+            if !s.nested {
+                null_count.insert(s.name.clone(), json!(s.nulls));
+            }
             let (Some(min), Some(max)) = (&mut s.min, &mut s.max) else {
                 continue;
             };
@@ -324,6 +344,64 @@ struct Tip {
     /// The newest `metaData` met reading back before any `txn` of this
     /// history: its configuration names the history the table is for.
     meta: Option<Value>,
+    /// The table schema this history's last commit left (the hash its
+    /// commit info records), if that commit was met and says.
+    schema_hash: Option<String>,
+}
+
+/// The hash a commit records of the table schema it leaves.
+fn schema_hash(schema: &str) -> String {
+    format!("{:016x}", crate::hash::fnv1a(schema.as_bytes()))
+}
+
+/// The table schema after adding parts of schema `parts` to a table of
+/// schema `table` (both Delta `schemaString`s): the table's columns as they
+/// are (nullable where the parts hold them nullable), then the parts' new
+/// columns, nullable (older files lack them). A column the parts hold in
+/// another type, or lack while the table says it is never null, cannot be
+/// written: the message says which.
+fn merged_schema(table: &str, parts: &str) -> std::result::Result<String, String> {
+    let fields = |s: &str| -> Vec<Value> {
+        serde_json::from_str::<Value>(s)
+            .ok()
+            .and_then(|v| v.get("fields").and_then(Value::as_array).cloned())
+            .unwrap_or_default()
+    };
+    let (table, parts) = (fields(table), fields(parts));
+    let name = |f: &Value| f["name"].as_str().unwrap_or_default().to_string();
+    let mut out = Vec::new();
+    for t in &table {
+        let mut t = t.clone();
+        match parts.iter().find(|p| name(p) == name(&t)) {
+            Some(p) if p["type"] != t["type"] => {
+                return Err(format!(
+                    "column \"{}\" is {} in the Delta table, and the query now gives it {}",
+                    name(&t),
+                    t["type"],
+                    p["type"]
+                ));
+            }
+            Some(p) if p["nullable"] == json!(true) => t["nullable"] = json!(true),
+            Some(_) => {}
+            None if t["nullable"] != json!(true) => {
+                return Err(format!(
+                    "column \"{}\" is never null in the Delta table, and the query no longer \
+                     gives it",
+                    name(&t)
+                ));
+            }
+            None => {}
+        }
+        out.push(t);
+    }
+    for p in &parts {
+        if !table.iter().any(|t| name(t) == name(p)) {
+            let mut p = p.clone();
+            p["nullable"] = json!(true);
+            out.push(p);
+        }
+    }
+    Ok(json!({"type": "struct", "fields": out}).to_string())
 }
 
 /// One log entry's actions.
@@ -415,12 +493,18 @@ impl DeltaLog<'_> {
             let Some(obj) = self.store.get(&key).await? else {
                 return Err(broken(self.pipeline, &key, "listed, then gone"));
             };
-            for a in actions(&obj.bytes, &key, self.pipeline)? {
+            let entry = actions(&obj.bytes, &key, self.pipeline)?;
+            for a in &entry {
                 if let Some(t) = a.get("txn")
                     && t.get("appId").and_then(Value::as_str) == Some(app)
                 {
                     let version = t.get("version").and_then(Value::as_u64).unwrap_or(0);
                     tip.committed = Some(tip.committed.map_or(version, |c| c.max(version)));
+                    tip.schema_hash = entry.iter().find_map(|a| {
+                        a.pointer("/commitInfo/sluice/schema")
+                            .and_then(Value::as_str)
+                            .map(str::to_string)
+                    });
                 }
                 if let Some(m) = a.get("metaData")
                     && tip.meta.is_none()
@@ -433,6 +517,31 @@ impl DeltaLog<'_> {
             }
         }
         Ok(tip)
+    }
+
+    /// Why the table in the sink is not this pipeline's to write, if it is
+    /// not: created by another writer, or by another pipeline. `None`
+    /// without a table. (Read back to its newest `metaData`.)
+    pub(crate) async fn foreign(&self) -> Result<Option<String>> {
+        let Some(meta) = self.newest_meta().await? else {
+            return Ok(None);
+        };
+        Ok(
+            match meta["configuration"]
+                .get(PIPELINE_KEY)
+                .and_then(Value::as_str)
+            {
+                Some(p) if p == self.pipeline => None,
+                Some(p) => Some(format!(
+                    "it holds the Delta table of pipeline \"{p}\"; give this one its own sink.uri"
+                )),
+                None => Some(
+                    "it holds a Delta table that Sluice did not create, and a Delta sink writes \
+                     only to a table it created: name a new folder"
+                        .to_string(),
+                ),
+            },
+        )
     }
 
     /// The newest `metaData` of the log (read back from the latest entry).
@@ -483,7 +592,12 @@ impl DeltaLog<'_> {
                 // The history's own previous commit is the newest Sluice
                 // mark: the table is this history's.
                 (Some(_), _) => {
-                    if !record.added_columns.is_empty() {
+                    // Parts of another schema than the table's (the query
+                    // changed, or new columns joined): the table's metaData
+                    // changes with them.
+                    if let Some(parts) = &parts_schema
+                        && tip.schema_hash.as_deref() != Some(schema_hash(parts).as_str())
+                    {
                         meta = self.newest_meta().await?;
                     }
                 }
@@ -500,11 +614,7 @@ impl DeltaLog<'_> {
                         });
                     }
                     match history {
-                        Some(h) if h == record.history => {
-                            if !record.added_columns.is_empty() {
-                                meta = Some(m.clone());
-                            }
-                        }
+                        Some(h) if h == record.history => meta = Some(m.clone()),
                         // Retired by `sluice reset`: the history the owner
                         // record names takes it over, with its first batch
                         // that wrote rows (its schema).
@@ -539,12 +649,45 @@ impl DeltaLog<'_> {
                 }
             }
             let version = tip.latest.map_or(0, |v| v + 1);
+            // The schema the table has after this commit, and whether its
+            // metaData must say so.
+            let current = meta
+                .as_ref()
+                .and_then(|m| m.get("schemaString").and_then(Value::as_str))
+                .map(str::to_string);
+            // A table a reset retired is replaced: its schema is the new
+            // history's, not merged with the old one's.
+            let taking_over = meta.as_ref().is_some_and(|m| {
+                m["configuration"].get(HISTORY_KEY).and_then(Value::as_str)
+                    != Some(record.history.as_str())
+            });
+            let after = match (&current, &parts_schema) {
+                (Some(t), Some(p)) if !taking_over => Some(merged_schema(t, p).map_err(|why| {
+                    self.conflict(format!(
+                        "batch {} cannot be added to the Delta table: {why}. Its readers could \
+                         not read the table: restore query.sql, or run `sluice reset` to start \
+                         the table over",
+                        record.batch
+                    ))
+                })?),
+                (t, None) => t.clone(),
+                (_, p) => p.clone(),
+            };
+            if !taking_over && current.is_some() && current == after {
+                // The table's schema holds the parts: no metaData.
+                meta = None;
+            }
+            let hash = after
+                .as_deref()
+                .map(schema_hash)
+                .or(tip.schema_hash.clone());
             let body = self.entry(
                 record,
                 &app,
                 version,
                 meta.as_ref(),
-                parts_schema.as_deref(),
+                after.as_deref(),
+                hash.as_deref(),
             );
             match self
                 .store
@@ -577,7 +720,8 @@ impl DeltaLog<'_> {
         app: &str,
         version: u64,
         meta: Option<&Value>,
-        parts_schema: Option<&str>,
+        schema: Option<&str>,
+        hash: Option<&str>,
     ) -> Vec<u8> {
         let now = record.committed_ms;
         let mut lines: Vec<Value> = vec![json!({"commitInfo": {
@@ -590,43 +734,46 @@ impl DeltaLog<'_> {
             },
             "isBlindAppend": meta.is_none() && version > 0,
             "engineInfo": concat!("sluice/", env!("CARGO_PKG_VERSION")),
-            "sluice": {"pipeline": self.pipeline, "batch": record.batch, "epoch": record.epoch},
+            "sluice": {
+                "pipeline": self.pipeline,
+                "batch": record.batch,
+                "epoch": record.epoch,
+                "schema": hash,
+            },
         }})];
-        let schema = parts_schema.map(str::to_string).or_else(|| {
-            meta.and_then(|m| m.get("schemaString").and_then(Value::as_str))
-                .map(str::to_string)
-        });
         if version == 0 || meta.is_some() {
-            let schema = schema.clone().unwrap_or_default();
-            lines.push(if has_ntz(&schema) {
-                json!({"protocol": {
+            let schema = schema.unwrap_or_default();
+            // A new table's protocol; an existing one's is only raised
+            // (to read timestamps without a zone), never lowered.
+            if has_ntz(schema) {
+                lines.push(json!({"protocol": {
                     "minReaderVersion": 3,
                     "minWriterVersion": 7,
                     "readerFeatures": ["timestampNtz"],
                     "writerFeatures": ["timestampNtz"],
-                }})
-            } else {
-                json!({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}})
+                }}));
+            } else if version == 0 {
+                lines.push(json!({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}));
+            }
+            // An existing table's metaData is kept but for its schema and
+            // Sluice's marks (another writer's settings stay); the id is
+            // kept too (a reset gave a retired table a new one).
+            let mut m = meta.cloned().unwrap_or_else(|| {
+                json!({
+                    "id": uuid::Uuid::new_v4().to_string(),
+                    "format": {"provider": "parquet", "options": {}},
+                    "partitionColumns": [],
+                    "configuration": {},
+                    "createdTime": now,
+                })
             });
-            // The table's id is kept; a reset gave a retired table a new one.
-            let id = meta
-                .and_then(|m| m.get("id").and_then(Value::as_str))
-                .map(str::to_string)
-                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-            let created = meta
-                .and_then(|m| m.get("createdTime").and_then(Value::as_i64))
-                .unwrap_or(now);
-            lines.push(json!({"metaData": {
-                "id": id,
-                "format": {"provider": "parquet", "options": {}},
-                "schemaString": schema,
-                "partitionColumns": [],
-                "configuration": {
-                    PIPELINE_KEY: self.pipeline,
-                    HISTORY_KEY: record.history,
-                },
-                "createdTime": created,
-            }}));
+            m["schemaString"] = json!(schema);
+            if !m["configuration"].is_object() {
+                m["configuration"] = json!({});
+            }
+            m["configuration"][PIPELINE_KEY] = json!(self.pipeline);
+            m["configuration"][HISTORY_KEY] = json!(record.history);
+            lines.push(json!({ "metaData": m }));
         }
         for o in &record.outputs {
             lines.push(add_action(o, now));
@@ -695,6 +842,16 @@ impl DeltaLog<'_> {
                     "createdTime": now_ms,
                 })
             });
+            // A table another writer (or another pipeline) created is not
+            // this reset's to empty.
+            if meta["configuration"]
+                .get(PIPELINE_KEY)
+                .and_then(Value::as_str)
+                != Some(self.pipeline)
+            {
+                tracing::warn!(pipeline = %self.pipeline, "the sink's Delta table is not this pipeline's: left as it is");
+                return Ok(Vec::new());
+            }
             let marked = meta["configuration"]
                 .get(HISTORY_KEY)
                 .and_then(Value::as_str)
@@ -841,15 +998,32 @@ mod tests {
             true,
         )]));
         assert!(has_ntz(&schema_string(&ntz).unwrap()));
+        let cased = Arc::new(Schema::new(vec![
+            Field::new("Total", DataType::Float64, true),
+            Field::new("total", DataType::Float64, true),
+        ]));
+        let e = schema_string(&cased).unwrap_err();
+        assert!(
+            e.contains("\"Total\" and \"total\" differ only in case"),
+            "{e}"
+        );
     }
 
     #[test]
     fn statistics_are_counted_over_every_batch_of_a_part() {
+        let point = DataType::Struct(vec![Field::new("x", DataType::Int64, true)].into());
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, true),
             Field::new("fare", DataType::Float64, true),
             Field::new("zone", DataType::Utf8, true),
+            Field::new("at", point, true),
         ]));
+        let points = |n: usize| -> ArrayRef {
+            Arc::new(datafusion::arrow::array::StructArray::from(vec![(
+                Arc::new(Field::new("x", DataType::Int64, true)),
+                Arc::new(Int64Array::from(vec![Some(1); n])) as ArrayRef,
+            )]))
+        };
         let mut s = PartStats::new(&schema);
         s.update(&[
             Arc::new(Int64Array::from(vec![Some(5), None, Some(-2)])),
@@ -859,18 +1033,22 @@ mod tests {
                 Some("a"),
                 Some(&"x".repeat(40)[..]),
             ])),
+            points(3),
         ])
         .unwrap();
         s.update(&[
             Arc::new(Int64Array::from(vec![Some(11)])),
             Arc::new(Float64Array::from(vec![Some(f64::NAN)])),
             Arc::new(StringArray::from(vec![Some("c")])),
+            points(1),
         ])
         .unwrap();
         let v: Value = serde_json::from_str(&s.finish()).unwrap();
         assert_eq!(v["numRecords"], json!(4));
         assert_eq!(v["minValues"]["id"], json!(-2));
         assert_eq!(v["maxValues"]["id"], json!(11));
+        // A struct column has no null count (a number there makes
+        // deltalake refuse the table).
         assert_eq!(v["nullCount"], json!({"id": 1, "fare": 1, "zone": 0}));
         // A NaN maximum, and a string longer than 32 characters: no
         // min/max, rather than a wrong one.
@@ -1009,6 +1187,99 @@ mod tests {
         // A reset that finds another history holding the table (another
         // reset finished first, then a run) leaves it alone.
         assert!(log.retire(6_000, "h1").await.unwrap().is_empty());
+        assert_eq!(log.versions().await.unwrap(), vec![0, 1, 2, 3, 4]);
+    }
+
+    /// [`record`] whose part has the columns `fields` (name, Delta type).
+    fn record_of(history: &str, batch: u64, fields: &[(&str, &str)]) -> Commit {
+        let mut r = record(history, batch);
+        let schema = json!({"type": "struct", "fields": fields.iter().map(|(n, t)| json!({
+            "name": n, "type": t, "nullable": true, "metadata": {}
+        })).collect::<Vec<_>>()})
+        .to_string();
+        r.outputs[0].delta.as_mut().unwrap().schema = schema;
+        r
+    }
+
+    /// The schema of the newest metaData of the log, as (name, type).
+    async fn table_columns(store: &Arc<dyn Store>) -> Vec<(String, String)> {
+        let log = DeltaLog {
+            store,
+            pipeline: "p",
+        };
+        let meta = log.newest_meta().await.unwrap().unwrap();
+        let schema: Value = serde_json::from_str(meta["schemaString"].as_str().unwrap()).unwrap();
+        schema["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| (f["name"].as_str().unwrap().into(), f["type"].to_string()))
+            .collect()
+    }
+
+    /// A query whose output changes: new columns join the table's schema
+    /// (in a metaData that keeps what another writer set), a column whose
+    /// type changes is refused naming it, and the table is left as it was.
+    #[tokio::test]
+    async fn new_columns_join_the_table_and_a_changed_type_is_refused() {
+        let store: Arc<dyn Store> = Arc::new(crate::storage::MemoryStore::new());
+        let log = DeltaLog {
+            store: &store,
+            pipeline: "p",
+        };
+        let yes = || async { Ok(true) };
+        log.commit(&record_of("h", 0, &[("v", "long")]), yes)
+            .await
+            .unwrap();
+        // Same schema again: no metaData in the entry.
+        log.commit(&record_of("h", 1, &[("v", "long")]), yes)
+            .await
+            .unwrap();
+        assert!(
+            entry_of(&store, 1)
+                .await
+                .iter()
+                .all(|a| a.get("metaData").is_none())
+        );
+        // Another writer sets a property (a metaData of its own).
+        let mut meta = log.newest_meta().await.unwrap().unwrap();
+        meta["configuration"]["team.owner"] = json!("rides");
+        store
+            .put(
+                &commit_key(2),
+                Bytes::from(format!("{}\n", json!({ "metaData": meta }))),
+                PutMode::Create,
+            )
+            .await
+            .unwrap();
+        log.commit(&record_of("h", 2, &[("v", "long"), ("tip", "double")]), yes)
+            .await
+            .unwrap();
+        assert_eq!(
+            table_columns(&store).await,
+            vec![
+                ("v".to_string(), "\"long\"".to_string()),
+                ("tip".into(), "\"double\"".into())
+            ]
+        );
+        let meta = log.newest_meta().await.unwrap().unwrap();
+        assert_eq!(meta["configuration"]["team.owner"], json!("rides"));
+        assert_eq!(meta["configuration"][HISTORY_KEY], json!("h"));
+        // A part without `tip` (nullable) fits; `v` as text does not.
+        log.commit(&record_of("h", 3, &[("v", "long")]), yes)
+            .await
+            .unwrap();
+        let e = log
+            .commit(
+                &record_of("h", 4, &[("v", "string"), ("tip", "double")]),
+                yes,
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            e.class() == ErrorClass::Conflict && e.to_string().contains("column \"v\" is \"long\""),
+            "{e}"
+        );
         assert_eq!(log.versions().await.unwrap(), vec![0, 1, 2, 3, 4]);
     }
 

@@ -557,6 +557,20 @@ impl ParquetSink {
         Ok(())
     }
 
+    /// A Delta sink: why the table in its folder is not this pipeline's to
+    /// write, if it is not (`None` for a Parquet sink, or no table yet).
+    pub(crate) async fn delta_foreign(&self) -> Result<Option<String>> {
+        if !self.delta {
+            return Ok(None);
+        }
+        super::delta::DeltaLog {
+            store: &self.store,
+            pipeline: &self.pipeline,
+        }
+        .foreign()
+        .await
+    }
+
     /// A Delta sink's table version now (`None` before its first commit,
     /// and for a Parquet sink): one listing of its log.
     pub async fn delta_version(&self) -> Result<Option<u64>> {

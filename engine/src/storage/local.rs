@@ -311,6 +311,12 @@ impl LocalStore {
                 // it).
                 let meta = match std::fs::metadata(entry.path()) {
                     Ok(m) => m,
+                    // Removed since the folder was read (another writer's
+                    // temporary file, renamed away): it is not there, as
+                    // an S3 listing made a moment later would say.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && !is_link(&entry) => {
+                        continue;
+                    }
                     Err(e) if is_link(&entry) => {
                         tracing::warn!(file = %entry.path().display(), error = %e, "not listed: a link that leads nowhere (or in a loop)");
                         continue;
