@@ -86,8 +86,19 @@ const SQL: &str = "SELECT \"VendorID\", tpep_pickup_datetime, \"PULocationID\", 
     FROM trips WHERE trip_distance > 0.5 AND payment_type IN (1, 2)";
 
 fn pipeline_toml(round: usize) -> String {
+    files_toml(
+        &format!("bench{round}"),
+        &format!("out/sluice-{round}"),
+        &format!("out/checkpoint-{round}"),
+        "parquet",
+    )
+}
+
+/// The files benchmark's pipeline: [`SQL`] over `input`, every file in one
+/// batch and one task, into `sink` in `format`.
+pub(crate) fn files_toml(name: &str, sink: &str, checkpoint: &str, format: &str) -> String {
     format!(
-        r#"name = "bench{round}"
+        r#"name = "{name}"
 [source]
 uri = "input"
 format = "parquet"
@@ -96,9 +107,10 @@ discovery = "ordered"
 [query]
 sql = '''{SQL}'''
 [sink]
-uri = "out/sluice-{round}"
+uri = "{sink}"
+format = "{format}"
 [checkpoint]
-uri = "out/checkpoint-{round}"
+uri = "{checkpoint}"
 [limits]
 max_files_per_batch = 100000
 max_bytes_per_batch = "100 GiB"

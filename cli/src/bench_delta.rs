@@ -1,44 +1,15 @@
 //! `sluice bench --sink delta`: a run into a Delta table against the same
-//! run into the Parquet sink, over the same generated files in the same
-//! process (alternating, the median of each), and the storage requests of
-//! one batch into each. Prints ratios measured in this one run; nothing
-//! here is a pass/fail test.
+//! run into the Parquet sink (the files benchmark's query), over the same
+//! generated files in the same process (alternating, the median of each),
+//! and the storage requests of one batch into each. Prints ratios measured
+//! in this one run; nothing here is a pass/fail test.
 
 use std::path::Path;
 
 use sluice_engine::pipeline::SourceFormat;
 use sluice_engine::storage::RequestCounts;
 
-use crate::bench::{full_run, median};
-
-/// The query: the files benchmark's row-by-row filter and projection.
-const SQL: &str = "SELECT \"VendorID\", tpep_pickup_datetime, \"PULocationID\", \"DOLocationID\", \
-    trip_distance, fare_amount, tip_amount, total_amount, \
-    total_amount - fare_amount AS surcharges \
-    FROM trips WHERE trip_distance > 0.5 AND payment_type IN (1, 2)";
-
-fn pipeline_toml(name: &str, format: &str) -> String {
-    format!(
-        r#"name = "{name}"
-[source]
-uri = "input"
-format = "parquet"
-table = "trips"
-discovery = "ordered"
-[query]
-sql = '''{SQL}'''
-[sink]
-uri = "out/{name}"
-format = "{format}"
-[checkpoint]
-uri = "out/checkpoint"
-[limits]
-max_files_per_batch = 100000
-max_bytes_per_batch = "100 GiB"
-max_bytes_per_task = "100 GiB"
-"#
-    )
-}
+use crate::bench::{files_toml, full_run, median};
 
 /// Run the benchmark and print its report.
 pub(crate) async fn run(dir: &Path, files: u64, rows: usize, rounds: usize) -> anyhow::Result<()> {
@@ -54,18 +25,16 @@ pub(crate) async fn run(dir: &Path, files: u64, rows: usize, rounds: usize) -> a
     let mut last = None;
     let progress = crate::progress::Progress::new(rounds.max(1) as u64, "rounds");
     for round in 0..rounds.max(1) {
-        let (p_s, p_ctx) = full_run(
-            &pipeline_toml(&format!("parquet{round}"), "parquet"),
-            dir,
-            total,
-        )
-        .await?;
-        let (d_s, d_ctx) = full_run(
-            &pipeline_toml(&format!("delta{round}"), "delta"),
-            dir,
-            total,
-        )
-        .await?;
+        let toml = |f: &str| {
+            files_toml(
+                &format!("{f}{round}"),
+                &format!("out/{f}{round}"),
+                "out/checkpoint",
+                f,
+            )
+        };
+        let (p_s, p_ctx) = full_run(&toml("parquet"), dir, total).await?;
+        let (d_s, d_ctx) = full_run(&toml("delta"), dir, total).await?;
         parquet.push(p_s);
         delta.push(d_s);
         last = Some((p_ctx, d_ctx));

@@ -230,14 +230,10 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
             && p.source.starting_offsets == crate::pipeline::StartingOffsets::Latest
             && control.is_none_or(|c| c.stream_offsets.is_empty())
         {
-            let sink = ownership::check_sink(ctx, control).await?;
-            let next = checkpoint::claimed(control, epoch, &ctx.owner, now, "");
             let etag = read.as_ref().map(|(_, e)| e.as_str());
-            let Some(run) = take_lease(ctx, &next, etag, recover, sink).await? else {
-                return Ok(PlanOutcome::Busy {
-                    owner: "another run (it claimed the lease first)".into(),
-                    heartbeat_age_s: 0,
-                });
+            let (run, next) = match claim_run(ctx, control, etag, epoch, now, recover).await? {
+                Ok(claimed) => claimed,
+                Err(busy) => return Ok(busy),
             };
             source
                 .find_new(&ctx.scope(), epoch, &next, Seen::Nothing, false)
@@ -273,15 +269,10 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         ctx.metric(|| idle_lag(ctx, source));
         return Ok(idle("no new data"));
     };
-    // Before anything is written: is the sink this checkpoint's?
-    let sink = ownership::check_sink(ctx, control).await?;
-    let next = checkpoint::claimed(control, epoch, &ctx.owner, now, "");
     let etag = read.as_ref().map(|(_, e)| e.as_str());
-    let Some(run) = take_lease(ctx, &next, etag, recover, sink).await? else {
-        return Ok(PlanOutcome::Busy {
-            owner: "another run (it claimed the lease first)".into(),
-            heartbeat_age_s: 0,
-        });
+    let (run, next) = match claim_run(ctx, control, etag, epoch, now, recover).await? {
+        Ok(claimed) => claimed,
+        Err(busy) => return Ok(busy),
     };
     if let Recorded::Not { etag } = &recorded {
         record_spec(ctx, &next, &schema, etag.as_deref()).await?;
@@ -298,6 +289,29 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         next
     };
     discover_and_plan(ctx, run, &control, seen, clock).await
+}
+
+/// Before anything is written, whether the sink is this checkpoint's;
+/// then claim the lease as `epoch` (compare-and-swap on `etag`, the
+/// control read): the run and the control it wrote, or the outcome when
+/// another run claimed it first.
+async fn claim_run(
+    ctx: &Context,
+    control: Option<&Control>,
+    etag: Option<&str>,
+    epoch: u64,
+    now: i64,
+    recover: bool,
+) -> Result<std::result::Result<(RunState, Control), PlanOutcome>> {
+    let sink = ownership::check_sink(ctx, control).await?;
+    let next = checkpoint::claimed(control, epoch, &ctx.owner, now, "");
+    Ok(match take_lease(ctx, &next, etag, recover, sink).await? {
+        Some(run) => Ok((run, next)),
+        None => Err(PlanOutcome::Busy {
+            owner: "another run (it claimed the lease first)".into(),
+            heartbeat_age_s: 0,
+        }),
+    })
 }
 
 /// A paused pipeline asked to run: recorded, so `sluice resume` knows a
