@@ -325,6 +325,37 @@ async fn rescue_keeps_jsonl_keys_and_values_that_do_not_fit() {
     );
 }
 
+/// A file with a malformed line is read row by row with the pinned
+/// schema; under `fail` (the default) a new key in its good lines is still
+/// refused, naming the file (it was dropped without a word, because the
+/// malformed line failed the inference the check compares).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_malformed_line_does_not_switch_the_schema_policy_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = toml("jbad", "jsonl", "fail", "SELECT * FROM t").replace(
+        "on_schema_change = \"fail\"",
+        "on_schema_change = \"fail\"\non_bad_row = \"quarantine\"",
+    );
+    text(root, "1.jsonl", "{\"id\":1}\n");
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    text(root, "2.jsonl", "garbage\n{\"id\":3,\"extra\":1}\n");
+    let e = run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("2.jsonl") && e.contains("extra"), "{e}");
+    // Only the first file's batch is committed.
+    assert_eq!(sink_rows(root, "jbad", "id").await, ["1"]);
+    // Without the malformed line the same refusal comes (as before).
+    text(root, "2.jsonl", "{\"id\":3,\"extra\":1}\n");
+    let e = run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("2.jsonl") && e.contains("extra"), "{e}");
+}
+
 /// Schema versions are part of the exactly-once batch: every checkpoint
 /// and sink write of a run that adds columns (three batches, two new
 /// versions) is failed in turn, then the run is repeated: the output equals

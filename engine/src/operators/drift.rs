@@ -210,6 +210,47 @@ impl SqlOperator {
         .await
     }
 
+    /// Whether the source is a topic (whose records cannot be fixed).
+    fn reads_topic(&self) -> bool {
+        matches!(
+            self.pipeline.source.location,
+            crate::storage::Location::Kafka { .. }
+        )
+    }
+
+    /// The schema of a JSON Lines file's good lines (those that are JSON
+    /// objects), when its bad lines are set aside row by row; `None` for
+    /// other formats or policies, or when no line is good.
+    async fn good_lines_schema(
+        &self,
+        access: &ScanAccess,
+        f: &InputFile,
+    ) -> Result<Option<SchemaRef>> {
+        let s = &self.pipeline.source;
+        if s.format != SourceFormat::Jsonl || s.on_bad_row == crate::pipeline::BadRowPolicy::Fail {
+            return Ok(None);
+        }
+        let Some(Ok(bytes)) = self.read_text(access, f).await? else {
+            return Ok(None);
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let good: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(serde_json::Value::is_object)
+            .collect();
+        if good.is_empty() {
+            return Ok(None);
+        }
+        Ok(
+            datafusion::arrow::json::reader::infer_json_schema_from_iterator(
+                good.into_iter().map(Ok),
+            )
+            .ok()
+            .map(Arc::new),
+        )
+    }
+
     /// Compare each of `files` (concurrently) with the batch's schema. A
     /// file that differs in a way the schema policy does not take fails the
     /// task, named; one it takes is to be read apart. Returns those, and the
@@ -237,6 +278,30 @@ impl SqlOperator {
                     continue;
                 }
                 Err(e) => {
+                    // Malformed lines fail inference, and the file is then
+                    // read row by row with the pinned schema: under `fail`,
+                    // keys its good lines hold beyond that schema are
+                    // still a change the policy refuses, not dropped. (A
+                    // value of another type is the row policy's: cast, or
+                    // a bad row.)
+                    if policy == SchemaChangePolicy::Fail
+                        && let Some(good) = self.good_lines_schema(access, files[i]).await?
+                        && let Some(mut d) = drift(&pinned, &good, check, &user_typed)
+                        && !d.added.is_empty()
+                        && let Some(message) = {
+                            d.missing.clear();
+                            d.retyped.clear();
+                            d.reordered = None;
+                            refusal(policy, &d, &typed_new(&d, &good), self.reads_topic())
+                        }
+                    {
+                        return Err(Error::Input {
+                            pipeline: self.pipeline.name.clone(),
+                            batch,
+                            key: files[i].key.clone(),
+                            message,
+                        });
+                    }
                     checked
                         .unreadable
                         .push((files[i], e.to_string().trim().to_string()));
@@ -272,11 +337,7 @@ impl SqlOperator {
                 continue;
             };
             let typed_new = typed_new(&d, &schema);
-            let stream = matches!(
-                self.pipeline.source.location,
-                crate::storage::Location::Kafka { .. }
-            );
-            if let Some(message) = refusal(policy, &d, &typed_new, stream) {
+            if let Some(message) = refusal(policy, &d, &typed_new, self.reads_topic()) {
                 return Err(Error::Input {
                     pipeline: self.pipeline.name.clone(),
                     batch,
