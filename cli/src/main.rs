@@ -185,6 +185,7 @@ enum Comp {
 }
 
 fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
@@ -644,6 +645,25 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
         RunEnd::Done => println!("{}", committed_line(&name, &summary, stream)),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A reader that goes away before the output ends (`sluice history | head`)
+/// makes printing fail; stop quietly then, with the status a shell gives a
+/// command ended by SIGPIPE (141), instead of a panic and its backtrace.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
 }
 
 /// `sluice run`'s line for one committed batch (`stream`: of a topic,

@@ -47,6 +47,30 @@ fn sample_copy() -> (tempfile::TempDir, String) {
     (dir, file.to_str().unwrap().to_string())
 }
 
+/// A reader that stops reading (`sluice history P | head -1`): sluice
+/// stops quietly with status 141, as a command killed by SIGPIPE, not
+/// with a panic and a backtrace.
+#[test]
+fn a_reader_that_goes_away_ends_the_output_quietly() {
+    let (_dir, file) = sample_copy();
+    stdout(&sluice(&["run", &file]));
+    for command in ["history", "show"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args([command, &file])
+            .env("RUST_BACKTRACE", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before sluice prints anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{command}: {err}");
+        assert!(!err.contains("panicked"), "{command}: {err}");
+    }
+}
+
 #[test]
 fn sample_run_idle_run_gen_and_show() {
     let (dir, file) = sample_copy();
