@@ -541,10 +541,7 @@ impl ParquetSink {
         if self.delta {
             // The last step: the Delta commit names only parts that are
             // published (above) and committed (the record).
-            let log = super::delta::DeltaLog {
-                store: &self.store,
-                pipeline: &self.pipeline,
-            };
+            let log = self.delta_log();
             let owned = || async {
                 Ok(self
                     .owner()
@@ -557,18 +554,21 @@ impl ParquetSink {
         Ok(())
     }
 
+    /// The Delta log of the table in the sink's folder.
+    fn delta_log(&self) -> super::delta::DeltaLog<'_> {
+        super::delta::DeltaLog {
+            store: &self.store,
+            pipeline: &self.pipeline,
+        }
+    }
+
     /// A Delta sink: why the table in its folder is not this pipeline's to
     /// write, if it is not (`None` for a Parquet sink, or no table yet).
     pub(crate) async fn delta_foreign(&self) -> Result<Option<String>> {
         if !self.delta {
             return Ok(None);
         }
-        super::delta::DeltaLog {
-            store: &self.store,
-            pipeline: &self.pipeline,
-        }
-        .foreign()
-        .await
+        self.delta_log().foreign().await
     }
 
     /// A Delta sink's table version now (`None` before its first commit,
@@ -577,12 +577,7 @@ impl ParquetSink {
         if !self.delta {
             return Ok(None);
         }
-        super::delta::DeltaLog {
-            store: &self.store,
-            pipeline: &self.pipeline,
-        }
-        .latest()
-        .await
+        self.delta_log().latest().await
     }
 
     /// `sluice reset` of a Delta sink, after its owner record was retired:
@@ -593,12 +588,7 @@ impl ParquetSink {
         if !self.delta {
             return Ok(Vec::new());
         }
-        super::delta::DeltaLog {
-            store: &self.store,
-            pipeline: &self.pipeline,
-        }
-        .retire(now_ms, retired)
-        .await
+        self.delta_log().retire(now_ms, retired).await
     }
 
     /// Copy one staged record into place; if its staged copy is gone, the
