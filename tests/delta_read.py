@@ -15,6 +15,10 @@
     delta_read.py create TABLE ROWS_JSON
         a table another writer makes: write_deltalake of ROWS_JSON (types
         as pyarrow infers them) into a new table.
+    delta_read.py alter TABLE constraint NAME EXPR | property KEY VALUE
+        another writer's change of a table: deltalake's
+        alter.add_constraint (raises the writer protocol to CHECK
+        constraints) or alter.set_table_properties.
 
 TABLE is a folder, or s3://bucket/prefix with AWS_ENDPOINT_URL set (moto).
 The environment is the venv tests/run.sh makes with deltalake==1.6.6,
@@ -120,8 +124,21 @@ def cmd_create(args):
     write_deltalake(table, pa.Table.from_pylist(rows), storage_options=storage_options(table))
 
 
+def cmd_alter(args):
+    from deltalake import DeltaTable
+    table, what = args[0], args[1]
+    dt = DeltaTable(table, storage_options=storage_options(table))
+    if what == "constraint":
+        dt.alter.add_constraint({args[2]: args[3]})
+    elif what == "property":
+        dt.alter.set_table_properties({args[2]: args[3]})
+    else:
+        sys.exit(f"delta_read: alter {what}?")
+
+
 def main():
-    commands = {"read": cmd_read, "append": cmd_append, "create": cmd_create}
+    commands = {"read": cmd_read, "append": cmd_append, "create": cmd_create,
+                "alter": cmd_alter}
     if len(sys.argv) < 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)
     commands[sys.argv[1]](sys.argv[2:])

@@ -427,6 +427,9 @@ pub struct ResetReport {
 /// late deletes only what is below its first batch, so it cannot touch the
 /// history that followed it.
 pub async fn reset(ctx: &Context) -> Result<ResetReport> {
+    // A Delta table another writer made append-only: refused before
+    // anything changes.
+    ctx.sink.check_reset().await?;
     let marked = mark_resetting(ctx).await?;
     let sink = ctx.sink.store();
     let store = ctx.checkpoint.store();

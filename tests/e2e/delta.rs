@@ -188,34 +188,98 @@ async fn each_files_statistics_are_what_duckdb_computes_over_it() {
     }
 }
 
+/// A DuckDB oracle over some input files.
+type Oracle = fn(Vec<PathBuf>) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<String>>>>;
+
+fn append_oracle(
+    files: Vec<PathBuf>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<String>>>> {
+    Box::pin(async move { duckdb_rows(&files, SQL).await })
+}
+
+/// The windowed GROUP BY of the complete-mode pipelines.
+const WINDOWED: &str = r#"SELECT window.start AS window_start, window.end AS window_end, "PULocationID", count(*) AS trips, max(trip_distance) AS longest FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes'), "PULocationID""#;
+
+/// DuckDB's one-shot result of [`WINDOWED`] over `files`.
+pub(crate) fn windowed_oracle(
+    files: Vec<PathBuf>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<String>>>> {
+    Box::pin(async move {
+        duckdb_rows(
+            &files,
+            "SELECT time_bucket(INTERVAL 15 MINUTES, tpep_pickup_datetime) AS window_start, \
+             time_bucket(INTERVAL 15 MINUTES, tpep_pickup_datetime) + INTERVAL 15 MINUTES AS \
+             window_end, \"PULocationID\", count(*) AS trips, max(trip_distance) AS longest \
+             FROM trips WHERE tpep_pickup_datetime IS NOT NULL GROUP BY ALL",
+        )
+        .await
+    })
+}
+
+/// A Delta sink in complete mode over [`WINDOWED`], with `limits`.
+pub(crate) fn complete_toml(name: &str, limits: &str) -> String {
+    delta_toml(name, limits).replace(SQL, WINDOWED).replace(
+        "format = \"delta\"\n",
+        "format = \"delta\"\nmode = \"complete\"\n",
+    )
+}
+
 /// Fail each sink and checkpoint write of a two-batch run into a Delta
-/// table in turn (parts, Sluice's records, the Delta log entries), then
-/// run again: both readers read the clean run's rows, the txn version is
-/// the last batch, no file is added twice; and right after each failure
-/// a reader of the table sees committed rows only, whole batches of them.
+/// table in turn (parts, Sluice's records, the Delta log entries, the log
+/// checkpoints: one after every version here), then run again: both
+/// readers read the clean run's rows, the txn version is the last batch,
+/// no file is added twice; and right after each failure a reader of the
+/// table sees committed rows only, whole batches of them. In append mode,
+/// and in complete mode (where each commit replaces the table's content:
+/// a reader sees the first batch's snapshot or the last one's).
 #[tokio::test(flavor = "multi_thread")]
 async fn failing_any_write_of_a_delta_batch_then_rerunning_gives_the_clean_table() {
-    let toml = delta_toml("crash", "max_files_per_batch = 2");
+    let append = delta_toml("crash", "max_files_per_batch = 2").replace(
+        "format = \"delta\"\n",
+        "format = \"delta\"\ndelta_checkpoint_interval = 1\n",
+    );
+    let complete = complete_toml("crashc", "max_files_per_batch = 2\nstate_partitions = 2")
+        .replace(
+            "format = \"delta\"\n",
+            "format = \"delta\"\ndelta_checkpoint_interval = 1\n",
+        );
+    for (toml, oracle) in [
+        (append, append_oracle as Oracle),
+        (complete, windowed_oracle as Oracle),
+    ] {
+        crash_at_every_write(&toml, oracle).await;
+    }
+}
+
+async fn crash_at_every_write(toml: &str, oracle: Oracle) {
     let clean = tempfile::tempdir().unwrap();
     let files = gen_files(&clean.path().join("input"), 4, 30);
     let writes = Arc::new(AtomicU64::new(0));
-    let summary = run(&fault_context(clean.path(), &toml, writes.clone(), 0))
+    let summary = run(&fault_context(clean.path(), toml, writes.clone(), 0))
         .await
         .unwrap();
     assert_eq!(summary.batches.len(), 2, "the scenario needs two batches");
+    assert!(
+        clean
+            .path()
+            .join("out/sink/_delta_log/00000000000000000001.checkpoint.parquet")
+            .exists(),
+        "the scenario writes log checkpoints"
+    );
     let total = writes.load(Ordering::SeqCst);
-    let want = duckdb_rows(&files, SQL).await;
-    // The rows of the first batch alone (its two files).
+    let want = oracle(files.clone()).await;
+    // The table after the first batch alone (its two files).
     let mut first_files = files.clone();
     first_files.sort();
-    let first = duckdb_rows(&first_files[..2], SQL).await;
+    let first = oracle(first_files[..2].to_vec()).await;
+    assert_ne!(first, want);
     eprintln!("delta crash test: failing each of {total} writes in turn");
     for k in 1..=total {
         let dir = tempfile::tempdir().unwrap();
         gen_files(&dir.path().join("input"), 4, 30);
         let failed = run(&fault_context(
             dir.path(),
-            &toml,
+            toml,
             Arc::new(AtomicU64::new(0)),
             k,
         ))
@@ -223,7 +287,7 @@ async fn failing_any_write_of_a_delta_batch_then_rerunning_gives_the_clean_table
         assert!(failed.is_err(), "write {k} was injected to fail");
         let table = dir.path().join("out/sink");
         if table.join("_delta_log").exists() {
-            let app = app_of(dir.path(), &toml).await;
+            let app = app_of(dir.path(), toml).await;
             let v = delta_view(&table, &app).await;
             // Whole batches only: none, the first, or both.
             let whole = v.deltalake.is_empty() || v.deltalake == first || v.deltalake == want;
@@ -232,19 +296,140 @@ async fn failing_any_write_of_a_delta_batch_then_rerunning_gives_the_clean_table
         }
         run(&fault_context(
             dir.path(),
-            &toml,
+            toml,
             Arc::new(AtomicU64::new(0)),
             0,
         ))
         .await
         .unwrap_or_else(|e| panic!("rerun after failing write {k}: {e}"));
-        let app = app_of(dir.path(), &toml).await;
+        let app = app_of(dir.path(), toml).await;
         let v = delta_view(&table, &app).await;
         assert_eq!(v.deltalake, want, "after failing write {k}: deltalake");
         assert_eq!(v.duckdb, want, "after failing write {k}: duckdb");
         assert_eq!(v.txn, Some(1), "after failing write {k}");
         assert_added_once(&v);
+        // The rerun made the checkpoint a failure left out.
+        assert!(
+            table
+                .join("_delta_log/00000000000000000001.checkpoint.parquet")
+                .exists(),
+            "after failing write {k}: no checkpoint of version 1"
+        );
     }
+}
+
+/// Complete mode: each batch's commit removes every live file and adds
+/// the batch's snapshot, so after each run both readers read exactly
+/// DuckDB's one-shot windowed GROUP BY over the input so far, and only
+/// the last batch's parts are live.
+#[tokio::test(flavor = "multi_thread")]
+async fn complete_mode_commits_replace_the_table_with_each_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = complete_toml("snap", "max_files_per_batch = 1\nstate_partitions = 2");
+    let input = root.join("input");
+    let mut files = Vec::new();
+    let mut batches = 0u64;
+    for (round, n) in [(0, 2), (1, 1), (2, 2)] {
+        files.extend(
+            sluice_cli::generator::write_taxi_files(
+                &input.join(format!("r{round}")),
+                n,
+                60,
+                sluice_engine::pipeline::SourceFormat::Parquet,
+                None,
+            )
+            .unwrap(),
+        );
+        let summary = run(&local_context(&pipeline(root, &toml))).await.unwrap();
+        batches += summary.batches.len() as u64;
+        let app = app_of(root, &toml).await;
+        let v = delta_view(&root.join("out/sink"), &app).await;
+        let want = windowed_oracle(files.clone()).await;
+        assert!(!want.is_empty());
+        assert_eq!(v.deltalake, want, "round {round}: deltalake");
+        assert_eq!(v.duckdb, want, "round {round}: duckdb");
+        assert_eq!(v.version, batches - 1, "round {round}");
+        assert_eq!(v.txn, Some(batches - 1), "round {round}");
+        let last = format!("batch={:010}/", batches - 1);
+        assert!(
+            v.adds
+                .iter()
+                .all(|a| a["path"].as_str().unwrap().contains(&last)),
+            "round {round}: live files of older batches: {:?}",
+            v.adds
+        );
+    }
+    assert_eq!(batches, 5);
+}
+
+/// Log checkpoints: every `delta_checkpoint_interval` versions the table's
+/// state is written as the spec's checkpoint Parquet with
+/// `_last_checkpoint`. With the entries before the newest checkpoint
+/// deleted (as another engine's log cleanup does), both readers still
+/// read DuckDB's rows (so the checkpoint alone holds the state), Sluice
+/// appends on from it, and `sluice reset` retires the table from it.
+#[tokio::test(flavor = "multi_thread")]
+async fn log_checkpoints_hold_the_table_for_readers_and_for_sluice() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = delta_toml("cp", "max_files_per_batch = 1").replace(
+        "format = \"delta\"\n",
+        "format = \"delta\"\ndelta_checkpoint_interval = 4\n",
+    );
+    let mut files = gen_files(&root.join("input/a"), 10, 20);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let log = root.join("out/sink/_delta_log");
+    let mut cps: Vec<String> = std::fs::read_dir(&log)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("checkpoint"))
+        .collect();
+    cps.sort();
+    assert_eq!(
+        cps,
+        [
+            "00000000000000000003.checkpoint.parquet",
+            "00000000000000000007.checkpoint.parquet",
+            "_last_checkpoint"
+        ]
+    );
+    let hint: Value =
+        serde_json::from_slice(&std::fs::read(log.join("_last_checkpoint")).unwrap()).unwrap();
+    assert_eq!(hint["version"], 7);
+    let app = app_of(root, &toml).await;
+    let want = duckdb_rows(&files, SQL).await;
+    let v = delta_view(&root.join("out/sink"), &app).await;
+    assert_eq!((v.version, v.txn), (9, Some(9)));
+    assert_eq!(v.deltalake, want);
+    assert_eq!(v.duckdb, want);
+    // Another engine's log cleanup: the entries up to the checkpoint go.
+    for version in 0..=7u64 {
+        std::fs::remove_file(log.join(format!("{version:020}.json"))).unwrap();
+    }
+    std::fs::remove_file(log.join("00000000000000000003.checkpoint.parquet")).unwrap();
+    let v = delta_view(&root.join("out/sink"), &app).await;
+    assert_eq!((v.version, v.txn), (9, Some(9)));
+    assert_eq!(v.deltalake, want, "read from the checkpoint: deltalake");
+    assert_eq!(v.duckdb, want, "read from the checkpoint: duckdb");
+    assert_eq!(v.adds.len(), 10);
+    // Sluice appends on from the checkpoint.
+    files.extend(gen_files(&root.join("input/b"), 3, 20));
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let want = duckdb_rows(&files, SQL).await;
+    let v = delta_view(&root.join("out/sink"), &app).await;
+    assert_eq!((v.version, v.txn), (12, Some(12)));
+    assert_eq!(v.deltalake, want);
+    assert_eq!(v.duckdb, want);
+    assert_eq!(v.adds.len(), 13);
+    assert!(log.join("00000000000000000011.checkpoint.parquet").exists());
+    // And a reset empties it, reading the state from the checkpoint.
+    sluice_engine::admin::reset(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap();
+    let v = delta_view(&root.join("out/sink"), &app).await;
+    assert_eq!(v.version, 13);
+    assert!(v.deltalake.is_empty() && v.duckdb.is_empty());
 }
 
 /// An outside writer (deltalake's blind append) between two runs: both
@@ -314,6 +499,70 @@ async fn a_reset_retires_the_table_and_the_next_history_takes_it_over() {
     assert_eq!(v.duckdb, want);
     let c = control_of(root, &toml).await;
     assert_eq!(v.txn, c.last_committed);
+}
+
+/// Another writer's changes to Sluice's table that Sluice cannot honour:
+/// a CHECK constraint (deltalake raises the writer protocol to 3) makes
+/// the next batch's publish refuse, naming the feature, and leaves the
+/// table as it was; `delta.appendOnly` makes a complete-mode batch and
+/// `sluice reset` refuse, naming the setting.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_writers_features_are_honoured_or_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = delta_toml("feat", "");
+    gen_files(&root.join("input/a"), 1, 30);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let table = root.join("out/sink");
+    let t = table.to_str().unwrap();
+    outside(&["alter", t, "constraint", "positive", "fare_amount > -1000"]);
+    let app = app_of(root, &toml).await;
+    let before = delta_view(&table, &app).await;
+    gen_files(&root.join("input/b"), 1, 30);
+    let e = run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("checkConstraints") && e.contains("Delta table"),
+        "{e}"
+    );
+    let after = delta_view(&table, &app).await;
+    assert_eq!(
+        (after.version, after.deltalake),
+        (before.version, before.deltalake)
+    );
+
+    // Append-only: complete mode and reset refuse.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = complete_toml("ao", "max_files_per_batch = 1");
+    gen_files(&root.join("input/a"), 1, 30);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let table = root.join("out/sink");
+    let t = table.to_str().unwrap();
+    outside(&["alter", t, "property", "delta.appendOnly", "true"]);
+    let app = app_of(root, &toml).await;
+    let before = delta_view(&table, &app).await;
+    gen_files(&root.join("input/b"), 1, 30);
+    let e = run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("delta.appendOnly"), "{e}");
+    let e = sluice_engine::admin::reset(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("delta.appendOnly") && e.contains("sluice reset"),
+        "{e}"
+    );
+    let after = delta_view(&table, &app).await;
+    assert_eq!(
+        (after.version, after.deltalake),
+        (before.version, before.deltalake)
+    );
 }
 
 /// `delta_read.py` with `args` (an outside writer's calls).
@@ -456,20 +705,29 @@ async fn a_changed_query_adds_columns_and_a_changed_type_is_refused() {
 }
 
 /// What a Delta sink cannot take is refused before anything is written:
-/// complete and update modes (not built), and a column type Delta has no
-/// type for, named with what to do.
+/// update mode (not built), and a column type Delta has no type for,
+/// named with what to do.
 #[tokio::test(flavor = "multi_thread")]
 async fn what_a_delta_sink_cannot_take_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let complete = delta_toml("modes", "").replace(
+    let update = delta_toml("modes", "").replace(
         "format = \"delta\"\n",
-        "format = \"delta\"\nmode = \"complete\"\n",
+        "format = \"delta\"\nmode = \"update\"\n",
     );
-    let e = sluice_engine::pipeline::Pipeline::parse(&complete, "p.toml", root)
+    let e = sluice_engine::pipeline::Pipeline::parse(&update, "p.toml", root)
         .unwrap_err()
         .to_string();
     assert!(e.contains("sink.mode") && e.contains("not built"), "{e}");
+    let interval =
+        delta_toml("modes", "").replace("format = \"delta\"\n", "delta_checkpoint_interval = 5\n");
+    let e = sluice_engine::pipeline::Pipeline::parse(&interval, "p.toml", root)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("delta_checkpoint_interval") && e.contains("Delta sink only"),
+        "{e}"
+    );
     gen_files(&root.join("input"), 1, 10);
     let timed = delta_toml("timed", "").replace(
         SQL,

@@ -107,6 +107,10 @@ enum Scenario {
     /// `list` discovery into a Delta table: each batch's publish ends with
     /// a Delta commit; a reset retires the table with one.
     Delta,
+    /// The same into a Delta table in complete mode (a windowed GROUP BY;
+    /// each commit replaces the table's files), with a log checkpoint
+    /// after every version.
+    DeltaComplete,
 }
 
 const CSV_SQL: &str = "SELECT id, v, v * 2 AS twice FROM t WHERE v > 1";
@@ -120,6 +124,7 @@ impl Scenario {
             Scenario::Refused => "fencer",
             Scenario::Kafka => "fencek",
             Scenario::Delta => "fenced",
+            Scenario::DeltaComplete => "fencedc",
         }
     }
 
@@ -159,6 +164,14 @@ max_files_per_batch = 2
                 .replace("state_partitions = 3", "state_partitions = 2"),
             Scenario::Refused => pipeline_toml("fencer", "parquet", "", "max_files_per_batch = 1"),
             Scenario::Delta => crate::delta::delta_toml("fenced", "max_files_per_batch = 2"),
+            Scenario::DeltaComplete => crate::delta::complete_toml(
+                "fencedc",
+                "max_files_per_batch = 2\nstate_partitions = 2",
+            )
+            .replace(
+                "format = \"delta\"\n",
+                "format = \"delta\"\ndelta_checkpoint_interval = 1\n",
+            ),
         }
     }
 
@@ -185,7 +198,7 @@ max_files_per_batch = 2
                 let files = gen_files(&root.join("input"), 3, 40);
                 std::fs::write(&files[1], b"not parquet at all").unwrap();
             }
-            Scenario::Delta => {
+            Scenario::Delta | Scenario::DeltaComplete => {
                 gen_files(&root.join("input"), 3, 40);
             }
             Scenario::Kafka => {
@@ -230,7 +243,7 @@ max_files_per_batch = 2
                     .await
                     .unwrap();
             }
-            Scenario::Delta => {
+            Scenario::Delta | Scenario::DeltaComplete => {
                 gen_files(&root.join("input"), 1, 40);
             }
             Scenario::Kafka => {
@@ -253,7 +266,7 @@ max_files_per_batch = 2
             }
             // The table as deltalake reads it (DuckDB's delta extension
             // must agree).
-            Scenario::Delta => {
+            Scenario::Delta | Scenario::DeltaComplete => {
                 let v = crate::delta::delta_view(&sink, "-").await;
                 assert_eq!(v.deltalake, v.duckdb, "the two Delta readers differ");
                 v.deltalake
@@ -288,6 +301,10 @@ max_files_per_batch = 2
             }
             Scenario::Notify | Scenario::Refused | Scenario::Delta => {
                 one_shot_rows(&root.join("input")).await
+            }
+            // DuckDB's windowed GROUP BY over every input file.
+            Scenario::DeltaComplete => {
+                crate::delta::windowed_oracle(crate::stateful::walk(&root.join("input"))).await
             }
             // DuckDB over the records as produced, kept by the test.
             Scenario::Kafka => crate::kafka::expected(&root.join("produced.jsonl")).await,
@@ -433,7 +450,7 @@ async fn assert_consistent(root: &Path, s: Scenario, inputs: u64, what: &str) {
         }
         assert_eq!(c.stream_offsets, ends, "{what}: control's offsets");
     }
-    if s == Scenario::Delta {
+    if matches!(s, Scenario::Delta | Scenario::DeltaComplete) {
         // The table's transaction for this history is the last batch, and
         // no part was added twice.
         let app = format!("{}-{}", s.name(), c.history);
@@ -459,7 +476,10 @@ async fn assert_consistent(root: &Path, s: Scenario, inputs: u64, what: &str) {
         .unwrap()
         .into_iter()
         .map(|m| m.key)
-        .filter(|k| !k.starts_with("_sluice/") && k.ends_with(".parquet"))
+        // (A Delta log checkpoint is log, not output.)
+        .filter(|k| {
+            !k.starts_with("_sluice/") && !k.starts_with("_delta_log/") && k.ends_with(".parquet")
+        })
         .filter(|k| !named.contains(&sink.join(k)) && !late_named.contains(k))
         .collect();
     assert_eq!(
@@ -705,4 +725,14 @@ async fn a_delta_run_held_at_any_write_changes_nothing_after_a_reset() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_delta_reset_held_at_any_write_changes_nothing_after_another_reset() {
     each_write_held(Scenario::Delta, Stale::Reset, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_complete_delta_run_held_at_any_write_changes_nothing_after_a_takeover() {
+    each_write_held(Scenario::DeltaComplete, Stale::Run, Meanwhile::TakeOver).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_complete_delta_run_held_at_any_write_changes_nothing_after_a_reset() {
+    each_write_held(Scenario::DeltaComplete, Stale::Run, Meanwhile::Reset).await;
 }

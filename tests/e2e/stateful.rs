@@ -58,7 +58,7 @@ async fn late_rows(root: &Path) -> Vec<String> {
     .await
 }
 
-fn walk(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).into_iter().flatten() {
         let p = e.unwrap().path();

@@ -89,7 +89,14 @@ impl Context {
         checkpoint: Arc<dyn Store>,
     ) -> Context {
         let name = pipeline.name.clone();
-        let delta = pipeline.sink_format == crate::pipeline::SinkFormat::Delta;
+        let delta = (pipeline.sink_format == crate::pipeline::SinkFormat::Delta).then(|| {
+            crate::sinks::DeltaSettings {
+                checkpoint_interval: pipeline
+                    .delta_checkpoint_interval
+                    .unwrap_or(crate::sinks::DeltaSettings::default().checkpoint_interval),
+                complete: pipeline.output_mode == crate::pipeline::OutputMode::Complete,
+            }
+        });
         Context {
             pipeline: Arc::new(pipeline),
             source,
@@ -215,7 +222,8 @@ impl Context {
         Context {
             others,
             source: view(&self.source),
-            sink: ParquetSink::new(view(self.sink.store()), name).with_delta(self.sink.delta()),
+            sink: ParquetSink::new(view(self.sink.store()), name)
+                .with_delta(self.sink.delta_settings()),
             checkpoint: Checkpoint::new(view(self.checkpoint.store()), name),
             registry: self.registry.as_ref().map(view),
             ..self.clone()

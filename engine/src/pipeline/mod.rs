@@ -634,6 +634,10 @@ pub struct Pipeline {
     /// The sink's layout.
     #[serde(default, skip_serializing_if = "SinkFormat::is_parquet")]
     pub sink_format: SinkFormat,
+    /// A Delta sink writes a log checkpoint every this many versions
+    /// (`[sink] delta_checkpoint_interval`; the default when `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_checkpoint_interval: Option<u64>,
 }
 
 mod location_serde {

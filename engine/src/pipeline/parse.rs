@@ -57,6 +57,7 @@ struct SinkFile {
     uri: String,
     format: Option<String>,
     mode: Option<super::OutputMode>,
+    delta_checkpoint_interval: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -193,18 +194,35 @@ impl Pipeline {
             }
         };
         if sink_format == super::SinkFormat::Delta
-            && raw
-                .sink
-                .mode
-                .is_some_and(|m| m != super::OutputMode::Append)
+            && raw.sink.mode == Some(super::OutputMode::Update)
         {
             return Err(spec_err(
-                "sink.format = \"delta\" takes sink.mode = \"append\" (the default) for now: a \
-                 Delta sink in complete or update mode is not built yet (use sink.format = \
-                 \"parquet\", whose manifests carry each snapshot)"
+                "sink.format = \"delta\" takes sink.mode = \"append\" (the default) or \
+                 \"complete\": update mode would rewrite, in every batch, the table's files \
+                 that hold a changed group (a copy-on-write MERGE), which is not built. Use \
+                 \"complete\" (each batch replaces the table's content in one commit), or \
+                 sink.format = \"parquet\", whose manifests carry each batch's changed groups"
                     .to_string(),
             ));
         }
+        let delta_checkpoint_interval = match (raw.sink.delta_checkpoint_interval, sink_format) {
+            (None, _) => None,
+            (Some(0), _) => {
+                return Err(spec_err(
+                    "sink.delta_checkpoint_interval = 0: give a number of versions of at least 1 \
+                     (default 10)"
+                        .to_string(),
+                ));
+            }
+            (Some(n), super::SinkFormat::Delta) => Some(n),
+            (Some(_), super::SinkFormat::Parquet) => {
+                return Err(spec_err(
+                    "sink.delta_checkpoint_interval applies to a Delta sink only: remove it, or \
+                     set sink.format = \"delta\""
+                        .to_string(),
+                ));
+            }
+        };
         check_locations(&source.location, &sink, &checkpoint_root).map_err(spec_err)?;
         let limits = limits(&raw.limits).map_err(spec_err)?;
         // A limit that does not apply to the source would be a silent no-op.
@@ -283,6 +301,7 @@ impl Pipeline {
             watermark,
             output_mode: raw.sink.mode.unwrap_or_default(),
             sink_format,
+            delta_checkpoint_interval,
             checkpoint: checkpoint_root.join(&raw.name),
             name: raw.name,
             source,

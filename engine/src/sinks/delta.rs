@@ -27,12 +27,12 @@
 //! is never deleted: a deleted log would let such a run write a version
 //! far past the new history's, a gap no reader can read.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use datafusion::arrow::array::{Array, ArrayRef};
-use datafusion::arrow::datatypes::{DataType, Field, SchemaRef, TimeUnit};
+use datafusion::arrow::array::{Array, ArrayRef, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::scalar::ScalarValue;
 use serde_json::{Value, json};
 
@@ -60,6 +60,359 @@ fn version_of(key: &str) -> Option<u64> {
     (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
         .then(|| digits.parse().ok())
         .flatten()
+}
+
+/// How a pipeline's batches are committed to its Delta table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaSettings {
+    /// A log checkpoint is written once this many versions followed the
+    /// newest one (`[sink] delta_checkpoint_interval`; Delta's
+    /// `delta.checkpointInterval`, whose default is 10 too).
+    pub checkpoint_interval: u64,
+    /// Each batch replaces the table's content (`sink.mode = "complete"`):
+    /// its commit removes every live file and adds the batch's parts.
+    pub complete: bool,
+}
+
+impl Default for DeltaSettings {
+    fn default() -> Self {
+        DeltaSettings {
+            checkpoint_interval: 10,
+            complete: false,
+        }
+    }
+}
+
+/// The hint readers start from: the version of the newest checkpoint.
+const LAST_CHECKPOINT: &str = "_delta_log/_last_checkpoint";
+
+/// How long a removed file stays in checkpoints as a tombstone (Delta's
+/// default `delta.deletedFileRetentionDuration`, a week).
+const TOMBSTONE_RETENTION_MS: i64 = 7 * 24 * 3600 * 1000;
+
+/// The (single-part) log checkpoint of `version`.
+pub(crate) fn checkpoint_key(version: u64) -> String {
+    format!("{LOG_PREFIX}{version:020}.checkpoint.parquet")
+}
+
+/// The version of single-part checkpoint `key`.
+fn checkpoint_version_of(key: &str) -> Option<u64> {
+    let digits = key
+        .strip_prefix(LOG_PREFIX)?
+        .strip_suffix(".checkpoint.parquet")?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// The part of the log that holds the table's state: its newest
+/// checkpoint, and the entries after it.
+#[derive(Debug, Default, Clone)]
+struct Segment {
+    checkpoint: Option<u64>,
+    /// The entries after the checkpoint (all of them without one),
+    /// ascending and without gaps.
+    versions: Vec<u64>,
+}
+
+impl Segment {
+    fn latest(&self) -> Option<u64> {
+        self.versions.last().copied().or(self.checkpoint)
+    }
+
+    /// How many versions up to `version` the newest checkpoint misses.
+    fn since_checkpoint(&self, version: u64) -> u64 {
+        match self.checkpoint {
+            Some(c) => version.saturating_sub(c),
+            None => version + 1,
+        }
+    }
+}
+
+/// A table's state at a version: what replaying its log gives.
+#[derive(Debug, Default)]
+struct Snapshot {
+    protocol: Option<Value>,
+    meta: Option<Value>,
+    /// The live files' `add` actions, by path.
+    live: BTreeMap<String, Value>,
+    /// The removed files' `remove` actions, by path.
+    tombstones: BTreeMap<String, Value>,
+    /// The newest `txn` of each application.
+    txns: BTreeMap<String, Value>,
+}
+
+impl Snapshot {
+    fn apply(&mut self, a: &Value) {
+        if let Some(add) = a.get("add")
+            && let Some(p) = add.get("path").and_then(Value::as_str)
+        {
+            self.tombstones.remove(p);
+            self.live.insert(p.to_string(), add.clone());
+        }
+        if let Some(rm) = a.get("remove")
+            && let Some(p) = rm.get("path").and_then(Value::as_str)
+        {
+            self.live.remove(p);
+            self.tombstones.insert(p.to_string(), rm.clone());
+        }
+        if let Some(m) = a.get("metaData") {
+            self.meta = Some(m.clone());
+        }
+        if let Some(p) = a.get("protocol") {
+            self.protocol = Some(p.clone());
+        }
+        if let Some(t) = a.get("txn")
+            && let Some(app) = t.get("appId").and_then(Value::as_str)
+        {
+            self.txns.insert(app.to_string(), t.clone());
+        }
+    }
+}
+
+/// The Arrow schema of a log checkpoint (the spec's, for the actions
+/// Sluice keeps: `txn`, `add`, `remove`, `metaData`, `protocol`).
+fn checkpoint_schema() -> SchemaRef {
+    let s = |n: &str| Field::new(n, DataType::Utf8, true);
+    let long = |n: &str| Field::new(n, DataType::Int64, true);
+    let int = |n: &str| Field::new(n, DataType::Int32, true);
+    let flag = |n: &str| Field::new(n, DataType::Boolean, true);
+    let map = |n: &str| {
+        Field::new_map(
+            n,
+            "key_value",
+            Field::new("key", DataType::Utf8, false),
+            Field::new("value", DataType::Utf8, true),
+            false,
+            true,
+        )
+    };
+    let list = |n: &str| Field::new_list(n, Field::new("element", DataType::Utf8, true), true);
+    let record = |n: &str, f: Vec<Field>| Field::new(n, DataType::Struct(f.into()), true);
+    Arc::new(Schema::new(vec![
+        record(
+            "txn",
+            vec![s("appId"), long("version"), long("lastUpdated")],
+        ),
+        record(
+            "add",
+            vec![
+                s("path"),
+                map("partitionValues"),
+                long("size"),
+                long("modificationTime"),
+                flag("dataChange"),
+                s("stats"),
+            ],
+        ),
+        record(
+            "remove",
+            vec![
+                s("path"),
+                long("deletionTimestamp"),
+                flag("dataChange"),
+                flag("extendedFileMetadata"),
+                map("partitionValues"),
+                long("size"),
+            ],
+        ),
+        record(
+            "metaData",
+            vec![
+                s("id"),
+                s("name"),
+                s("description"),
+                record("format", vec![s("provider"), map("options")]),
+                s("schemaString"),
+                list("partitionColumns"),
+                map("configuration"),
+                long("createdTime"),
+            ],
+        ),
+        record(
+            "protocol",
+            vec![
+                int("minReaderVersion"),
+                int("minWriterVersion"),
+                list("readerFeatures"),
+                list("writerFeatures"),
+            ],
+        ),
+    ]))
+}
+
+/// The checkpoint Parquet of a snapshot taken at `now_ms`, and how many
+/// actions it holds.
+fn checkpoint_parquet(snap: &Snapshot, now_ms: i64) -> std::result::Result<(Bytes, u64), String> {
+    let mut rows: Vec<Value> = Vec::new();
+    if let Some(p) = &snap.protocol {
+        rows.push(json!({ "protocol": p }));
+    }
+    if let Some(m) = &snap.meta {
+        rows.push(json!({ "metaData": m }));
+    }
+    for t in snap.txns.values() {
+        rows.push(json!({ "txn": t }));
+    }
+    for a in snap.live.values() {
+        let mut a = a.clone();
+        a["dataChange"] = json!(false);
+        rows.push(json!({ "add": a }));
+    }
+    let keep_after = now_ms - TOMBSTONE_RETENTION_MS;
+    for r in snap.tombstones.values() {
+        if r.get("deletionTimestamp")
+            .and_then(Value::as_i64)
+            .is_none_or(|t| t >= keep_after)
+        {
+            rows.push(json!({ "remove": r }));
+        }
+    }
+    let schema = checkpoint_schema();
+    let mut decoder = datafusion::arrow::json::ReaderBuilder::new(schema.clone())
+        .build_decoder()
+        .map_err(|e| e.to_string())?;
+    decoder.serialize(&rows).map_err(|e| e.to_string())?;
+    let batch = decoder
+        .flush()
+        .map_err(|e| e.to_string())?
+        .unwrap_or_else(|| RecordBatch::new_empty(schema.clone()));
+    let mut buf = Vec::new();
+    let mut w = datafusion::parquet::arrow::ArrowWriter::try_new(&mut buf, schema, None)
+        .map_err(|e| e.to_string())?;
+    w.write(&batch).map_err(|e| e.to_string())?;
+    w.close().map_err(|e| e.to_string())?;
+    Ok((Bytes::from(buf), rows.len() as u64))
+}
+
+/// The actions a checkpoint Parquet holds, as JSON (as a log entry's).
+fn checkpoint_rows(bytes: Bytes) -> std::result::Result<Vec<Value>, String> {
+    use datafusion::parquet::arrow::ProjectionMask;
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| e.to_string())?;
+    // Only the actions a table's state is made of (a checkpoint may also
+    // hold parsed statistics, sidecars and more).
+    let wanted = ["txn", "add", "remove", "metaData", "protocol"];
+    let roots: Vec<usize> = builder
+        .schema()
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| wanted.contains(&f.name().as_str()))
+        .map(|(i, _)| i)
+        .collect();
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    let reader = builder
+        .with_projection(mask)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| e.to_string())?;
+        let mut w = datafusion::arrow::json::LineDelimitedWriter::new(Vec::new());
+        w.write(&batch).map_err(|e| e.to_string())?;
+        w.finish().map_err(|e| e.to_string())?;
+        for line in w.into_inner().split(|b| *b == b'\n') {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let v: Value = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+            // A row of a column this reader dropped.
+            if v.as_object().is_some_and(|o| !o.is_empty()) {
+                out.push(v);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Why Sluice cannot write to a table of this protocol and metadata, if
+/// it cannot: a feature it would have to honour and does not.
+fn unsupported(protocol: Option<&Value>, meta: Option<&Value>) -> Option<String> {
+    if let Some(p) = protocol {
+        let reader = p["minReaderVersion"].as_u64().unwrap_or(1);
+        let writer = p["minWriterVersion"].as_u64().unwrap_or(2);
+        let names = |k: &str| -> Vec<String> {
+            p[k].as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|f| f.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        // Features Sluice honours (invariants: refused below when the
+        // schema has any), and variantType while no column is a variant
+        // (delta-rs lists it on every table it alters).
+        let variant = meta
+            .and_then(|m| m["schemaString"].as_str())
+            .is_some_and(|s| s.contains("variant"));
+        let honoured = |f: &str| {
+            matches!(f, "timestampNtz" | "appendOnly" | "invariants")
+                || (f == "variantType" && !variant)
+        };
+        let unknown: Vec<String> = match writer {
+            0..=2 => Vec::new(),
+            7 => names("writerFeatures")
+                .into_iter()
+                .filter(|f| !honoured(f))
+                .collect(),
+            3 => vec!["checkConstraints".to_string()],
+            4 => vec!["changeDataFeed or generatedColumns".to_string()],
+            5 => vec!["columnMapping".to_string()],
+            _ => vec![format!("writer version {writer}")],
+        };
+        let unknown_reader: Vec<String> = match reader {
+            0..=1 => Vec::new(),
+            2 => vec!["columnMapping".to_string()],
+            3 => names("readerFeatures")
+                .into_iter()
+                .filter(|f| !honoured(f) || f == "appendOnly" || f == "invariants")
+                .collect(),
+            _ => vec![format!("reader version {reader}")],
+        };
+        let mut all = unknown;
+        all.extend(unknown_reader);
+        all.sort();
+        all.dedup();
+        if !all.is_empty() {
+            return Some(format!(
+                "another writer raised the Delta table's protocol to features Sluice does not \
+                 implement ({}), and writing on would break them",
+                all.join(", ")
+            ));
+        }
+    }
+    if let Some(m) = meta
+        && m["schemaString"]
+            .as_str()
+            .is_some_and(|s| s.contains("delta.invariants"))
+    {
+        return Some(
+            "the Delta table's schema has column invariants (delta.invariants), which Sluice \
+             does not check"
+                .to_string(),
+        );
+    }
+    None
+}
+
+/// `sluice reset` refused on an append-only table.
+fn append_only_reset(store: &dyn Store) -> Error {
+    Error::Spec {
+        file: store.describe(),
+        message: "the sink's Delta table is append-only (delta.appendOnly = true, set by another \
+                  writer), and `sluice reset` would remove its files: unset it, or move the \
+                  table away, then run `sluice reset` again"
+            .into(),
+    }
+}
+
+/// Whether the table's settings forbid removing files.
+fn append_only(meta: Option<&Value>) -> bool {
+    meta.and_then(|m| m["configuration"].get("delta.appendOnly"))
+        .and_then(Value::as_str)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
 }
 
 /// The application id of a pipeline's history in the table's `txn`
@@ -347,6 +700,20 @@ struct Tip {
     /// The table schema this history's last commit left (the hash its
     /// commit info records), if that commit was met and says.
     schema_hash: Option<String>,
+    /// The newest `protocol` met reading back.
+    protocol: Option<Value>,
+    /// The entries read back, newest first.
+    entries: Vec<Vec<Value>>,
+    /// Whether the read stopped at a complete-mode commit of this history
+    /// (so the entries read hold every live file).
+    complete_stop: bool,
+    /// The log's checkpoint and entries.
+    segment: Segment,
+    /// Whether `committed` and `meta` were read from the checkpoint (no
+    /// entry after it was this history's or had metaData). A checkpoint
+    /// keeps every history's last `txn` and says nothing of their order:
+    /// then the metaData alone says whose the table is.
+    from_checkpoint: bool,
 }
 
 /// The hash a commit records of the table schema it leaves.
@@ -429,6 +796,7 @@ fn broken(pipeline: &str, key: &str, what: &str) -> Error {
 pub(crate) struct DeltaLog<'a> {
     pub(crate) store: &'a Arc<dyn Store>,
     pub(crate) pipeline: &'a str,
+    pub(crate) settings: DeltaSettings,
 }
 
 /// What [`DeltaLog::commit`] did.
@@ -453,48 +821,134 @@ impl DeltaLog<'_> {
         }
     }
 
-    /// The versions in the log, ascending (one listing).
-    async fn versions(&self) -> Result<Vec<u64>> {
-        let listed = self.store.list(LOG_PREFIX, None).await?;
-        if listed
-            .iter()
-            .any(|m| m.key.ends_with(".checkpoint.parquet") || m.key.ends_with("_last_checkpoint"))
-            && !listed.iter().any(|m| version_of(&m.key) == Some(0))
-        {
-            return Err(Error::Spec {
-                file: self.store.describe(),
-                message: "the Delta table's log starts at a checkpoint (its first entries were \
-                          cleaned up); Sluice reads a log from its first entry only: write to a \
-                          new table"
-                    .into(),
-            });
+    fn refused(&self, why: String, batch: u64) -> Error {
+        Error::Execution {
+            pipeline: self.pipeline.to_string(),
+            batch,
+            task: None,
+            message: format!(
+                "batch {batch} cannot be added to the Delta table: {why}. Name a new sink.uri, \
+                 or undo that change to the table"
+            ),
+            class: ErrorClass::InvalidInput,
         }
-        let mut v: Vec<u64> = listed.iter().filter_map(|m| version_of(&m.key)).collect();
-        v.sort_unstable();
-        Ok(v)
+    }
+
+    /// The log's newest checkpoint and the entries after it: a read of
+    /// the `_last_checkpoint` hint and one listing from there (the whole
+    /// log when the hint is missing or names no checkpoint).
+    async fn segment(&self) -> Result<Segment> {
+        let hint = match self.store.get(LAST_CHECKPOINT).await? {
+            Some(o) => serde_json::from_slice::<Value>(&o.bytes)
+                .ok()
+                .and_then(|v| v.get("version").and_then(Value::as_u64)),
+            None => None,
+        };
+        let after = hint.filter(|v| *v > 0).map(|v| commit_key(v - 1));
+        let mut listed = self.store.list(LOG_PREFIX, after.as_deref()).await?;
+        if let Some(h) = hint
+            && !listed.iter().any(|m| m.key == checkpoint_key(h))
+        {
+            listed = self.store.list(LOG_PREFIX, None).await?;
+        }
+        let mut json: Vec<u64> = listed.iter().filter_map(|m| version_of(&m.key)).collect();
+        json.sort_unstable();
+        let checkpoint = listed
+            .iter()
+            .filter_map(|m| checkpoint_version_of(&m.key))
+            .max();
+        let versions: Vec<u64> = json
+            .into_iter()
+            .filter(|v| checkpoint.is_none_or(|c| *v > c))
+            .collect();
+        let first = checkpoint.map_or(0, |c| c + 1);
+        for (i, v) in versions.iter().enumerate() {
+            let want = first + i as u64;
+            if *v != want {
+                return Err(Error::Spec {
+                    file: self.store.describe(),
+                    message: if checkpoint.is_none() && i == 0 {
+                        format!(
+                            "the Delta table's log starts at version {v} without a checkpoint \
+                             Sluice reads (its first entries were cleaned up, and its \
+                             checkpoints are multi-part or v2 ones): write to a new table"
+                        )
+                    } else {
+                        format!(
+                            "the Delta table's log lacks version {want} (it has {v}): the log \
+                             was changed outside Delta's rules; write to a new table"
+                        )
+                    },
+                });
+            }
+        }
+        Ok(Segment {
+            checkpoint,
+            versions,
+        })
+    }
+
+    /// One log entry's actions.
+    async fn entry_actions(&self, version: u64) -> Result<Vec<Value>> {
+        let key = commit_key(version);
+        let Some(obj) = self.store.get(&key).await? else {
+            return Err(broken(self.pipeline, &key, "listed, then gone"));
+        };
+        actions(&obj.bytes, &key, self.pipeline)
+    }
+
+    /// A checkpoint's actions.
+    async fn checkpoint_actions(&self, version: u64) -> Result<Vec<Value>> {
+        let key = checkpoint_key(version);
+        let Some(obj) = self.store.get(&key).await? else {
+            return Err(broken(self.pipeline, &key, "listed, then gone"));
+        };
+        checkpoint_rows(obj.bytes).map_err(|e| {
+            broken(
+                self.pipeline,
+                &key,
+                &format!("not a checkpoint Sluice reads: {e}"),
+            )
+        })
+    }
+
+    /// The table's state at version `upto` (the segment's latest when
+    /// `None`): its checkpoint, then its entries.
+    async fn snapshot(&self, segment: &Segment, upto: Option<u64>) -> Result<Snapshot> {
+        let mut snap = Snapshot::default();
+        if let Some(c) = segment.checkpoint {
+            for a in self.checkpoint_actions(c).await? {
+                snap.apply(&a);
+            }
+        }
+        for v in &segment.versions {
+            if upto.is_some_and(|u| *v > u) {
+                break;
+            }
+            for a in self.entry_actions(*v).await? {
+                snap.apply(&a);
+            }
+        }
+        Ok(snap)
     }
 
     /// The table's latest version, if there is a table.
     pub(crate) async fn latest(&self) -> Result<Option<u64>> {
-        Ok(self.versions().await?.last().copied())
+        Ok(self.segment().await?.latest())
     }
 
     /// Read the log back from its latest entry until this history's last
-    /// `txn` or the newest `metaData` (usually one entry: the history's
-    /// previous commit).
-    async fn tip(&self, app: &str) -> Result<Tip> {
-        let versions = self.versions().await?;
+    /// `txn` or a `metaData` of another history (usually one entry: the
+    /// history's previous commit), then, if neither was met, its
+    /// checkpoint.
+    async fn tip(&self, app: &str, history: &str) -> Result<Tip> {
+        let segment = self.segment().await?;
         let mut tip = Tip {
-            latest: versions.last().copied(),
+            latest: segment.latest(),
             ..Tip::default()
         };
-        for v in versions.iter().rev() {
-            let key = commit_key(*v);
-            let Some(obj) = self.store.get(&key).await? else {
-                return Err(broken(self.pipeline, &key, "listed, then gone"));
-            };
-            let entry = actions(&obj.bytes, &key, self.pipeline)?;
-            for a in &entry {
+        let read = |tip: &mut Tip, entry: &[Value], from_log: bool| {
+            for a in entry {
                 if let Some(t) = a.get("txn")
                     && t.get("appId").and_then(Value::as_str) == Some(app)
                 {
@@ -505,17 +959,48 @@ impl DeltaLog<'_> {
                             .and_then(Value::as_str)
                             .map(str::to_string)
                     });
+                    tip.complete_stop = from_log
+                        && entry.iter().any(|a| {
+                            a.pointer("/commitInfo/operationParameters/outputMode")
+                                .and_then(Value::as_str)
+                                == Some("Complete")
+                        });
                 }
                 if let Some(m) = a.get("metaData")
                     && tip.meta.is_none()
                 {
                     tip.meta = Some(m.clone());
                 }
+                if let Some(p) = a.get("protocol")
+                    && tip.protocol.is_none()
+                {
+                    tip.protocol = Some(p.clone());
+                }
             }
-            if tip.committed.is_some() || tip.meta.is_some() {
+        };
+        for v in segment.versions.iter().rev() {
+            let entry = self.entry_actions(*v).await?;
+            read(&mut tip, &entry, true);
+            tip.entries.push(entry);
+            // A metaData of this history (another writer's change of a
+            // setting keeps Sluice's marks) does not say whether the batch
+            // is in the table: read on to the history's last txn.
+            let others = tip.meta.as_ref().is_some_and(|m| {
+                m["configuration"].get(HISTORY_KEY).and_then(Value::as_str) != Some(history)
+            });
+            if tip.committed.is_some() || others {
                 break;
             }
         }
+        if tip.committed.is_none()
+            && tip.meta.is_none()
+            && let Some(c) = segment.checkpoint
+        {
+            let rows = self.checkpoint_actions(c).await?;
+            read(&mut tip, &rows, false);
+            tip.from_checkpoint = true;
+        }
+        tip.segment = segment;
         Ok(tip)
     }
 
@@ -523,7 +1008,8 @@ impl DeltaLog<'_> {
     /// not: created by another writer, or by another pipeline. `None`
     /// without a table. (Read back to its newest `metaData`.)
     pub(crate) async fn foreign(&self) -> Result<Option<String>> {
-        let Some(meta) = self.newest_meta().await? else {
+        let segment = self.segment().await?;
+        let Some(meta) = self.newest_meta(&segment).await? else {
             return Ok(None);
         };
         Ok(
@@ -544,25 +1030,48 @@ impl DeltaLog<'_> {
         )
     }
 
-    /// The newest `metaData` of the log (read back from the latest entry).
-    async fn newest_meta(&self) -> Result<Option<Value>> {
-        for v in self.versions().await?.iter().rev() {
-            let key = commit_key(*v);
-            if let Some(obj) = self.store.get(&key).await? {
-                for a in actions(&obj.bytes, &key, self.pipeline)? {
-                    if let Some(m) = a.get("metaData") {
-                        return Ok(Some(m.clone()));
-                    }
+    /// The newest `metaData` of the log (read back from the latest entry,
+    /// then the checkpoint).
+    async fn newest_meta(&self, segment: &Segment) -> Result<Option<Value>> {
+        for v in segment.versions.iter().rev() {
+            for a in self.entry_actions(*v).await? {
+                if let Some(m) = a.get("metaData") {
+                    return Ok(Some(m.clone()));
+                }
+            }
+        }
+        if let Some(c) = segment.checkpoint {
+            for a in self.checkpoint_actions(c).await? {
+                if let Some(m) = a.get("metaData") {
+                    return Ok(Some(m.clone()));
                 }
             }
         }
         Ok(None)
     }
 
+    /// The files live at the tip's latest version: from the entries the
+    /// tip read when they reach back to a complete-mode commit of this
+    /// history (which removed everything before it), else by replaying
+    /// the log.
+    async fn live_at(&self, tip: &Tip) -> Result<BTreeMap<String, Value>> {
+        if tip.complete_stop {
+            let mut snap = Snapshot::default();
+            for entry in tip.entries.iter().rev() {
+                for a in entry {
+                    snap.apply(a);
+                }
+            }
+            return Ok(snap.live);
+        }
+        Ok(self.snapshot(&tip.segment, tip.latest).await?.live)
+    }
+
     /// Make `record`'s batch one Delta commit, exactly once: see the
     /// module's comment. `owned` says whether the sink's owner record
     /// names `record`'s history now (read after the log: needed to take
-    /// over a table that `sluice reset` retired).
+    /// over a table that `sluice reset` retired). Then, when enough
+    /// versions followed the newest log checkpoint, a new one.
     pub(crate) async fn commit<F, Fut>(&self, record: &Commit, owned: F) -> Result<Published>
     where
         F: Fn() -> Fut,
@@ -570,9 +1079,16 @@ impl DeltaLog<'_> {
     {
         let app = app_id(self.pipeline, &record.history);
         for _ in 0..16 {
-            let tip = self.tip(&app).await?;
+            let tip = self.tip(&app, &record.history).await?;
             if tip.committed.is_some_and(|v| v >= record.batch) {
+                if let Some(latest) = tip.latest {
+                    self.checkpoint_if_due(&tip.segment, latest, record.committed_ms)
+                        .await?;
+                }
                 return Ok(Published::Already);
+            }
+            if let Some(why) = unsupported(tip.protocol.as_ref(), tip.meta.as_ref()) {
+                return Err(self.refused(why, record.batch));
             }
             let parts_schema = record
                 .outputs
@@ -588,7 +1104,8 @@ impl DeltaLog<'_> {
                     record.history, record.batch
                 ))
             };
-            match (&tip.committed, &tip.meta) {
+            let own_commit = tip.committed.filter(|_| !tip.from_checkpoint);
+            match (&own_commit, &tip.meta) {
                 // The history's own previous commit is the newest Sluice
                 // mark: the table is this history's.
                 (Some(_), _) => {
@@ -598,7 +1115,7 @@ impl DeltaLog<'_> {
                     if let Some(parts) = &parts_schema
                         && tip.schema_hash.as_deref() != Some(schema_hash(parts).as_str())
                     {
-                        meta = self.newest_meta().await?;
+                        meta = self.newest_meta(&tip.segment).await?;
                     }
                 }
                 (None, Some(m)) => {
@@ -677,6 +1194,27 @@ impl DeltaLog<'_> {
                 // The table's schema holds the parts: no metaData.
                 meta = None;
             }
+            // Complete mode: the batch's parts replace every live file.
+            let removes: Vec<Value> = if self.settings.complete && tip.latest.is_some() {
+                let live = self.live_at(&tip).await?;
+                if !live.is_empty() {
+                    let newest_meta = match (&meta, &tip.meta) {
+                        (Some(m), _) | (None, Some(m)) => Some(m.clone()),
+                        (None, None) => self.newest_meta(&tip.segment).await?,
+                    };
+                    if append_only(newest_meta.as_ref()) {
+                        return Err(self.refused(
+                            "the table is append-only (delta.appendOnly = true), and a \
+                             complete-mode batch replaces its files"
+                                .to_string(),
+                            record.batch,
+                        ));
+                    }
+                }
+                live.into_values().collect()
+            } else {
+                Vec::new()
+            };
             let hash = after
                 .as_deref()
                 .map(schema_hash)
@@ -688,13 +1226,20 @@ impl DeltaLog<'_> {
                 meta.as_ref(),
                 after.as_deref(),
                 hash.as_deref(),
+                &removes,
             );
             match self
                 .store
                 .put(&commit_key(version), Bytes::from(body), PutMode::Create)
                 .await?
             {
-                PutOutcome::Written(_) => return Ok(Published::Written(version)),
+                PutOutcome::Written(_) => {
+                    let mut segment = tip.segment.clone();
+                    segment.versions.push(version);
+                    self.checkpoint_if_due(&segment, version, record.committed_ms)
+                        .await?;
+                    return Ok(Published::Written(version));
+                }
                 // Another writer took the version: read again.
                 PutOutcome::Conflict => continue,
             }
@@ -710,10 +1255,41 @@ impl DeltaLog<'_> {
         })
     }
 
+    /// Write the log checkpoint of `version` (its Parquet, then the
+    /// `_last_checkpoint` hint) when at least the interval's versions
+    /// followed the newest one. A checkpoint is the table's state at a
+    /// version, a function of log entries that never change: any run may
+    /// write it, a stale one too, and a write that fails is made again by
+    /// the retry (which finds the batch in the table and the checkpoint
+    /// still due).
+    async fn checkpoint_if_due(&self, segment: &Segment, version: u64, now_ms: i64) -> Result<()> {
+        if segment.since_checkpoint(version) < self.settings.checkpoint_interval {
+            return Ok(());
+        }
+        let snap = self.snapshot(segment, Some(version)).await?;
+        let (bytes, size) = checkpoint_parquet(&snap, now_ms).map_err(|e| Error::Execution {
+            pipeline: self.pipeline.to_string(),
+            batch: 0,
+            task: None,
+            message: format!("the Delta log checkpoint of version {version} was not made: {e}"),
+            class: ErrorClass::Fatal,
+        })?;
+        self.store
+            .put(&checkpoint_key(version), bytes, PutMode::Overwrite)
+            .await?;
+        let hint = json!({"version": version, "size": size}).to_string();
+        self.store
+            .put(LAST_CHECKPOINT, Bytes::from(hint), PutMode::Overwrite)
+            .await?;
+        Ok(())
+    }
+
     /// The log entry that commits `record` as `version`: commit info,
     /// protocol and metaData when the table is created (or its metaData
-    /// changes: `meta` is the current one), the parts as `add` actions, and
+    /// changes: `meta` is the current one), `removes` (a complete-mode
+    /// batch's: the files it replaces), the parts as `add` actions, and
     /// the history's `txn`.
+    #[allow(clippy::too_many_arguments)]
     fn entry(
         &self,
         record: &Commit,
@@ -722,17 +1298,19 @@ impl DeltaLog<'_> {
         meta: Option<&Value>,
         schema: Option<&str>,
         hash: Option<&str>,
+        removes: &[Value],
     ) -> Vec<u8> {
         let now = record.committed_ms;
+        let complete = self.settings.complete;
         let mut lines: Vec<Value> = vec![json!({"commitInfo": {
             "timestamp": now,
             "operation": "STREAMING UPDATE",
             "operationParameters": {
-                "outputMode": "Append",
+                "outputMode": if complete { "Complete" } else { "Append" },
                 "queryId": app,
                 "epochId": record.batch.to_string(),
             },
-            "isBlindAppend": meta.is_none() && version > 0,
+            "isBlindAppend": meta.is_none() && version > 0 && !complete,
             "engineInfo": concat!("sluice/", env!("CARGO_PKG_VERSION")),
             "sluice": {
                 "pipeline": self.pipeline,
@@ -763,7 +1341,10 @@ impl DeltaLog<'_> {
                     "id": uuid::Uuid::new_v4().to_string(),
                     "format": {"provider": "parquet", "options": {}},
                     "partitionColumns": [],
-                    "configuration": {},
+                    "configuration": {
+                        "delta.checkpointInterval":
+                            self.settings.checkpoint_interval.to_string(),
+                    },
                     "createdTime": now,
                 })
             });
@@ -774,6 +1355,19 @@ impl DeltaLog<'_> {
             m["configuration"][PIPELINE_KEY] = json!(self.pipeline);
             m["configuration"][HISTORY_KEY] = json!(record.history);
             lines.push(json!({ "metaData": m }));
+        }
+        for r in removes {
+            let mut rm = json!({
+                "path": r["path"],
+                "deletionTimestamp": now,
+                "dataChange": true,
+                "extendedFileMetadata": true,
+                "partitionValues": r.get("partitionValues").cloned().unwrap_or(json!({})),
+            });
+            if let Some(size) = r.get("size") {
+                rm["size"] = size.clone();
+            }
+            lines.push(json!({ "remove": rm }));
         }
         for o in &record.outputs {
             lines.push(add_action(o, now));
@@ -787,6 +1381,27 @@ impl DeltaLog<'_> {
         out
     }
 
+    /// Before `sluice reset` changes anything: refused when this
+    /// pipeline's table holds files and another writer made it
+    /// append-only (the reset would have to remove them).
+    pub(crate) async fn check_reset(&self) -> Result<()> {
+        let segment = self.segment().await?;
+        if segment.latest().is_none() {
+            return Ok(());
+        }
+        let snap = self.snapshot(&segment, None).await?;
+        let ours = snap
+            .meta
+            .as_ref()
+            .and_then(|m| m["configuration"].get(PIPELINE_KEY))
+            .and_then(Value::as_str)
+            == Some(self.pipeline);
+        if ours && !snap.live.is_empty() && append_only(snap.meta.as_ref()) {
+            return Err(append_only_reset(self.store.as_ref()));
+        }
+        Ok(())
+    }
+
     /// `sluice reset`: replace the table's content with nothing, as one
     /// commit that removes every live file and marks the table retired (a
     /// new id, an empty history), so the next history takes the table over
@@ -798,42 +1413,13 @@ impl DeltaLog<'_> {
     /// holds it now. Called after the sink's owner record was retired.
     pub(crate) async fn retire(&self, now_ms: i64, retired: &str) -> Result<Vec<String>> {
         for _ in 0..16 {
-            let versions = self.versions().await?;
-            let next = versions.last().map_or(0, |v| v + 1);
-            let mut live: BTreeSet<String> = BTreeSet::new();
-            let mut meta: Option<Value> = None;
-            let mut protocol: Option<Value> = None;
-            for v in &versions {
-                let key = commit_key(*v);
-                let Some(obj) = self.store.get(&key).await? else {
-                    return Err(broken(self.pipeline, &key, "listed, then gone"));
-                };
-                for a in actions(&obj.bytes, &key, self.pipeline)? {
-                    if let Some(p) = a
-                        .get("add")
-                        .and_then(|x| x.get("path"))
-                        .and_then(Value::as_str)
-                    {
-                        live.insert(p.to_string());
-                    }
-                    if let Some(p) = a
-                        .get("remove")
-                        .and_then(|x| x.get("path"))
-                        .and_then(Value::as_str)
-                    {
-                        live.remove(p);
-                    }
-                    if let Some(m) = a.get("metaData") {
-                        meta = Some(m.clone());
-                    }
-                    if let Some(p) = a.get("protocol") {
-                        protocol = Some(p.clone());
-                    }
-                }
-            }
+            let segment = self.segment().await?;
+            let next = segment.latest().map_or(0, |v| v + 1);
+            let snap = self.snapshot(&segment, None).await?;
+            let live: Vec<String> = snap.live.keys().cloned().collect();
             // No table yet: a retired empty one, so that a run of the old
             // history cannot create one after this reset.
-            let mut meta = meta.unwrap_or_else(|| {
+            let mut meta = snap.meta.clone().unwrap_or_else(|| {
                 json!({
                     "format": {"provider": "parquet", "options": {}},
                     "schemaString": json!({"type": "struct", "fields": []}).to_string(),
@@ -864,10 +1450,15 @@ impl DeltaLog<'_> {
             if !marked.is_empty() && marked != retired {
                 return Ok(Vec::new());
             }
+            if !live.is_empty() && append_only(snap.meta.as_ref()) {
+                return Err(append_only_reset(self.store.as_ref()));
+            }
             meta["id"] = json!(uuid::Uuid::new_v4().to_string());
             meta["configuration"][HISTORY_KEY] = json!("");
-            let protocol =
-                protocol.unwrap_or_else(|| json!({"minReaderVersion": 1, "minWriterVersion": 2}));
+            let protocol = snap
+                .protocol
+                .clone()
+                .unwrap_or_else(|| json!({"minReaderVersion": 1, "minWriterVersion": 2}));
             let mut lines = vec![json!({"commitInfo": {
                 "timestamp": now_ms,
                 "operation": "REPLACE TABLE",
@@ -894,6 +1485,9 @@ impl DeltaLog<'_> {
                 .put(&commit_key(next), Bytes::from(body), PutMode::Create)
                 .await?
             {
+                let mut segment = segment;
+                segment.versions.push(next);
+                self.checkpoint_if_due(&segment, next, now_ms).await?;
                 return Ok(live
                     .into_iter()
                     .map(|p| {
@@ -1124,6 +1718,7 @@ mod tests {
         let log = DeltaLog {
             store: &store,
             pipeline: "p",
+            settings: DeltaSettings::default(),
         };
         let yes = || async { Ok(true) };
         let no = || async { Ok(false) };
@@ -1169,7 +1764,7 @@ mod tests {
         // nothing: the owner record is not its own.
         let e = log.commit(&record("h1", 2), no).await.unwrap_err();
         assert_eq!(e.class(), ErrorClass::Conflict, "{e}");
-        assert_eq!(log.versions().await.unwrap(), vec![0, 1, 2, 3]);
+        assert_eq!(log.segment().await.unwrap().versions, vec![0, 1, 2, 3]);
         // The next history takes the table over.
         assert_eq!(
             log.commit(&record("h2", 7), yes).await.unwrap(),
@@ -1187,7 +1782,49 @@ mod tests {
         // A reset that finds another history holding the table (another
         // reset finished first, then a run) leaves it alone.
         assert!(log.retire(6_000, "h1").await.unwrap().is_empty());
-        assert_eq!(log.versions().await.unwrap(), vec![0, 1, 2, 3, 4]);
+        assert_eq!(log.segment().await.unwrap().versions, vec![0, 1, 2, 3, 4]);
+    }
+
+    /// Another writer's change of a setting (a metaData entry keeping
+    /// Sluice's marks) after a batch's commit: recovering that batch still
+    /// finds it in the table (before, the read back stopped at that
+    /// metaData and committed the batch twice).
+    #[tokio::test]
+    async fn a_batch_in_the_table_is_found_past_another_writers_metadata() {
+        let store: Arc<dyn Store> = Arc::new(crate::storage::MemoryStore::new());
+        let log = DeltaLog {
+            store: &store,
+            pipeline: "p",
+            settings: DeltaSettings::default(),
+        };
+        let yes = || async { Ok(true) };
+        assert_eq!(
+            log.commit(&record("h1", 0), yes).await.unwrap(),
+            Published::Written(0)
+        );
+        let mut meta = entry_of(&store, 0)
+            .await
+            .into_iter()
+            .find_map(|a| a.get("metaData").cloned())
+            .unwrap();
+        meta["configuration"]["delta.logRetentionDuration"] = json!("interval 60 days");
+        let body = format!(
+            "{}\n{}\n",
+            json!({"commitInfo": {"operation": "SET TBLPROPERTIES"}}),
+            json!({ "metaData": meta })
+        );
+        store
+            .put(&commit_key(1), Bytes::from(body), PutMode::Create)
+            .await
+            .unwrap();
+        assert_eq!(
+            log.commit(&record("h1", 0), yes).await.unwrap(),
+            Published::Already
+        );
+        assert_eq!(
+            log.commit(&record("h1", 1), yes).await.unwrap(),
+            Published::Written(2)
+        );
     }
 
     /// [`record`] whose part has the columns `fields` (name, Delta type).
@@ -1206,8 +1843,13 @@ mod tests {
         let log = DeltaLog {
             store,
             pipeline: "p",
+            settings: DeltaSettings::default(),
         };
-        let meta = log.newest_meta().await.unwrap().unwrap();
+        let meta = log
+            .newest_meta(&log.segment().await.unwrap())
+            .await
+            .unwrap()
+            .unwrap();
         let schema: Value = serde_json::from_str(meta["schemaString"].as_str().unwrap()).unwrap();
         schema["fields"]
             .as_array()
@@ -1226,6 +1868,7 @@ mod tests {
         let log = DeltaLog {
             store: &store,
             pipeline: "p",
+            settings: DeltaSettings::default(),
         };
         let yes = || async { Ok(true) };
         log.commit(&record_of("h", 0, &[("v", "long")]), yes)
@@ -1242,7 +1885,11 @@ mod tests {
                 .all(|a| a.get("metaData").is_none())
         );
         // Another writer sets a property (a metaData of its own).
-        let mut meta = log.newest_meta().await.unwrap().unwrap();
+        let mut meta = log
+            .newest_meta(&log.segment().await.unwrap())
+            .await
+            .unwrap()
+            .unwrap();
         meta["configuration"]["team.owner"] = json!("rides");
         store
             .put(
@@ -1262,7 +1909,11 @@ mod tests {
                 ("tip".into(), "\"double\"".into())
             ]
         );
-        let meta = log.newest_meta().await.unwrap().unwrap();
+        let meta = log
+            .newest_meta(&log.segment().await.unwrap())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(meta["configuration"]["team.owner"], json!("rides"));
         assert_eq!(meta["configuration"][HISTORY_KEY], json!("h"));
         // A part without `tip` (nullable) fits; `v` as text does not.
@@ -1280,7 +1931,7 @@ mod tests {
             e.class() == ErrorClass::Conflict && e.to_string().contains("column \"v\" is \"long\""),
             "{e}"
         );
-        assert_eq!(log.versions().await.unwrap(), vec![0, 1, 2, 3, 4]);
+        assert_eq!(log.segment().await.unwrap().versions, vec![0, 1, 2, 3, 4]);
     }
 
     /// A table another writer created is not written to.
@@ -1297,6 +1948,7 @@ mod tests {
         let log = DeltaLog {
             store: &store,
             pipeline: "p",
+            settings: DeltaSettings::default(),
         };
         let e = log
             .commit(&record("h1", 0), || async { Ok(true) })

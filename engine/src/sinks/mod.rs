@@ -4,6 +4,7 @@
 //! also committed to a Delta table (`sinks::delta`) as the last publish step.
 
 pub(crate) mod delta;
+pub use delta::DeltaSettings;
 mod parquet;
 
 pub use parquet::ParquetSink;

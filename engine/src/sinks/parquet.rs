@@ -137,7 +137,7 @@ fn writer_properties() -> WriterProperties {
 pub struct ParquetSink {
     store: Arc<dyn Store>,
     pipeline: String,
-    delta: bool,
+    delta: Option<super::delta::DeltaSettings>,
 }
 
 impl ParquetSink {
@@ -146,19 +146,25 @@ impl ParquetSink {
         ParquetSink {
             store,
             pipeline: pipeline.to_string(),
-            delta: false,
+            delta: None,
         }
     }
 
     /// This sink, committing its batches to a Delta table too when
-    /// `delta`: parts are written with Delta's types and statistics.
-    pub fn with_delta(mut self, delta: bool) -> ParquetSink {
+    /// `delta` is given: parts are written with Delta's types and
+    /// statistics.
+    pub fn with_delta(mut self, delta: Option<super::delta::DeltaSettings>) -> ParquetSink {
         self.delta = delta;
         self
     }
 
     /// Whether batches are committed to a Delta table too.
     pub fn delta(&self) -> bool {
+        self.delta.is_some()
+    }
+
+    /// How batches are committed to a Delta table, for a Delta sink.
+    pub fn delta_settings(&self) -> Option<super::delta::DeltaSettings> {
         self.delta
     }
 
@@ -200,7 +206,7 @@ impl ParquetSink {
         let schema = readable_schema(&schema);
         // A Delta table's parts: Delta's types, a schema every part of the
         // batch shares, statistics per part.
-        let (schema, delta_schema) = if self.delta {
+        let (schema, delta_schema) = if self.delta.is_some() {
             let schema = delta_schema_of(&schema);
             // Checked when the query is checked; Fatal, not InvalidInput:
             // no input file is to blame.
@@ -538,7 +544,7 @@ impl ParquetSink {
             &paths::sink::manifest(batch),
         )
         .await?;
-        if self.delta {
+        if self.delta.is_some() {
             // The last step: the Delta commit names only parts that are
             // published (above) and committed (the record).
             let log = self.delta_log();
@@ -559,13 +565,14 @@ impl ParquetSink {
         super::delta::DeltaLog {
             store: &self.store,
             pipeline: &self.pipeline,
+            settings: self.delta.unwrap_or_default(),
         }
     }
 
     /// A Delta sink: why the table in its folder is not this pipeline's to
     /// write, if it is not (`None` for a Parquet sink, or no table yet).
     pub(crate) async fn delta_foreign(&self) -> Result<Option<String>> {
-        if !self.delta {
+        if self.delta.is_none() {
             return Ok(None);
         }
         self.delta_log().foreign().await
@@ -574,10 +581,19 @@ impl ParquetSink {
     /// A Delta sink's table version now (`None` before its first commit,
     /// and for a Parquet sink): one listing of its log.
     pub async fn delta_version(&self) -> Result<Option<u64>> {
-        if !self.delta {
+        if self.delta.is_none() {
             return Ok(None);
         }
         self.delta_log().latest().await
+    }
+
+    /// Before `sluice reset` of a Delta sink changes anything: whether
+    /// the table lets it remove its files.
+    pub(crate) async fn check_reset(&self) -> Result<()> {
+        if self.delta.is_none() {
+            return Ok(());
+        }
+        self.delta_log().check_reset().await
     }
 
     /// `sluice reset` of a Delta sink, after its owner record was retired:
@@ -585,7 +601,7 @@ impl ParquetSink {
     /// retired (see [`super::delta`]). Returns the parts it removed from
     /// the table.
     pub(crate) async fn retire_table(&self, now_ms: i64, retired: &str) -> Result<Vec<String>> {
-        if !self.delta {
+        if self.delta.is_none() {
             return Ok(Vec::new());
         }
         self.delta_log().retire(now_ms, retired).await
