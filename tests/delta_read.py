@@ -12,9 +12,13 @@
     delta_read.py append TABLE ROWS_JSON
         an outside writer: deltalake's write_deltalake(mode="append") of
         the JSON list of objects ROWS_JSON, with the table's own schema.
-    delta_read.py create TABLE ROWS_JSON
+    delta_read.py create TABLE ROWS_JSON [PARTITION_COLUMN]
         a table another writer makes: write_deltalake of ROWS_JSON (types
-        as pyarrow infers them) into a new table.
+        as pyarrow infers them) into a new table, partitioned by
+        PARTITION_COLUMN if given.
+    delta_read.py delete TABLE PREDICATE
+        another writer's DELETE (deltalake's DeltaTable.delete): a version
+        that removes files and adds rewritten ones.
     delta_read.py alter TABLE constraint NAME EXPR | property KEY VALUE
         another writer's change of a table: deltalake's
         alter.add_constraint (raises the writer protocol to CHECK
@@ -121,7 +125,14 @@ def cmd_create(args):
     import pyarrow as pa
     from deltalake import write_deltalake
     table, rows = args[0], json.loads(args[1])
-    write_deltalake(table, pa.Table.from_pylist(rows), storage_options=storage_options(table))
+    write_deltalake(table, pa.Table.from_pylist(rows), storage_options=storage_options(table),
+                    partition_by=args[2:] or None)
+
+
+def cmd_delete(args):
+    from deltalake import DeltaTable
+    table = args[0]
+    DeltaTable(table, storage_options=storage_options(table)).delete(args[1])
 
 
 def cmd_alter(args):
@@ -138,7 +149,7 @@ def cmd_alter(args):
 
 def main():
     commands = {"read": cmd_read, "append": cmd_append, "create": cmd_create,
-                "alter": cmd_alter}
+                "alter": cmd_alter, "delete": cmd_delete}
     if len(sys.argv) < 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)
     commands[sys.argv[1]](sys.argv[2:])

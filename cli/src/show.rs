@@ -12,12 +12,24 @@ pub(crate) async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     }
     let p = &ctx.pipeline;
     println!("pipeline     {}", p.name);
-    println!(
-        "source       {} ({}, {} discovery)",
-        p.source.location.display(),
-        p.source.format.name(),
-        p.source.discovery.name()
-    );
+    if p.source.discovery == sluice_engine::pipeline::DiscoveryMode::Delta {
+        println!(
+            "source       {} (Delta table{})",
+            p.source.location.display(),
+            if p.source.ignore_changes {
+                ", versions that remove files skipped"
+            } else {
+                ""
+            }
+        );
+    } else {
+        println!(
+            "source       {} ({}, {} discovery)",
+            p.source.location.display(),
+            p.source.format.name(),
+            p.source.discovery.name()
+        );
+    }
     // The first pinned schema; one that grew since prints with its
     // version below.
     let grown = status.control.as_ref().is_some_and(|c| c.schema.is_some());

@@ -802,4 +802,28 @@ max_files_per_batch = 2
     assert_eq!(v.deltalake, want);
     assert_eq!(v.duckdb, want);
     assert_eq!((v.version, v.txn), (1, Some(1)));
+    // A downstream pipeline reads that table as a Delta source on S3 and
+    // writes its own Delta table there: both readers read the same rows.
+    let down = format!(
+        r#"name = "s3down"
+[source]
+uri = "s3://{bucket}/curated/trips/"
+format = "delta"
+table = "up"
+[query]
+sql = "SELECT * FROM up"
+[sink]
+uri = "s3://{bucket}/curated/down/"
+format = "delta"
+[checkpoint]
+uri = "s3://{bucket}/_checkpoints/"
+"#
+    );
+    let p = sluice_engine::pipeline::Pipeline::parse(&down, "down.toml", dir.path()).unwrap();
+    let mut ctx = sluice_engine::handlers::Context::open(p, Some(&cfg)).unwrap();
+    test_mode(&mut ctx);
+    assert_eq!(run(&ctx).await.unwrap().batches.len(), 1);
+    let v = delta_view_at(&format!("s3://{bucket}/curated/down"), "-").await;
+    assert_eq!(v.deltalake, want);
+    assert_eq!(v.duckdb, want);
 }

@@ -13,6 +13,7 @@ mod cli;
 mod contexts;
 mod crash;
 mod delta;
+mod delta_source;
 mod equivalence;
 mod fencing;
 mod golden;

@@ -273,6 +273,40 @@ fn a_pipeline_reading_a_sink_wakes_on_its_manifests() {
     assert_eq!(r.ignored, 3);
 }
 
+/// A pipeline reading a Delta table (`format = "delta"`) wakes on a new
+/// commit of the table's log, not on its data files (written before the
+/// commit), its log checkpoints, `_last_checkpoint`, or Sluice's
+/// manifests beside it.
+#[test]
+fn a_pipeline_reading_a_delta_table_wakes_on_its_log_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "name = \"down\"\n[source]\nuri = \"s3://lake/taxi/clean/\"\nformat = \"delta\"\n\
+         table = \"trips\"\n[query]\nsql = '''{SQL}'''\n[sink]\n\
+         uri = \"out/sink\"\n[checkpoint]\nuri = \"out/checkpoint\"\n"
+    );
+    let down = Pipeline::parse(&toml, "down.toml", dir.path()).unwrap();
+    let obj = |key: &str| ObjectRef {
+        bucket: "lake".into(),
+        key: key.into(),
+        size: Some(1),
+    };
+    let event = Event::Objects {
+        via: Via::S3,
+        objects: vec![
+            obj("taxi/clean/_delta_log/00000000000000000007.json"),
+            obj("taxi/clean/_delta_log/00000000000000000007.checkpoint.parquet"),
+            obj("taxi/clean/_delta_log/_last_checkpoint"),
+            obj("taxi/clean/batch=0000000007/part-00000-00000-e3.parquet"),
+            obj("taxi/clean/_sluice/manifest/0000000007.json"),
+        ],
+        skipped: 0,
+    };
+    let r = triggers::route(&event, std::slice::from_ref(&down)).unwrap();
+    assert_eq!(r.pipelines.get("down"), Some(&1));
+    assert_eq!(r.ignored, 4);
+}
+
 /// Executions recorded in memory; a start can be made to fail, and
 /// executions can be marked ended.
 #[derive(Default)]

@@ -20,6 +20,7 @@
 //! `Source` is the seam: the steps ask it, and only it (and the pipeline
 //! file's parser) knows the kinds.
 
+mod delta;
 mod kafka;
 mod listing;
 mod manifests;

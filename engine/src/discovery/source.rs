@@ -76,6 +76,8 @@ pub(crate) enum Source {
     Manifests,
     /// A Kafka topic: each partition's offset is the cursor.
     Kafka,
+    /// A Delta table: its log position is the cursor.
+    Delta { ignore_changes: bool },
 }
 
 /// What a run's first look at its input found.
@@ -196,6 +198,9 @@ impl Source {
             },
             DiscoveryMode::Manifests => Source::Manifests,
             DiscoveryMode::Kafka => Source::Kafka,
+            DiscoveryMode::Delta => Source::Delta {
+                ignore_changes: p.source.ignore_changes,
+            },
         }
     }
 
@@ -235,10 +240,14 @@ impl Source {
                     stream_due: false,
                 }))
             }
-            Source::Manifests => {
-                let upstream =
-                    read_upstream(ctx, control.and_then(|c| c.listing.start_after.as_deref()))
-                        .await?;
+            Source::Manifests | Source::Delta { .. } => {
+                let upstream = self
+                    .read_upstream(
+                        ctx,
+                        control.and_then(|c| c.listing.start_after.as_deref()),
+                        control.and_then(|c| c.source_history.as_deref()),
+                    )
+                    .await?;
                 super::check_history(
                     &p.name,
                     control.and_then(|c| c.source_history.as_deref()),
@@ -320,6 +329,7 @@ impl Source {
             Source::Notify { .. } => DiscoveryMode::Notify,
             Source::Manifests => DiscoveryMode::Manifests,
             Source::Kafka => DiscoveryMode::Kafka,
+            Source::Delta { .. } => DiscoveryMode::Delta,
         }
     }
 
@@ -380,12 +390,18 @@ impl Source {
     ) -> Result<Fresh> {
         let p = &ctx.pipeline;
         let reconcile_every = match self {
-            Source::Manifests => {
+            Source::Manifests | Source::Delta { .. } => {
                 let upstream = match seen {
                     Seen::Manifests(u) => u,
                     _ => {
                         let (index, _) = ctx.checkpoint.index_of(Some(control)).await?;
-                        let upstream = read_upstream(ctx, index.start_after.as_deref()).await?;
+                        let upstream = self
+                            .read_upstream(
+                                ctx,
+                                index.start_after.as_deref(),
+                                control.source_history.as_deref(),
+                            )
+                            .await?;
                         super::check_history(
                             &p.name,
                             control.source_history.as_deref(),
@@ -532,7 +548,7 @@ impl Source {
             Source::Notify { .. } => Freshness::Notified,
             // A source sink's published parts never change: no check; nor
             // do a topic's records.
-            Source::Manifests | Source::Kafka => Freshness::Immutable,
+            Source::Manifests | Source::Kafka | Source::Delta { .. } => Freshness::Immutable,
             Source::List => Freshness::Listed { strict: false },
             Source::Ordered { .. } => Freshness::Listed { strict: true },
         }
@@ -559,7 +575,7 @@ impl Source {
             }
             Source::List => checkpoint::IndexKeep::Every,
             Source::Ordered { lookback } => checkpoint::IndexKeep::Recent(lookback),
-            Source::Manifests => checkpoint::IndexKeep::Last,
+            Source::Manifests | Source::Delta { .. } => checkpoint::IndexKeep::Last,
         };
         let (index, etag) = ctx.checkpoint.index_of(Some(control)).await?;
         // `manifests` mode's offset is the last source manifest read.
@@ -594,13 +610,18 @@ impl Source {
     ) -> Result<(Vec<ObjectMeta>, Vec<String>)> {
         match self {
             Source::Kafka => Ok((super::stream::waiting(ctx, control).await?, Vec::new())),
-            Source::Manifests => {
-                // The files of the source sink's manifests after the cursor.
+            Source::Manifests | Source::Delta { .. } => {
+                // The files of the source sink's manifests (the table's
+                // versions) after the cursor.
                 let (index, _) = ctx.checkpoint.index_of(control).await?;
                 Ok((
-                    read_upstream(ctx, index.start_after.as_deref())
-                        .await?
-                        .listed(),
+                    self.read_upstream(
+                        ctx,
+                        index.start_after.as_deref(),
+                        control.and_then(|c| c.source_history.as_deref()),
+                    )
+                    .await?
+                    .listed(),
                     Vec::new(),
                 ))
             }
@@ -692,10 +713,16 @@ impl Source {
         matches!(self, Source::Notify { .. })
     }
 
-    /// Whether a created object wakes the pipeline because it is a manifest
-    /// of the source sink (`manifests`), rather than an input file.
-    pub(crate) fn wakes_on_manifests(self) -> bool {
-        self == Source::Manifests
+    /// Whether a created object at `key` (relative to the source root)
+    /// wakes the pipeline: a manifest of the source sink (`manifests`), a
+    /// commit of the table's log (a Delta table), else `None`: an input
+    /// file does.
+    pub(crate) fn wakes_on(self, key: &str) -> Option<bool> {
+        match self {
+            Source::Manifests => Some(crate::paths::sink::manifest_batch(key).is_some()),
+            Source::Delta { .. } => Some(super::delta::is_commit(key)),
+            _ => None,
+        }
     }
 
     /// Why a change of discovery mode from `old` to this one would process
@@ -704,12 +731,15 @@ impl Source {
     /// one claim per key under `index/keys/`. Only `list` -> `ordered`
     /// keeps what the new mode needs.
     pub(crate) fn change_from(self, old: DiscoveryMode) -> Option<String> {
-        use DiscoveryMode::{Kafka, List, Manifests, Notify, Ordered};
+        use DiscoveryMode::{Delta, Kafka, List, Manifests, Notify, Ordered};
         let new = self.mode();
         let why = match (old, new) {
             (a, b) if a == b => return None,
             (Kafka, _) | (_, Kafka) => {
                 "a topic's offsets and a folder's files are different cursors"
+            }
+            (Delta, _) | (_, Delta) => {
+                "a Delta table's log position and processed files are different cursors"
             }
             (List, Ordered) => return None,
             (Manifests, _) => "manifests mode records a manifest number, not processed files",
@@ -730,9 +760,28 @@ impl Source {
     }
 }
 
-/// `manifests` mode: the source sink's manifests after `start_after`.
-async fn read_upstream(ctx: &Scope<'_>, start_after: Option<&str>) -> Result<Upstream> {
-    super::read_upstream(ctx.source.as_ref(), &ctx.pipeline.name, start_after).await
+impl Source {
+    /// `manifests` mode: the source sink's manifests after `start_after`;
+    /// a Delta table: its versions after it, as pieces (`recorded`: the id
+    /// of the table the committed batches read).
+    async fn read_upstream(
+        self,
+        ctx: &Scope<'_>,
+        start_after: Option<&str>,
+        recorded: Option<&str>,
+    ) -> Result<Upstream> {
+        if let Source::Delta { ignore_changes } = self {
+            return super::delta::TableSource {
+                store: ctx.source,
+                pipeline: &ctx.pipeline.name,
+                ignore_changes,
+                limits: &ctx.pipeline.limits,
+            }
+            .read(start_after, recorded)
+            .await;
+        }
+        super::read_upstream(ctx.source.as_ref(), &ctx.pipeline.name, start_after).await
+    }
 }
 
 /// The input files named by `control.retry` (`sluice retry-quarantined`)

@@ -66,6 +66,9 @@ pub enum DiscoveryMode {
     /// A Kafka topic (`kafka://...`): each partition's offsets are the
     /// cursor; a run reads up to the end offsets its first plan found.
     Kafka,
+    /// A Delta table (`format = "delta"`): its snapshot, then the files
+    /// each new version adds, with the log position as the cursor.
+    Delta,
 }
 
 impl DiscoveryMode {
@@ -77,6 +80,7 @@ impl DiscoveryMode {
             DiscoveryMode::Notify => "notify",
             DiscoveryMode::Manifests => "manifests",
             DiscoveryMode::Kafka => "kafka",
+            DiscoveryMode::Delta => "delta",
         }
     }
 }
@@ -246,6 +250,10 @@ pub struct Source {
     /// before they were read.
     #[serde(default, skip_serializing_if = "DataLossPolicy::is_fail")]
     pub on_data_loss: DataLossPolicy,
+    /// A Delta source: skip versions that remove or rewrite files
+    /// (Spark's `skipChangeCommits`) instead of failing on them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignore_changes: bool,
     /// A Kafka source: how the brokers are reached (Kafka's
     /// `security.protocol`). Credentials and certificates come from the
     /// environment, never the pipeline file.

@@ -25,7 +25,7 @@ enum ByteSize {
 #[serde(deny_unknown_fields)]
 struct SourceFile {
     uri: String,
-    format: SourceFormat,
+    format: FormatName,
     compression: Option<Compression>,
     table: String,
     schema: Option<Vec<ColumnSpec>>,
@@ -43,6 +43,29 @@ struct SourceFile {
     on_data_loss: Option<super::DataLossPolicy>,
     security_protocol: Option<super::SecurityProtocol>,
     sasl_mechanism: Option<super::SaslMechanism>,
+    ignore_changes: Option<bool>,
+}
+
+/// `source.format` as written: a file format, or a Delta table (whose
+/// files are Parquet, found through its log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum FormatName {
+    Parquet,
+    Csv,
+    Jsonl,
+    Delta,
+}
+
+impl SourceFile {
+    /// The format of the files read.
+    fn file_format(&self) -> SourceFormat {
+        match self.format {
+            FormatName::Parquet | FormatName::Delta => SourceFormat::Parquet,
+            FormatName::Csv => SourceFormat::Csv,
+            FormatName::Jsonl => SourceFormat::Jsonl,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -405,14 +428,14 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
             src.table
         ));
     }
-    if src.compression.is_some() && src.format == SourceFormat::Parquet {
+    if src.compression.is_some() && src.file_format() == SourceFormat::Parquet {
         return Err(
             "source.compression: Parquet compresses inside the file; remove compression or \
              use format = \"csv\" or \"jsonl\""
                 .to_string(),
         );
     }
-    if src.format != SourceFormat::Csv && (src.header.is_some() || src.delimiter.is_some()) {
+    if src.file_format() != SourceFormat::Csv && (src.header.is_some() || src.delimiter.is_some()) {
         return Err(
             "source.header and source.delimiter apply to format = \"csv\" only".to_string(),
         );
@@ -421,7 +444,7 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
     let discovery = discovery_of(src, &location)?;
     check_source_options(src, discovery)?;
     if let Some(cols) = &src.schema {
-        check_declared_schema(cols, src.format)?;
+        check_declared_schema(cols, src.file_format())?;
     }
     let hints = src.schema_hints.clone().unwrap_or_default();
     if !hints.is_empty() && src.schema.is_some() {
@@ -431,7 +454,7 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
                 .to_string(),
         );
     }
-    check_schema_hints(&hints, src.format)?;
+    check_schema_hints(&hints, src.file_format())?;
     let (schema, hints) = if discovery == DiscoveryMode::Kafka {
         with_record_metadata(src.schema.clone(), hints)
     } else {
@@ -439,7 +462,7 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
     };
     Ok(Source {
         location,
-        format: src.format,
+        format: src.file_format(),
         compression: src.compression,
         table: src.table.clone(),
         schema,
@@ -460,6 +483,7 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
         sasl_mechanism: src.sasl_mechanism,
         raw: false,
         on_data_loss: src.on_data_loss.unwrap_or_default(),
+        ignore_changes: src.ignore_changes.unwrap_or(false),
     })
 }
 
@@ -514,6 +538,27 @@ fn discovery_of(
     location: &Location,
 ) -> std::result::Result<DiscoveryMode, String> {
     let kafka = matches!(location, Location::Kafka { .. });
+    if src.format == FormatName::Delta {
+        return match src.discovery {
+            _ if kafka => Err(
+                "source.format = \"delta\" reads a table in a folder or under s3://, not a \
+                 kafka:// topic"
+                    .to_string(),
+            ),
+            None | Some(DiscoveryMode::Delta) => Ok(DiscoveryMode::Delta),
+            Some(d) => Err(format!(
+                "source.discovery = \"{}\" lists files; source.format = \"delta\" reads the \
+                 table's log: remove source.discovery",
+                d.name()
+            )),
+        };
+    }
+    if src.discovery == Some(DiscoveryMode::Delta) {
+        return Err(
+            "source.discovery = \"delta\": write source.format = \"delta\" to read a Delta table"
+                .to_string(),
+        );
+    }
     match src.discovery {
         None if kafka => Ok(DiscoveryMode::Kafka),
         Some(DiscoveryMode::Kafka) if kafka => Ok(DiscoveryMode::Kafka),
@@ -564,7 +609,7 @@ fn check_source_options(
     if src.reconcile_every.is_some() && discovery != DiscoveryMode::Notify {
         return Err("source.reconcile_every applies to discovery = \"notify\" only".to_string());
     }
-    if discovery == DiscoveryMode::Manifests && src.format != SourceFormat::Parquet {
+    if discovery == DiscoveryMode::Manifests && src.file_format() != SourceFormat::Parquet {
         return Err(
             "discovery = \"manifests\" reads another Sluice pipeline's sink, which holds \
              Parquet: set source.format = \"parquet\""
@@ -572,7 +617,7 @@ fn check_source_options(
         );
     }
     if src.on_bad_row.is_some_and(|p| p != BadRowPolicy::Fail)
-        && src.format == SourceFormat::Parquet
+        && src.file_format() == SourceFormat::Parquet
     {
         return Err(
             "source.on_bad_row applies to csv and jsonl (Parquet has no rows to tell apart: \
@@ -586,6 +631,9 @@ fn check_source_options(
              on_bad_row = \"null\": set that policy too, or remove corrupt_record"
                 .to_string(),
         );
+    }
+    if src.ignore_changes.is_some() && discovery != DiscoveryMode::Delta {
+        return Err("source.ignore_changes applies to format = \"delta\" only".to_string());
     }
     let stream = discovery == DiscoveryMode::Kafka;
     if !stream
@@ -613,12 +661,12 @@ fn check_source_options(
                 .to_string()
         });
     }
-    if stream && src.format != SourceFormat::Jsonl {
+    if stream && src.file_format() != SourceFormat::Jsonl {
         return Err(format!(
             "source.format = \"{}\": a kafka:// source reads each record's value as one JSON \
              object (format = \"jsonl\") or each record as it is (format = \"raw\": key, \
              value, topic, partition, offset, timestamp)",
-            src.format.name()
+            src.file_format().name()
         ));
     }
     if stream && src.compression.is_some() {

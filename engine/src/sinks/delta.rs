@@ -55,7 +55,7 @@ pub(crate) fn commit_key(version: u64) -> String {
 
 /// The version of log entry `key`, if it is a commit (not a checkpoint or
 /// a temporary file).
-fn version_of(key: &str) -> Option<u64> {
+pub(crate) fn version_of(key: &str) -> Option<u64> {
     let digits = key.strip_prefix(LOG_PREFIX)?.strip_suffix(".json")?;
     (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
         .then(|| digits.parse().ok())
@@ -108,7 +108,7 @@ fn checkpoint_version_of(key: &str) -> Option<u64> {
 /// The part of the log that holds the table's state: its newest
 /// checkpoint, and the entries after it.
 #[derive(Debug, Default, Clone)]
-struct Segment {
+pub(crate) struct Segment {
     checkpoint: Option<u64>,
     /// The entries after the checkpoint (all of them without one),
     /// ascending and without gaps.
@@ -116,7 +116,7 @@ struct Segment {
 }
 
 impl Segment {
-    fn latest(&self) -> Option<u64> {
+    pub(crate) fn latest(&self) -> Option<u64> {
         self.versions.last().copied().or(self.checkpoint)
     }
 
@@ -131,11 +131,11 @@ impl Segment {
 
 /// A table's state at a version: what replaying its log gives.
 #[derive(Debug, Default)]
-struct Snapshot {
-    protocol: Option<Value>,
-    meta: Option<Value>,
+pub(crate) struct Snapshot {
+    pub(crate) protocol: Option<Value>,
+    pub(crate) meta: Option<Value>,
     /// The live files' `add` actions, by path.
-    live: BTreeMap<String, Value>,
+    pub(crate) live: BTreeMap<String, Value>,
     /// The removed files' `remove` actions, by path.
     tombstones: BTreeMap<String, Value>,
     /// The newest `txn` of each application.
@@ -772,7 +772,7 @@ fn merged_schema(table: &str, parts: &str) -> std::result::Result<String, String
 }
 
 /// One log entry's actions.
-fn actions(bytes: &[u8], key: &str, pipeline: &str) -> Result<Vec<Value>> {
+pub(crate) fn actions(bytes: &[u8], key: &str, pipeline: &str) -> Result<Vec<Value>> {
     let text = std::str::from_utf8(bytes).map_err(|_| broken(pipeline, key, "not UTF-8"))?;
     text.lines()
         .filter(|l| !l.trim().is_empty())
@@ -837,7 +837,7 @@ impl DeltaLog<'_> {
     /// The log's newest checkpoint and the entries after it: a read of
     /// the `_last_checkpoint` hint and one listing from there (the whole
     /// log when the hint is missing or names no checkpoint).
-    async fn segment(&self) -> Result<Segment> {
+    pub(crate) async fn segment(&self) -> Result<Segment> {
         let hint = match self.store.get(LAST_CHECKPOINT).await? {
             Some(o) => serde_json::from_slice::<Value>(&o.bytes)
                 .ok()
@@ -851,11 +851,34 @@ impl DeltaLog<'_> {
         {
             listed = self.store.list(LOG_PREFIX, None).await?;
         }
-        let mut json: Vec<u64> = listed.iter().filter_map(|m| version_of(&m.key)).collect();
+        self.segment_of(&listed, None)
+    }
+
+    /// The log's segment that holds version `upto`: its newest checkpoint
+    /// at or before it, and the entries after that up to it (one listing
+    /// of the whole log).
+    pub(crate) async fn segment_upto(&self, upto: u64) -> Result<Segment> {
+        let listed = self.store.list(LOG_PREFIX, None).await?;
+        self.segment_of(&listed, Some(upto))
+    }
+
+    /// The segment a listing of the log holds (up to version `upto`).
+    fn segment_of(
+        &self,
+        listed: &[crate::storage::ObjectMeta],
+        upto: Option<u64>,
+    ) -> Result<Segment> {
+        let within = |v: &u64| upto.is_none_or(|u| *v <= u);
+        let mut json: Vec<u64> = listed
+            .iter()
+            .filter_map(|m| version_of(&m.key))
+            .filter(within)
+            .collect();
         json.sort_unstable();
         let checkpoint = listed
             .iter()
             .filter_map(|m| checkpoint_version_of(&m.key))
+            .filter(within)
             .max();
         let versions: Vec<u64> = json
             .into_iter()
@@ -914,7 +937,7 @@ impl DeltaLog<'_> {
 
     /// The table's state at version `upto` (the segment's latest when
     /// `None`): its checkpoint, then its entries.
-    async fn snapshot(&self, segment: &Segment, upto: Option<u64>) -> Result<Snapshot> {
+    pub(crate) async fn snapshot(&self, segment: &Segment, upto: Option<u64>) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
         if let Some(c) = segment.checkpoint {
             for a in self.checkpoint_actions(c).await? {
@@ -1032,7 +1055,7 @@ impl DeltaLog<'_> {
 
     /// The newest `metaData` of the log (read back from the latest entry,
     /// then the checkpoint).
-    async fn newest_meta(&self, segment: &Segment) -> Result<Option<Value>> {
+    pub(crate) async fn newest_meta(&self, segment: &Segment) -> Result<Option<Value>> {
         for v in segment.versions.iter().rev() {
             for a in self.entry_actions(*v).await? {
                 if let Some(m) = a.get("metaData") {

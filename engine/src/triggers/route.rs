@@ -11,8 +11,10 @@ use crate::storage::Location;
 /// Whether the created object `o` wakes `p`: an input file, or, for a
 /// pipeline reading another's sink (`manifests` discovery), a manifest.
 pub(crate) fn concerns(p: &Pipeline, o: &ObjectRef) -> bool {
-    if crate::discovery::Source::of(p).wakes_on_manifests() {
-        return source_key(p, o).is_some_and(|k| crate::paths::sink::manifest_batch(k).is_some());
+    if let Some(k) = source_key(p, o)
+        && let Some(wakes) = crate::discovery::Source::of(p).wakes_on(k)
+    {
+        return wakes;
     }
     input_key(p, o).is_some()
 }

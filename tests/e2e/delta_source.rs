@@ -1,0 +1,319 @@
+//! A Delta table as a source (`source.format = "delta"`): a pipeline
+//! reads another's Delta sink (or any writer's table) snapshot first, then
+//! version by version, exactly once. Expected rows come from DuckDB over
+//! the upstream's input files (and the rows an outside writer appended).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::delta::{delta_toml, delta_view};
+use crate::support::*;
+
+/// A pipeline `down` reading the Delta table at `out/sink` (the upstream
+/// `up` under the same root), writing `down/sink` (`sink_format`).
+fn down_toml(limits: &str, extra_source: &str, sink_format: &str) -> String {
+    format!(
+        r#"name = "down"
+[source]
+uri = "out/sink"
+format = "delta"
+table = "up"
+{extra_source}
+[query]
+sql = "SELECT * FROM up"
+[sink]
+uri = "down/sink"
+format = "{sink_format}"
+[checkpoint]
+uri = "down/checkpoint"
+[limits]
+{limits}
+"#
+    )
+}
+
+/// The upstream: a Delta sink over `root/input`, a batch per file.
+fn up_toml() -> String {
+    delta_toml("up", "max_files_per_batch = 1")
+}
+
+async fn up(root: &Path) -> u64 {
+    run(&local_context(&pipeline(root, &up_toml())))
+        .await
+        .unwrap()
+        .batches
+        .len() as u64
+}
+
+async fn down(root: &Path, toml: &str) -> sluice_engine::Result<u64> {
+    run(&local_context(&pipeline(root, toml)))
+        .await
+        .map(|s| s.batches.len() as u64)
+}
+
+/// The downstream's Delta table as both readers read it (they must agree).
+async fn down_rows(root: &Path) -> Vec<String> {
+    let v = delta_view(&root.join("down/sink"), "-").await;
+    assert_eq!(v.deltalake, v.duckdb, "the two readers differ");
+    v.deltalake
+}
+
+/// `delta_read.py` with `args` (an outside writer).
+fn outside(args: &[&str]) {
+    let out = std::process::Command::new(std::env::var("SLUICE_DELTA_PYTHON").unwrap())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/delta_read.py"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A chain over Delta: the downstream's first run reads the upstream
+/// table's snapshot (three versions, in batches of two files), later runs
+/// only the versions after its cursor (the upstream's next batches, then
+/// an outside writer's append); each time both readers of the
+/// downstream's own Delta table read DuckDB's one-shot rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delta_table_is_read_snapshot_first_then_version_by_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = down_toml("max_files_per_batch = 2", "", "delta");
+    let mut files = gen_files(&root.join("input/a"), 3, 30);
+    assert_eq!(up(root).await, 3);
+    assert_eq!(down(root, &toml).await.unwrap(), 2, "3 files, 2 a batch");
+    assert_eq!(down_rows(root).await, duckdb_rows(&files, SQL).await);
+    // Nothing new: no batch.
+    assert_eq!(down(root, &toml).await.unwrap(), 0);
+    files.extend(gen_files(&root.join("input/b"), 2, 30));
+    assert_eq!(up(root).await, 2);
+    assert_eq!(
+        down(root, &toml).await.unwrap(),
+        1,
+        "two versions, one file each"
+    );
+    assert_eq!(down_rows(root).await, duckdb_rows(&files, SQL).await);
+    // An outside writer's blind append is read too.
+    let row = r#"[{"VendorID": 77, "tpep_pickup_datetime": null, "PULocationID": 7, "trip_distance": 7.5, "fare_amount": 70.25, "surcharges": 1.5}]"#;
+    outside(&["append", root.join("out/sink").to_str().unwrap(), row]);
+    assert_eq!(down(root, &toml).await.unwrap(), 1);
+    let mut want = duckdb_rows(&files, SQL).await;
+    want.extend(
+        duckdb_sql(
+            "SELECT 77::INTEGER AS \"VendorID\", NULL::TIMESTAMP AS tpep_pickup_datetime, \
+             7::INTEGER AS \"PULocationID\", 7.5::DOUBLE AS trip_distance, 70.25::DOUBLE AS \
+             fare_amount, 1.5::DOUBLE AS surcharges",
+        )
+        .await,
+    );
+    want.sort();
+    let mut got = down_rows(root).await;
+    got.sort();
+    assert_eq!(got, want);
+}
+
+/// A version with more files than a batch takes is read across batches:
+/// the cursor records the position inside it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_larger_than_a_batch_spans_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    // One upstream batch of four tasks: one version adding four parts.
+    let up = delta_toml(
+        "up",
+        "max_files_per_batch = 4\nmax_bytes_per_task = \"1 B\"",
+    );
+    let files = gen_files(&root.join("input"), 4, 30);
+    let s = run(&local_context(&pipeline(root, &up))).await.unwrap();
+    assert_eq!(s.batches.len(), 1);
+    let toml = down_toml("max_files_per_batch = 1", "", "parquet");
+    // The first run reads the snapshot one file a batch.
+    assert_eq!(down(root, &toml).await.unwrap(), 4);
+    assert_eq!(
+        committed_rows(&root.join("down/sink"), "down").await,
+        duckdb_rows(&files, SQL).await
+    );
+    // A second version of four parts, read one part a batch.
+    let more = gen_files(&root.join("input/b"), 4, 30);
+    let s = run(&local_context(&pipeline(root, &up))).await.unwrap();
+    assert_eq!(s.batches.len(), 1);
+    assert_eq!(down(root, &toml).await.unwrap(), 4);
+    let all: Vec<_> = files.iter().chain(&more).cloned().collect();
+    assert_eq!(
+        committed_rows(&root.join("down/sink"), "down").await,
+        duckdb_rows(&all, SQL).await
+    );
+}
+
+/// A version that removes files (an outside writer's DELETE) fails the
+/// downstream's batch, naming the version and `ignore_changes`; with
+/// `ignore_changes = true` it is skipped whole and later appends are read.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_that_removes_files_fails_unless_changes_are_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let mut files = gen_files(&root.join("input/a"), 2, 30);
+    up(root).await;
+    let toml = down_toml("", "", "parquet");
+    down(root, &toml).await.unwrap();
+    outside(&[
+        "delete",
+        root.join("out/sink").to_str().unwrap(),
+        "\"VendorID\" = 1",
+    ]);
+    files.extend(gen_files(&root.join("input/b"), 1, 30));
+    up(root).await;
+    let e = down(root, &toml).await.unwrap_err().to_string();
+    assert!(
+        e.contains("version 2") && e.contains("ignore_changes"),
+        "{e}"
+    );
+    let c = control_of(root, &toml).await;
+    assert_eq!(c.last_committed, Some(0), "nothing committed");
+    let ignoring = down_toml("", "ignore_changes = true", "parquet");
+    assert_eq!(down(root, &ignoring).await.unwrap(), 1);
+    // Every row once: the deleted rows were read before the DELETE, whose
+    // rewritten files are skipped.
+    assert_eq!(
+        committed_rows(&root.join("down/sink"), "down").await,
+        duckdb_rows(&files, SQL).await
+    );
+}
+
+/// The upstream pipeline is reset: its table gets a new id. The
+/// downstream refuses it, naming `sluice reset`; after its own reset it
+/// reads the table anew.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replaced_table_is_refused_until_the_downstream_is_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let files = gen_files(&root.join("input"), 2, 30);
+    up(root).await;
+    let toml = down_toml("", "", "parquet");
+    down(root, &toml).await.unwrap();
+    sluice_engine::admin::reset(&local_context(&pipeline(root, &up_toml())))
+        .await
+        .unwrap();
+    up(root).await;
+    let e = down(root, &toml).await.unwrap_err().to_string();
+    assert!(e.contains("replaced") && e.contains("sluice reset"), "{e}");
+    sluice_engine::admin::reset(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap();
+    down(root, &toml).await.unwrap();
+    assert_eq!(
+        committed_rows(&root.join("down/sink"), "down").await,
+        duckdb_rows(&files, SQL).await
+    );
+}
+
+/// The issue's proof: the upstream Delta sink fails at each of its writes
+/// in turn; the downstream Delta source runs on what the failure left,
+/// then the upstream finishes and the downstream runs again: the
+/// downstream holds exactly the rows DuckDB computes over the input, each
+/// once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chain_over_delta_holds_the_one_shot_rows_after_any_upstream_failure() {
+    let up_ctx = |root: &Path, writes: Arc<AtomicU64>, fail_at: u64| {
+        fault_context(
+            root,
+            &delta_toml("up", "max_files_per_batch = 2").replace(
+                "format = \"delta\"\n",
+                "format = \"delta\"\ndelta_checkpoint_interval = 1\n",
+            ),
+            writes,
+            fail_at,
+        )
+    };
+    let clean = tempfile::tempdir().unwrap();
+    gen_files(&clean.path().join("input"), 4, 40);
+    let writes = Arc::new(AtomicU64::new(0));
+    run(&up_ctx(clean.path(), writes.clone(), 0)).await.unwrap();
+    let total = writes.load(Ordering::SeqCst);
+    let toml = down_toml("max_files_per_batch = 1", "", "parquet");
+    eprintln!("delta chain: failing each of {total} upstream writes in turn");
+    for k in 1..=total {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let files = gen_files(&root.join("input"), 4, 40);
+        assert!(
+            run(&up_ctx(root, Arc::new(AtomicU64::new(0)), k))
+                .await
+                .is_err()
+        );
+        down(root, &toml)
+            .await
+            .unwrap_or_else(|e| panic!("downstream after failing upstream write {k}: {e}"));
+        run(&up_ctx(root, Arc::new(AtomicU64::new(0)), 0))
+            .await
+            .unwrap();
+        down(root, &toml).await.unwrap();
+        assert_eq!(
+            committed_rows(&root.join("down/sink"), "down").await,
+            duckdb_rows(&files, SQL).await,
+            "downstream after failing upstream write {k}"
+        );
+    }
+}
+
+/// A table whose older log entries another engine cleaned up is read from
+/// its newest checkpoint (the snapshot), then version by version; a
+/// version cleaned up before the downstream read it is refused, naming
+/// `sluice reset`; a partitioned table (another writer's) is refused,
+/// naming its partition columns.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_is_read_from_its_checkpoint_and_what_cannot_be_read_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let up = delta_toml("up", "max_files_per_batch = 1").replace(
+        "format = \"delta\"\n",
+        "format = \"delta\"\ndelta_checkpoint_interval = 2\n",
+    );
+    let mut files = gen_files(&root.join("input/a"), 5, 20);
+    run(&local_context(&pipeline(root, &up))).await.unwrap();
+    let log = root.join("out/sink/_delta_log");
+    assert!(log.join("00000000000000000003.checkpoint.parquet").exists());
+    for v in 0..=3u64 {
+        std::fs::remove_file(log.join(format!("{v:020}.json"))).unwrap();
+    }
+    std::fs::remove_file(log.join("00000000000000000001.checkpoint.parquet")).unwrap();
+    let toml = down_toml("", "", "parquet");
+    down(root, &toml).await.unwrap();
+    assert_eq!(
+        committed_rows(&root.join("down/sink"), "down").await,
+        duckdb_rows(&files, SQL).await
+    );
+    files.extend(gen_files(&root.join("input/b"), 1, 20));
+    run(&local_context(&pipeline(root, &up))).await.unwrap();
+    assert_eq!(down(root, &toml).await.unwrap(), 1);
+    assert_eq!(
+        committed_rows(&root.join("down/sink"), "down").await,
+        duckdb_rows(&files, SQL).await
+    );
+    // Versions 6 and 7; 6 is cleaned up before the downstream reads it.
+    gen_files(&root.join("input/c"), 2, 20);
+    run(&local_context(&pipeline(root, &up))).await.unwrap();
+    std::fs::remove_file(log.join(format!("{:020}.json", 6))).unwrap();
+    let e = down(root, &toml).await.unwrap_err().to_string();
+    assert!(
+        e.contains("version 6") && e.contains("gone") && e.contains("sluice reset"),
+        "{e}"
+    );
+
+    let other = root.join("other");
+    outside(&[
+        "create",
+        other.to_str().unwrap(),
+        r#"[{"day": "2026-12-01", "n": 1}, {"day": "2026-12-02", "n": 2}]"#,
+        "day",
+    ]);
+    let toml = down_toml("", "", "parquet")
+        .replace("uri = \"out/sink\"", "uri = \"other\"")
+        .replace("name = \"down\"", "name = \"other\"");
+    let e = down(root, &toml).await.unwrap_err().to_string();
+    assert!(e.contains("partitioned"), "{e}");
+}
