@@ -16,6 +16,10 @@
         a table another writer makes: write_deltalake of ROWS_JSON (types
         as pyarrow infers them) into a new table, partitioned by
         PARTITION_COLUMN if given.
+    delta_read.py prune TABLE COLUMN VALUE
+        partition pruning: how many files deltalake lists for
+        COLUMN = VALUE (file_uris with a partition filter), and DuckDB's
+        "Scanning Files: a/b" for a count with that filter.
     delta_read.py delete TABLE PREDICATE
         another writer's DELETE (deltalake's DeltaTable.delete): a version
         that removes files and adds rewritten ones.
@@ -129,6 +133,26 @@ def cmd_create(args):
                     partition_by=args[2:] or None)
 
 
+def cmd_prune(args):
+    import re
+    import warnings
+    warnings.simplefilter("ignore")
+    import duckdb
+    from deltalake import DeltaTable
+    table, col, value = args[0], args[1], args[2]
+    dt = DeltaTable(table, storage_options=storage_options(table))
+    files = dt.file_uris(partition_filters=[(col, "=", value)])
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
+    con.execute(f"LOAD '{extension('delta')}'")
+    plan = con.execute(
+        f"EXPLAIN ANALYZE SELECT count(*) FROM delta_scan('{table}') "
+        f"WHERE \"{col}\" = '{value}'").fetchall()[0][1]
+    m = re.search(r"Scanning Files: (\d+)/(\d+)", plan)
+    print(json.dumps({"deltalake_files": len(files),
+                      "duckdb_scanned": int(m.group(1)) if m else None,
+                      "duckdb_total": int(m.group(2)) if m else None}))
+
+
 def cmd_delete(args):
     from deltalake import DeltaTable
     table = args[0]
@@ -149,7 +173,7 @@ def cmd_alter(args):
 
 def main():
     commands = {"read": cmd_read, "append": cmd_append, "create": cmd_create,
-                "alter": cmd_alter, "delete": cmd_delete}
+                "alter": cmd_alter, "delete": cmd_delete, "prune": cmd_prune}
     if len(sys.argv) < 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)
     commands[sys.argv[1]](sys.argv[2:])

@@ -239,6 +239,25 @@ pub mod sink {
         format!("{}{part:05}{}", task_prefix(n, task), epoch_suffix(epoch))
     }
 
+    /// [`part`] of a partitioned sink: under the batch's folder, in the
+    /// Hive-style folders `dir` of its partition values
+    /// (`col=value/...`, ending in `/`).
+    pub fn partitioned_part(n: u64, task: u32, part: u32, epoch: u64, dir: &str) -> String {
+        format!(
+            "{}{dir}part-{task:05}-{part:05}{}",
+            batch_prefix(n),
+            epoch_suffix(epoch)
+        )
+    }
+
+    /// Whether published key `key` is a part of task `task` (in any
+    /// partition folder of its batch).
+    pub(crate) fn is_task_part(key: &str, task: u32) -> bool {
+        key.rsplit('/')
+            .next()
+            .is_some_and(|name| name.starts_with(&format!("part-{task:05}-")))
+    }
+
     /// The ending of every part file written under lease `epoch`.
     pub(crate) fn epoch_suffix(epoch: u64) -> String {
         format!("-e{epoch}.parquet")
@@ -355,6 +374,14 @@ mod tests {
             "batch=0000000003/part-00001-00002-e7.parquet"
         );
         assert!(sink::part(3, 1, 2, 7).starts_with(&sink::task_prefix(3, 1)));
+        let p = sink::partitioned_part(3, 1, 2, 7, "day=2026-12-01/tag=a%2Fb/");
+        assert_eq!(
+            p,
+            "batch=0000000003/day=2026-12-01/tag=a%2Fb/part-00001-00002-e7.parquet"
+        );
+        assert_eq!(sink::published_batch(&p), Some(3));
+        assert!(sink::is_task_part(&p, 1) && !sink::is_task_part(&p, 2));
+        assert!(sink::is_task_part(&sink::part(3, 1, 2, 7), 1));
         assert!(sink::part(3, 1, 2, 7).ends_with(&sink::epoch_suffix(7)));
         let staged = sink::staged(&sink::part(3, 1, 2, 7));
         assert!(!staged.ends_with(".parquet"), "{staged}");

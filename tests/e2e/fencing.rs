@@ -111,6 +111,9 @@ enum Scenario {
     /// each commit replaces the table's files), with a log checkpoint
     /// after every version.
     DeltaComplete,
+    /// A Parquet sink partitioned by a nullable, escaped tag (parts in
+    /// `batch=N/tag=.../` folders).
+    Partitioned,
 }
 
 const CSV_SQL: &str = "SELECT id, v, v * 2 AS twice FROM t WHERE v > 1";
@@ -125,6 +128,7 @@ impl Scenario {
             Scenario::Kafka => "fencek",
             Scenario::Delta => "fenced",
             Scenario::DeltaComplete => "fencedc",
+            Scenario::Partitioned => "fencep",
         }
     }
 
@@ -164,6 +168,9 @@ max_files_per_batch = 2
                 .replace("state_partitions = 3", "state_partitions = 2"),
             Scenario::Refused => pipeline_toml("fencer", "parquet", "", "max_files_per_batch = 1"),
             Scenario::Delta => crate::delta::delta_toml("fenced", "max_files_per_batch = 2"),
+            Scenario::Partitioned => {
+                crate::partition::partitioned_toml("fencep", "parquet", r#"["tag"]"#)
+            }
             Scenario::DeltaComplete => crate::delta::complete_toml(
                 "fencedc",
                 "max_files_per_batch = 2\nstate_partitions = 2",
@@ -198,7 +205,7 @@ max_files_per_batch = 2
                 let files = gen_files(&root.join("input"), 3, 40);
                 std::fs::write(&files[1], b"not parquet at all").unwrap();
             }
-            Scenario::Delta | Scenario::DeltaComplete => {
+            Scenario::Delta | Scenario::DeltaComplete | Scenario::Partitioned => {
                 gen_files(&root.join("input"), 3, 40);
             }
             Scenario::Kafka => {
@@ -243,7 +250,7 @@ max_files_per_batch = 2
                     .await
                     .unwrap();
             }
-            Scenario::Delta | Scenario::DeltaComplete => {
+            Scenario::Delta | Scenario::DeltaComplete | Scenario::Partitioned => {
                 gen_files(&root.join("input"), 1, 40);
             }
             Scenario::Kafka => {
@@ -261,7 +268,7 @@ max_files_per_batch = 2
         let sink = root.join("out/sink");
         match self {
             Scenario::List => manifest_rows(&sink, self.name(), "id, v, twice", "").await,
-            Scenario::Notify | Scenario::Refused | Scenario::Kafka => {
+            Scenario::Notify | Scenario::Refused | Scenario::Kafka | Scenario::Partitioned => {
                 committed_rows(&sink, self.name()).await
             }
             // The table as deltalake reads it (DuckDB's delta extension
@@ -301,6 +308,10 @@ max_files_per_batch = 2
             }
             Scenario::Notify | Scenario::Refused | Scenario::Delta => {
                 one_shot_rows(&root.join("input")).await
+            }
+            // DuckDB's partitioned query over every input file.
+            Scenario::Partitioned => {
+                crate::partition::want(&crate::stateful::walk(&root.join("input"))).await
             }
             // DuckDB's windowed GROUP BY over every input file.
             Scenario::DeltaComplete => {
@@ -735,4 +746,14 @@ async fn a_complete_delta_run_held_at_any_write_changes_nothing_after_a_takeover
 #[tokio::test(flavor = "multi_thread")]
 async fn a_complete_delta_run_held_at_any_write_changes_nothing_after_a_reset() {
     each_write_held(Scenario::DeltaComplete, Stale::Run, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partitioned_run_held_at_any_write_changes_nothing_after_a_takeover() {
+    each_write_held(Scenario::Partitioned, Stale::Run, Meanwhile::TakeOver).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partitioned_run_held_at_any_write_changes_nothing_after_a_reset() {
+    each_write_held(Scenario::Partitioned, Stale::Run, Meanwhile::Reset).await;
 }

@@ -22,6 +22,7 @@ mod kafka;
 mod lease_model;
 mod metrics;
 mod notify;
+mod partition;
 mod quarantine;
 mod s3;
 mod schema;

@@ -559,6 +559,10 @@ pub struct DeltaPart {
     /// The part's statistics (Delta's `stats`: numRecords, minValues,
     /// maxValues, nullCount).
     pub stats: String,
+    /// A partitioned table's part: its partition values (Delta's
+    /// `partitionValues`; `None` for null).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub partition_values: std::collections::BTreeMap<String, Option<String>>,
 }
 
 /// Time spent in each step of a batch.

@@ -135,12 +135,16 @@ impl TableSource<'_> {
     ) -> Result<()> {
         if let Some(m) = meta {
             let parts = m["partitionColumns"].as_array().map_or(0, Vec::len);
-            if parts > 0 {
+            // Sluice's own partitioned tables keep the partition columns
+            // in their files too; other writers' files lack them.
+            let sluice = m["configuration"].get("sluice.pipeline").is_some();
+            if parts > 0 && !sluice {
                 return Err(self.input(
                     key,
-                    "the Delta table is partitioned (partitionColumns), and a Delta source \
-                     does not read partition values yet: read a table without partition \
-                     columns"
+                    "the Delta table is partitioned (partitionColumns) by a writer other than \
+                     Sluice, whose files lack the partition columns, and a Delta source does \
+                     not read partition values from the log yet: read a table without \
+                     partition columns, or one a Sluice pipeline wrote"
                         .into(),
                 ));
             }

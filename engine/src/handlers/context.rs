@@ -95,12 +95,16 @@ impl Context {
                     .delta_checkpoint_interval
                     .unwrap_or(crate::sinks::DeltaSettings::default().checkpoint_interval),
                 complete: pipeline.output_mode == crate::pipeline::OutputMode::Complete,
+                partition_by: pipeline.partition_by.clone(),
             }
         });
+        let partition_by = pipeline.partition_by.clone();
         Context {
             pipeline: Arc::new(pipeline),
             source,
-            sink: ParquetSink::new(sink, &name).with_delta(delta),
+            sink: ParquetSink::new(sink, &name)
+                .with_delta(delta)
+                .with_partition_by(partition_by),
             checkpoint: Checkpoint::new(checkpoint, &name),
             owner: Owner::this_process().to_string(),
             clock: Arc::new(|| chrono::Utc::now().timestamp_millis()),
@@ -223,7 +227,8 @@ impl Context {
             others,
             source: view(&self.source),
             sink: ParquetSink::new(view(self.sink.store()), name)
-                .with_delta(self.sink.delta_settings()),
+                .with_delta(self.sink.delta_settings())
+                .with_partition_by(self.sink.partition_by().to_vec()),
             checkpoint: Checkpoint::new(view(self.checkpoint.store()), name),
             registry: self.registry.as_ref().map(view),
             ..self.clone()

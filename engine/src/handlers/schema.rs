@@ -284,6 +284,18 @@ fn check_source_kept(was: &Pipeline, p: &Pipeline) -> Result<()> {
             ),
         });
     }
+    // A Delta table's partition columns do not change.
+    if p.sink_format == crate::pipeline::SinkFormat::Delta && was.partition_by != p.partition_by {
+        return Err(Error::Incompatible {
+            pipeline: p.name.clone(),
+            message: format!(
+                "sink.partition_by changed ({:?} -> {:?}) after this pipeline wrote batches: a \
+                 Delta table's partition columns do not change. Keep sink.partition_by, or run \
+                 `sluice reset` on the pipeline file to start the table over",
+                was.partition_by, p.partition_by
+            ),
+        });
+    }
     // The output so far is in the old sink: a new one would hold only the
     // batches from here on, and readers of either would miss rows.
     if was.sink != p.sink {

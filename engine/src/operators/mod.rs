@@ -328,6 +328,8 @@ impl SqlOperator {
             .create_physical_plan(&plan)
             .await
             .map_err(|e| self.sql_err(format!("{e}\nfix query.sql in the pipeline file")))?;
+        crate::sinks::partition_check(&physical.schema(), &p.partition_by)
+            .map_err(|m| self.sql_err(m))?;
         if p.sink_format == crate::pipeline::SinkFormat::Delta {
             crate::sinks::delta_check(&physical.schema())
                 .map_err(|m| self.sql_err(format!("sink.format = \"delta\": {m}")))?;

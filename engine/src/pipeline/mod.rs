@@ -646,6 +646,11 @@ pub struct Pipeline {
     /// (`[sink] delta_checkpoint_interval`; the default when `None`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta_checkpoint_interval: Option<u64>,
+    /// The output columns whose values name the parts' folders
+    /// (`[sink] partition_by`: Hive-style `col=value/`, and a Delta
+    /// table's partition columns).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partition_by: Vec<String>,
 }
 
 mod location_serde {

@@ -81,6 +81,7 @@ struct SinkFile {
     format: Option<String>,
     mode: Option<super::OutputMode>,
     delta_checkpoint_interval: Option<u64>,
+    partition_by: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -246,6 +247,26 @@ impl Pipeline {
                 ));
             }
         };
+        let partition_by = raw.sink.partition_by.clone().unwrap_or_default();
+        for (i, c) in partition_by.iter().enumerate() {
+            if c.trim().is_empty() {
+                return Err(spec_err(
+                    "sink.partition_by names an empty column: list the query's output columns \
+                     to partition by"
+                        .to_string(),
+                ));
+            }
+            if partition_by[..i].iter().any(|d| d.eq_ignore_ascii_case(c)) {
+                return Err(spec_err(format!(
+                    "sink.partition_by names \"{c}\" twice: list each column once"
+                )));
+            }
+        }
+        if raw.sink.partition_by.as_ref().is_some_and(Vec::is_empty) {
+            return Err(spec_err(
+                "sink.partition_by = []: list at least one column, or remove it".to_string(),
+            ));
+        }
         check_locations(&source.location, &sink, &checkpoint_root).map_err(spec_err)?;
         let limits = limits(&raw.limits).map_err(spec_err)?;
         // A limit that does not apply to the source would be a silent no-op.
@@ -325,6 +346,7 @@ impl Pipeline {
             output_mode: raw.sink.mode.unwrap_or_default(),
             sink_format,
             delta_checkpoint_interval,
+            partition_by,
             checkpoint: checkpoint_root.join(&raw.name),
             name: raw.name,
             source,

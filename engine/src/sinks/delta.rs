@@ -63,7 +63,7 @@ pub(crate) fn version_of(key: &str) -> Option<u64> {
 }
 
 /// How a pipeline's batches are committed to its Delta table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeltaSettings {
     /// A log checkpoint is written once this many versions followed the
     /// newest one (`[sink] delta_checkpoint_interval`; Delta's
@@ -72,6 +72,8 @@ pub struct DeltaSettings {
     /// Each batch replaces the table's content (`sink.mode = "complete"`):
     /// its commit removes every live file and adds the batch's parts.
     pub complete: bool,
+    /// The table's partition columns (`sink.partition_by`).
+    pub partition_by: Vec<String>,
 }
 
 impl Default for DeltaSettings {
@@ -79,6 +81,7 @@ impl Default for DeltaSettings {
         DeltaSettings {
             checkpoint_interval: 10,
             complete: false,
+            partition_by: Vec::new(),
         }
     }
 }
@@ -1040,7 +1043,31 @@ impl DeltaLog<'_> {
                 .get(PIPELINE_KEY)
                 .and_then(Value::as_str)
             {
-                Some(p) if p == self.pipeline => None,
+                Some(p) if p == self.pipeline => {
+                    // A table's partition columns never change (a retired one
+                    // takes the next history's).
+                    let columns: Vec<String> = meta["partitionColumns"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|c| c.as_str().map(str::to_string))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    let retired = meta["configuration"]
+                        .get(HISTORY_KEY)
+                        .and_then(Value::as_str)
+                        == Some("");
+                    (!retired && columns != self.settings.partition_by).then(|| {
+                        format!(
+                            "it holds this pipeline's Delta table, partitioned by {columns:?}, and \
+                         sink.partition_by is {:?}: a Delta table's partition columns do not \
+                         change. Restore sink.partition_by, or run `sluice reset` to start the \
+                         table over",
+                            self.settings.partition_by
+                        )
+                    })
+                }
                 Some(p) => Some(format!(
                     "it holds the Delta table of pipeline \"{p}\"; give this one its own sink.uri"
                 )),
@@ -1372,6 +1399,7 @@ impl DeltaLog<'_> {
                 })
             });
             m["schemaString"] = json!(schema);
+            m["partitionColumns"] = json!(self.settings.partition_by);
             if !m["configuration"].is_object() {
                 m["configuration"] = json!({});
             }
@@ -1538,7 +1566,7 @@ const PATH_ESCAPES: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANU
 fn add_action(o: &OutputFile, now: i64) -> Value {
     let mut add = json!({
         "path": percent_encoding::utf8_percent_encode(&o.key, PATH_ESCAPES).to_string(),
-        "partitionValues": {},
+        "partitionValues": o.delta.as_ref().map_or(json!({}), |d| json!(d.partition_values)),
         "size": o.bytes,
         "modificationTime": now,
         "dataChange": true,

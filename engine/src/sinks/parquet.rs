@@ -8,6 +8,7 @@
 //! committed files. Publishing is idempotent, so recovery finishes a
 //! half-done one; staged parts of committed batches are then removed.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -30,6 +31,143 @@ const TARGET_PART_BYTES: usize = 256 << 20;
 
 /// Parts of one output partition are numbered from `partition * PARTS_PER_PARTITION`.
 const PARTS_PER_PARTITION: u32 = 1000;
+
+/// How many partition folders one output partition of a task may write
+/// to at once (each holds an open Parquet writer).
+const MAX_OPEN_PARTITIONS: usize = 256;
+
+/// Hive's folder name for a null (or empty) partition value.
+const HIVE_NULL: &str = "__HIVE_DEFAULT_PARTITION__";
+
+/// A partition value in a Hive folder name: the characters Hive and Spark
+/// escape (`/`, `=`, `%`, `:`, quotes, wildcards, control characters...)
+/// as `%XX`.
+fn hive_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let escaped = (c as u32) < 0x20
+            || matches!(
+                c,
+                '"' | '#'
+                    | '%'
+                    | '\''
+                    | '*'
+                    | '/'
+                    | ':'
+                    | '='
+                    | '?'
+                    | '\\'
+                    | '\x7f'
+                    | '{'
+                    | '['
+                    | ']'
+                    | '^'
+            );
+        if escaped {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The Hive folders (`col=value/...`) of partition values `values`.
+fn hive_dir(columns: &[String], values: &[Option<String>]) -> String {
+    columns
+        .iter()
+        .zip(values)
+        .map(|(c, v)| {
+            format!(
+                "{}={}/",
+                hive_escape(c),
+                v.as_deref().map_or(HIVE_NULL.to_string(), hive_escape)
+            )
+        })
+        .collect()
+}
+
+/// Whether a column of this type can partition a sink: its values name
+/// folders and a Delta table's partition values.
+fn partitionable(dt: &DataType) -> bool {
+    matches!(
+        dt,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+            | DataType::UInt64
+            | DataType::Utf8
+            | DataType::LargeUtf8
+            | DataType::Utf8View
+            | DataType::Date32
+            | DataType::Boolean
+    )
+}
+
+/// Whether a query whose output has `schema` can be partitioned by
+/// `columns` (`sink.partition_by`): each must be an output column of a
+/// type whose values name folders; what to do if not.
+pub(crate) fn partition_check(
+    schema: &SchemaRef,
+    columns: &[String],
+) -> std::result::Result<(), String> {
+    for c in columns {
+        let Some(f) = schema.fields().iter().find(|f| f.name() == c) else {
+            let near = schema
+                .fields()
+                .iter()
+                .find(|f| f.name().eq_ignore_ascii_case(c))
+                .map(|f| format!(" (it has \"{}\": names are case-sensitive)", f.name()))
+                .unwrap_or_default();
+            return Err(format!(
+                "sink.partition_by names \"{c}\", which the query's output does not have{near}: \
+                 select it in query.sql, or change sink.partition_by"
+            ));
+        };
+        if !partitionable(f.data_type()) {
+            return Err(format!(
+                "sink.partition_by: column \"{c}\" is {}, whose values cannot name folders: \
+                 partition by a string, integer, boolean or date column (e.g. CAST(ts AS DATE) \
+                 AS day in query.sql)",
+                f.data_type()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A partition value as text (`None` for null or empty, as Hive and Spark
+/// write them).
+fn partition_value(
+    a: &datafusion::arrow::array::ArrayRef,
+    row: usize,
+) -> std::result::Result<Option<String>, String> {
+    if a.is_null(row) {
+        return Ok(None);
+    }
+    let v = datafusion::arrow::util::display::array_value_to_string(a, row)
+        .map_err(|e| e.to_string())?;
+    Ok((!v.is_empty()).then_some(v))
+}
+
+/// One partition folder's rows of a record batch: the folder, the
+/// partition values, the rows.
+type Split = (String, BTreeMap<String, Option<String>>, RecordBatch);
+
+/// A part being written.
+struct OpenPart {
+    writer: ArrowWriter<Vec<u8>>,
+    rows: u64,
+    stats: Option<super::delta::PartStats>,
+    values: BTreeMap<String, Option<String>>,
+}
 
 /// The type a column is written as, where Parquet has no logical type for
 /// the Arrow one: a seconds timestamp or time (CSV and JSON inference gives
@@ -104,15 +242,17 @@ pub(crate) fn delta_check(schema: &SchemaRef) -> std::result::Result<(), String>
     super::delta::schema_string(&delta_schema_of(&readable_schema(schema))).map(|_| ())
 }
 
-/// A Delta part's facts, from the batch's Delta schema and the part's
-/// statistics.
+/// A Delta part's facts, from the batch's Delta schema, the part's
+/// statistics and its partition values.
 fn delta_part(
     schema: &Option<String>,
     stats: Option<super::delta::PartStats>,
+    partition_values: BTreeMap<String, Option<String>>,
 ) -> Option<crate::checkpoint::DeltaPart> {
     Some(crate::checkpoint::DeltaPart {
         schema: schema.clone()?,
         stats: stats?.finish(),
+        partition_values,
     })
 }
 
@@ -138,6 +278,8 @@ pub struct ParquetSink {
     store: Arc<dyn Store>,
     pipeline: String,
     delta: Option<super::delta::DeltaSettings>,
+    /// `sink.partition_by`.
+    partition_by: Vec<String>,
 }
 
 impl ParquetSink {
@@ -147,6 +289,7 @@ impl ParquetSink {
             store,
             pipeline: pipeline.to_string(),
             delta: None,
+            partition_by: Vec::new(),
         }
     }
 
@@ -165,7 +308,65 @@ impl ParquetSink {
 
     /// How batches are committed to a Delta table, for a Delta sink.
     pub fn delta_settings(&self) -> Option<super::delta::DeltaSettings> {
-        self.delta
+        self.delta.clone()
+    }
+
+    /// This sink, writing its parts in Hive-style folders of the values
+    /// of `columns` (`sink.partition_by`).
+    pub fn with_partition_by(mut self, columns: Vec<String>) -> ParquetSink {
+        self.partition_by = columns;
+        self
+    }
+
+    /// `sink.partition_by`.
+    pub fn partition_by(&self) -> &[String] {
+        &self.partition_by
+    }
+
+    /// A record batch cut by partition folder (one piece, with no folder,
+    /// when the sink is not partitioned).
+    fn split(&self, rb: RecordBatch) -> std::result::Result<Vec<Split>, String> {
+        if self.partition_by.is_empty() {
+            return Ok(vec![(String::new(), BTreeMap::new(), rb)]);
+        }
+        let schema = rb.schema();
+        let cols = self
+            .partition_by
+            .iter()
+            .map(|c| {
+                schema
+                    .index_of(c)
+                    .map(|i| rb.column(i).clone())
+                    .map_err(|_| {
+                        format!("sink.partition_by: the query's output has no column \"{c}\"")
+                    })
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let mut groups: BTreeMap<Vec<Option<String>>, Vec<u32>> = BTreeMap::new();
+        for row in 0..rb.num_rows() {
+            let key = cols
+                .iter()
+                .map(|a| partition_value(a, row))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            groups.entry(key).or_default().push(row as u32);
+        }
+        groups
+            .into_iter()
+            .map(|(key, rows)| {
+                let idx = datafusion::arrow::array::UInt32Array::from(rows);
+                let columns = rb
+                    .columns()
+                    .iter()
+                    .map(|c| datafusion::arrow::compute::take(c, &idx, None))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string())?;
+                let piece =
+                    RecordBatch::try_new(schema.clone(), columns).map_err(|e| e.to_string())?;
+                let dir = hive_dir(&self.partition_by, &key);
+                let values = self.partition_by.iter().cloned().zip(key).collect();
+                Ok((dir, values, piece))
+            })
+            .collect()
     }
 
     /// The pipeline whose output this sink holds.
@@ -200,8 +401,6 @@ impl ParquetSink {
         let TaskId { batch, task, .. } = id;
         let props = writer_properties();
         let mut outputs = Vec::new();
-        let mut roll = 0u32;
-        let mut writer: Option<(ArrowWriter<Vec<u8>>, u64)> = None;
         let fail = |m: String| self.exec_err(batch, task, m, ErrorClass::Fatal);
         let schema = readable_schema(&schema);
         // A Delta table's parts: Delta's types, a schema every part of the
@@ -216,7 +415,10 @@ impl ParquetSink {
         } else {
             (schema, None)
         };
-        let mut stats: Option<super::delta::PartStats> = None;
+        // The parts open now, by partition folder ("" unpartitioned), and
+        // how many each folder has closed.
+        let mut open: BTreeMap<String, OpenPart> = BTreeMap::new();
+        let mut rolls: BTreeMap<String, u32> = BTreeMap::new();
         while let Some(rb) = stream.next().await {
             let rb = rb.map_err(|e| Error::Execution {
                 pipeline: self.pipeline.clone(),
@@ -231,34 +433,58 @@ impl ParquetSink {
             }
             let rb =
                 as_readable(rb, &schema).map_err(|e| fail(format!("cast for readers: {e}")))?;
-            if writer.is_none() {
-                let w = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props.clone()))
-                    .map_err(|e| fail(format!("parquet writer: {e}")))?;
-                writer = Some((w, 0));
-            }
-            let (w, rows) = writer.as_mut().expect("writer was just set");
-            w.write(&rb)
-                .map_err(|e| fail(format!("parquet write: {e}")))?;
-            *rows += rb.num_rows() as u64;
-            if delta_schema.is_some() {
-                stats
-                    .get_or_insert_with(|| super::delta::PartStats::new(&schema))
-                    .update(rb.columns())?;
-            }
-            if w.bytes_written() + w.in_progress_size() >= TARGET_PART_BYTES {
-                let (w, rows) = writer.take().expect("writer is open");
-                let delta = delta_part(&delta_schema, stats.take());
-                outputs.push(
-                    self.finish_part(id, partition, roll, w, rows, delta)
-                        .await?,
-                );
-                roll += 1;
+            for (dir, values, rb) in self.split(rb).map_err(&fail)? {
+                if !open.contains_key(&dir) {
+                    if open.len() >= MAX_OPEN_PARTITIONS {
+                        return Err(self.exec_err(
+                            batch,
+                            task,
+                            format!(
+                                "one task's output holds more than {MAX_OPEN_PARTITIONS} \
+                                 values of sink.partition_by ({}): partition by a coarser \
+                                 column, or lower limits.max_bytes_per_task",
+                                self.partition_by.join(", ")
+                            ),
+                            ErrorClass::InvalidInput,
+                        ));
+                    }
+                    let w = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props.clone()))
+                        .map_err(|e| fail(format!("parquet writer: {e}")))?;
+                    open.insert(
+                        dir.clone(),
+                        OpenPart {
+                            writer: w,
+                            rows: 0,
+                            stats: None,
+                            values,
+                        },
+                    );
+                }
+                let o = open.get_mut(&dir).expect("opened above");
+                o.writer
+                    .write(&rb)
+                    .map_err(|e| fail(format!("parquet write: {e}")))?;
+                o.rows += rb.num_rows() as u64;
+                if delta_schema.is_some() {
+                    o.stats
+                        .get_or_insert_with(|| super::delta::PartStats::new(&schema))
+                        .update(rb.columns())?;
+                }
+                if o.writer.bytes_written() + o.writer.in_progress_size() >= TARGET_PART_BYTES {
+                    let o = open.remove(&dir).expect("open");
+                    let roll = rolls.entry(dir.clone()).or_insert(0);
+                    outputs.push(
+                        self.finish_part(id, partition, *roll, &dir, o, &delta_schema)
+                            .await?,
+                    );
+                    *roll += 1;
+                }
             }
         }
-        if let Some((w, rows)) = writer.take() {
-            let delta = delta_part(&delta_schema, stats.take());
+        for (dir, o) in open {
+            let roll = rolls.get(&dir).copied().unwrap_or(0);
             outputs.push(
-                self.finish_part(id, partition, roll, w, rows, delta)
+                self.finish_part(id, partition, roll, &dir, o, &delta_schema)
                     .await?,
             );
         }
@@ -338,17 +564,24 @@ impl ParquetSink {
         })
     }
 
-    /// Close part `roll` of output partition `partition` of task `id` and
-    /// stage it.
+    /// Close part `roll` of output partition `partition` of task `id`, in
+    /// partition folder `dir`, and stage it.
     async fn finish_part(
         &self,
         id: TaskId,
         partition: u32,
         roll: u32,
-        w: ArrowWriter<Vec<u8>>,
-        rows: u64,
-        delta: Option<crate::checkpoint::DeltaPart>,
+        dir: &str,
+        o: OpenPart,
+        delta_schema: &Option<String>,
     ) -> Result<OutputFile> {
+        let OpenPart {
+            writer: w,
+            rows,
+            stats,
+            values,
+        } = o;
+        let delta = delta_part(delta_schema, stats, values);
         let bytes = w.into_inner().map_err(|e| {
             self.exec_err(
                 id.batch,
@@ -358,7 +591,11 @@ impl ParquetSink {
             )
         })?;
         let part = partition * PARTS_PER_PARTITION + roll;
-        let key = paths::sink::part(id.batch, id.task, part, id.epoch);
+        let key = if dir.is_empty() {
+            paths::sink::part(id.batch, id.task, part, id.epoch)
+        } else {
+            paths::sink::partitioned_part(id.batch, id.task, part, id.epoch, dir)
+        };
         let size = bytes.len() as u64;
         self.store
             .put(
@@ -380,12 +617,24 @@ impl ParquetSink {
     /// (the commit publishes only the parts its record names).
     pub(crate) async fn remove_stale_parts(&self, id: TaskId, keep: &[OutputFile]) -> Result<()> {
         let mine = paths::sink::epoch_suffix(id.epoch);
-        let prefix = paths::sink::staged_task_prefix(id.batch, id.task);
+        // A partitioned sink's parts are in folders under the batch's.
+        let prefix = if self.partition_by.is_empty() {
+            paths::sink::staged_task_prefix(id.batch, id.task)
+        } else {
+            format!(
+                "{}{}",
+                paths::sink::STAGING_PREFIX,
+                paths::sink::batch_prefix(id.batch)
+            )
+        };
         for meta in self.store.list(&prefix, None).await? {
             let Some(part) = paths::sink::published(&meta.key) else {
                 continue;
             };
-            if part.ends_with(&mine) && !keep.iter().any(|o| o.key == part) {
+            if part.ends_with(&mine)
+                && paths::sink::is_task_part(part, id.task)
+                && !keep.iter().any(|o| o.key == part)
+            {
                 self.store.delete(&meta.key).await?;
             }
         }
@@ -565,7 +814,7 @@ impl ParquetSink {
         super::delta::DeltaLog {
             store: &self.store,
             pipeline: &self.pipeline,
-            settings: self.delta.unwrap_or_default(),
+            settings: self.delta.clone().unwrap_or_default(),
         }
     }
 
@@ -810,5 +1059,30 @@ impl ParquetSink {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod partition_tests {
+    use super::*;
+
+    #[test]
+    /// Spark's set (ExternalCatalogUtils.escapePathName): not `}`.
+    fn partition_folders_escape_what_hive_escapes() {
+        assert_eq!(hive_escape("2026-12-01"), "2026-12-01");
+        assert_eq!(hive_escape("a/b=c %"), "a%2Fb%3Dc %25");
+        assert_eq!(
+            hive_escape("x:y?*#'\"^[]{}"),
+            "x%3Ay%3F%2A%23%27%22%5E%5B%5D%7B}"
+        );
+        assert_eq!(hive_escape("tab\tnl\n"), "tab%09nl%0A");
+        assert_eq!(hive_escape("plain é"), "plain é");
+        assert_eq!(
+            hive_dir(
+                &["day".to_string(), "tag".to_string()],
+                &[Some("2026-12-01".to_string()), None]
+            ),
+            "day=2026-12-01/tag=__HIVE_DEFAULT_PARTITION__/"
+        );
     }
 }

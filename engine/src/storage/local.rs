@@ -230,7 +230,13 @@ impl LocalStore {
         for entry in entries {
             let entry = entry.map_err(|e| self.err("sweep", dir, e))?;
             let path = entry.path();
-            let meta = entry.metadata().map_err(|e| self.err("sweep", &path, e))?;
+            let meta = match entry.metadata() {
+                Ok(m) => m,
+                // Renamed into place (or removed) since the folder was
+                // read: a writer finished with it.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(self.err("sweep", &path, e)),
+            };
             if meta.is_dir() {
                 self.sweep_dir(&path, removed)?;
                 continue;
