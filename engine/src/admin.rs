@@ -157,7 +157,9 @@ async fn check_schema_and_query(
             let reading = crate::handlers::in_force(p, control, &schema);
             let reading =
                 crate::handlers::arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?;
-            SqlOperator::new(p.clone(), reading).check().await?;
+            if let (_, Some(output)) = SqlOperator::new(p.clone(), reading).check_output().await? {
+                ctx.sink.delta_schema_check(&output).await?;
+            }
             report
                 .checked
                 .push(format!("source schema ({} columns)", schema.fields().len()));

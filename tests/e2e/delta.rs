@@ -662,7 +662,10 @@ async fn struct_columns_are_read_by_both_readers() {
 
 /// The query changes between runs: a new column joins the table's
 /// schema (the earlier rows read it as NULL in both readers); a column
-/// whose type changes is refused naming it, and the table stays readable.
+/// whose type changes is refused naming it before any batch is committed
+/// (before, the batch was committed and could not be published, so the
+/// pipeline stayed stuck until a reset), the table stays readable, and the
+/// restored query goes on.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_changed_query_adds_columns_and_a_changed_type_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -689,9 +692,19 @@ async fn a_changed_query_adds_columns_and_a_changed_type_is_refused() {
     .await;
     assert_eq!(v.deltalake, want);
     assert_eq!(v.duckdb, want);
-    // `v` becomes text: refused, naming it; the table is as it was.
-    gen_files(&root.join("input/c"), 1, 30);
+    // `v` becomes text: refused, naming it, by `sluice check` and by the
+    // run before a batch is committed; the table is as it was.
+    let c = gen_files(&root.join("input/c"), 1, 30);
     let third = "SELECT concat('x', \"VendorID\") AS v, fare_amount AS f FROM trips";
+    let committed = control_of(root, &toml(second)).await.last_committed;
+    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml(third))))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("column \"v\"") && e.contains("sluice reset"),
+        "{e}"
+    );
     let e = run(&local_context(&pipeline(root, &toml(third))))
         .await
         .unwrap_err()
@@ -700,8 +713,29 @@ async fn a_changed_query_adds_columns_and_a_changed_type_is_refused() {
         e.contains("column \"v\"") && e.contains("sluice reset"),
         "{e}"
     );
+    assert_eq!(
+        control_of(root, &toml(third)).await.last_committed,
+        committed,
+        "nothing committed"
+    );
     let after = delta_view(&root.join("out/sink"), &app).await;
-    assert_eq!((after.version, after.deltalake), (v.version, want));
+    assert_eq!((after.version, after.deltalake), (v.version, want.clone()));
+    // Restoring the query goes on, with the file that waited.
+    run(&local_context(&pipeline(root, &toml(second))))
+        .await
+        .unwrap();
+    let mut want = want;
+    want.extend(
+        duckdb_sql(&format!(
+            "SELECT \"VendorID\", fare_amount, tip_amount FROM read_parquet([{}])",
+            quoted(&c)
+        ))
+        .await,
+    );
+    want.sort();
+    let mut got = delta_view(&root.join("out/sink"), &app).await.deltalake;
+    got.sort();
+    assert_eq!(got, want);
 }
 
 /// What a Delta sink cannot take is refused before anything is written:

@@ -511,7 +511,12 @@ async fn checked_schema(
     };
     let reading = in_force(p, control, &schema);
     let reading = super::schema::arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?;
-    SqlOperator::new(p.clone(), reading).check().await?;
+    // A query (or its spec) changed: a Delta table that could not take
+    // its rows is refused now, before a batch is committed that could not
+    // be published.
+    if let (_, Some(output)) = SqlOperator::new(p.clone(), reading).check_output().await? {
+        ctx.sink.delta_schema_check(&output).await?;
+    }
     ctx.pin_schema(schema.clone());
     Ok(Some((schema, current)))
 }

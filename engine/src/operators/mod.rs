@@ -293,11 +293,18 @@ impl SqlOperator {
     /// micro-batch results add up to the one-shot result. Returns the
     /// logical plan.
     pub async fn check(&self) -> Result<LogicalPlan> {
+        Ok(self.check_output().await?.0)
+    }
+
+    /// [`Self::check`], with the schema of the rows a row-by-row query
+    /// writes (`None` for a stateful query).
+    pub async fn check_output(&self) -> Result<(LogicalPlan, Option<SchemaRef>)> {
         let p = &self.pipeline;
         if self.analyse_stateful().await?.is_some() {
             // Planned and checked as a stateful query.
             return LogicalPlanBuilder::empty(false)
                 .build()
+                .map(|plan| (plan, None))
                 .map_err(|e| self.sql_err(e));
         }
         if p.watermark.is_some() || p.output_mode != crate::pipeline::OutputMode::Append {
@@ -334,7 +341,7 @@ impl SqlOperator {
             crate::sinks::delta_check(&physical.schema())
                 .map_err(|m| self.sql_err(format!("sink.format = \"delta\": {m}")))?;
         }
-        Ok(plan)
+        Ok((plan, Some(physical.schema())))
     }
 
     async fn plan_query(

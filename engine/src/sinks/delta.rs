@@ -1432,6 +1432,32 @@ impl DeltaLog<'_> {
         out
     }
 
+    /// Whether parts of Delta schema `parts` can be added to the table (a
+    /// table a reset retired takes any).
+    pub(crate) async fn check_schema(&self, parts: &str) -> Result<()> {
+        let segment = self.segment().await?;
+        let Some(meta) = self.newest_meta(&segment).await? else {
+            return Ok(());
+        };
+        let history = meta["configuration"]
+            .get(HISTORY_KEY)
+            .and_then(Value::as_str);
+        if history.is_none_or(str::is_empty) {
+            return Ok(());
+        }
+        let Some(table) = meta["schemaString"].as_str() else {
+            return Ok(());
+        };
+        merged_schema(table, parts).map(|_| ()).map_err(|why| Error::Incompatible {
+            pipeline: self.pipeline.to_string(),
+            message: format!(
+                "the query's rows cannot be added to the sink's Delta table: {why}. Its readers \
+                 could not read the table: restore query.sql (or CAST the column back), or run \
+                 `sluice reset` to start the table over"
+            ),
+        })
+    }
+
     /// Before `sluice reset` changes anything: refused when this
     /// pipeline's table holds files and another writer made it
     /// append-only (the reset would have to remove them).

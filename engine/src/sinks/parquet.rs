@@ -836,6 +836,22 @@ impl ParquetSink {
         self.delta_log().latest().await
     }
 
+    /// A Delta sink: whether its table can take parts of a query whose
+    /// output has `schema` (a changed query): refused naming the column,
+    /// before a batch is committed that could not be published. One
+    /// listing and the reads back to the newest metaData.
+    pub(crate) async fn delta_schema_check(&self, schema: &SchemaRef) -> Result<()> {
+        if self.delta.is_none() {
+            return Ok(());
+        }
+        let parts = super::delta::schema_string(&delta_schema_of(&readable_schema(schema)))
+            .map_err(|m| Error::Sql {
+                pipeline: self.pipeline.clone(),
+                message: m,
+            })?;
+        self.delta_log().check_schema(&parts).await
+    }
+
     /// Before `sluice reset` of a Delta sink changes anything: whether
     /// the table lets it remove its files.
     pub(crate) async fn check_reset(&self) -> Result<()> {
