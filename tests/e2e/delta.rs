@@ -861,3 +861,62 @@ uri = "s3://{bucket}/_checkpoints/"
     assert_eq!(v.deltalake, want);
     assert_eq!(v.duckdb, want);
 }
+
+/// Waves of three `sluice run` processes started at once on a Delta sink
+/// (a log checkpoint every two versions) while files arrive, one of each
+/// wave killed at a varying moment: after a last run, both readers read
+/// DuckDB's one-shot rows over every file, no file was added to the table
+/// twice, the table's txn version is the last committed batch, and
+/// nothing is left staged.
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_and_racing_runs_into_a_delta_table_commit_every_file_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = delta_toml("dstorm", "max_files_per_batch = 1").replace(
+        "format = \"delta\"\n",
+        "format = \"delta\"\ndelta_checkpoint_interval = 2\n",
+    );
+    std::fs::write(root.join("pipeline.toml"), &toml).unwrap();
+    let mut files = Vec::new();
+    let mut killed = 0;
+    for wave in 0..6usize {
+        files.extend(gen_files(&root.join(format!("input/w{wave}")), 3, 2_000));
+        let mut children: Vec<_> = (0..3).map(|_| crate::crash::spawn_run(root)).collect();
+        let delay_ms = [20u64, 45, 80, 120, 180, 260][wave];
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        if let Some(i) = children
+            .iter_mut()
+            .position(|c| c.try_wait().unwrap().is_none())
+        {
+            let mut victim = children.remove(i);
+            victim.kill().unwrap();
+            victim.wait().unwrap();
+            killed += 1;
+        }
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "wave {wave}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    assert!(killed >= 3, "only {killed} kills landed mid-run");
+    let last = crate::crash::spawn_run(root).wait_with_output().unwrap();
+    assert!(
+        last.status.success(),
+        "{}",
+        String::from_utf8_lossy(&last.stderr)
+    );
+    let app = app_of(root, &toml).await;
+    let v = delta_view(&root.join("out/sink"), &app).await;
+    let want = duckdb_rows(&files, SQL).await;
+    assert_eq!(v.deltalake, want);
+    assert_eq!(v.duckdb, want);
+    assert_added_once(&v);
+    let c = control_of(root, &toml).await;
+    assert_eq!(v.txn, c.last_committed);
+    assert_eq!(c.totals.files, files.len() as u64);
+    assert_eq!(staged_files(&root.join("out/sink")), Vec::<String>::new());
+}
