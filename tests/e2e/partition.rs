@@ -191,6 +191,13 @@ async fn what_partition_by_cannot_take_is_refused_by_name() {
     )
     .await;
     assert!(e.contains("\"ts\"") && e.contains("CAST"), "{e}");
+    // A stateful query's output is checked too.
+    let e = check(partitioned_toml("p5", "parquet", r#"["zone"]"#).replace(
+        PSQL,
+        r#"SELECT "PULocationID", count(*) AS n FROM trips GROUP BY "PULocationID""#,
+    ))
+    .await;
+    assert!(e.contains("\"zone\"") && e.contains("partition_by"), "{e}");
     assert!(!root.join("out/sink/_delta_log").exists());
     // A Delta table partitioned by day; the pipeline then says tag.
     let toml = partitioned_toml("p4", "delta", r#"["day"]"#);

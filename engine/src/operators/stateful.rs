@@ -142,6 +142,13 @@ impl SqlOperator {
             .create_physical_plan(&plan)
             .await
             .map_err(|e| self.sql_err(format!("{e}\nfix query.sql in the pipeline file")))?;
+        // The sink takes its rows: partition columns, Delta types.
+        let output = physical.schema();
+        crate::sinks::partition_check(&output, &p.partition_by).map_err(|m| self.sql_err(m))?;
+        if p.sink_format == crate::pipeline::SinkFormat::Delta {
+            crate::sinks::delta_check(&output)
+                .map_err(|m| self.sql_err(format!("sink.format = \"delta\": {m}")))?;
+        }
         let staged = Staged::of(physical)
             .map_err(|e| self.sql_err(e))?
             .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))?;
