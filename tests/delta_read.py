@@ -20,6 +20,9 @@
         partition pruning: how many files deltalake lists for
         COLUMN = VALUE (file_uris with a partition filter), and DuckDB's
         "Scanning Files: a/b" for a count with that filter.
+    delta_read.py overwrite TABLE ROWS_JSON
+        another writer's overwrite with a new schema (write_deltalake
+        mode="overwrite", schema_mode="overwrite").
     delta_read.py delete TABLE PREDICATE
         another writer's DELETE (deltalake's DeltaTable.delete): a version
         that removes files and adds rewritten ones.
@@ -125,6 +128,14 @@ def cmd_append(args):
     write_deltalake(table, data, mode="append", storage_options=opts)
 
 
+def cmd_overwrite(args):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    table, rows = args[0], json.loads(args[1])
+    write_deltalake(table, pa.Table.from_pylist(rows), mode="overwrite",
+                    schema_mode="overwrite", storage_options=storage_options(table))
+
+
 def cmd_create(args):
     import pyarrow as pa
     from deltalake import write_deltalake
@@ -173,7 +184,8 @@ def cmd_alter(args):
 
 def main():
     commands = {"read": cmd_read, "append": cmd_append, "create": cmd_create,
-                "alter": cmd_alter, "delete": cmd_delete, "prune": cmd_prune}
+                "alter": cmd_alter, "delete": cmd_delete, "prune": cmd_prune,
+                "overwrite": cmd_overwrite}
     if len(sys.argv) < 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)
     commands[sys.argv[1]](sys.argv[2:])

@@ -182,6 +182,11 @@ fn print_waiting(status: &admin::Status) {
         ),
         None => String::new(),
     };
+    if let Some(e) = &status.waiting_error {
+        println!("waiting      cannot be read: {e}");
+        print_quarantine(status);
+        return;
+    }
     match status.waiting_records {
         Some(records) => println!(
             "waiting      {} in {}{lag}",

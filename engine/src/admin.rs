@@ -151,7 +151,16 @@ async fn check_schema_and_query(
         .pipeline_record()
         .await?
         .filter(|r| r.first_batch == first);
-    let listed = discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?;
+    let listed = if p.source.discovery == crate::pipeline::DiscoveryMode::Delta {
+        // The table's files after the cursor, as the run reads them (what
+        // it refuses, refused here).
+        discovery::Source::of(p)
+            .waiting(&ctx.scope(), control)
+            .await?
+            .0
+    } else {
+        discovery::list_inputs(ctx.source.as_ref(), &p.source, None).await?
+    };
     match resolve_schema(ctx, record.as_ref(), &listed).await? {
         Some(schema) => {
             let reading = crate::handlers::in_force(p, control, &schema);
@@ -355,6 +364,11 @@ pub struct Status {
     /// A Delta sink: the table's version (`None` before its first commit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta_version: Option<u64>,
+    /// Why what waits could not be read (the source refuses the next
+    /// batch, e.g. a Delta version that removes files): the next run
+    /// fails with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_error: Option<String>,
 }
 
 /// Read the pipeline's state and count waiting input (one listing).
@@ -364,9 +378,18 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         Some(n) => ctx.checkpoint.commit(n).await?,
         None => None,
     };
-    let (waiting, skipped) = discovery::Source::of(&ctx.pipeline)
+    // A source that refuses what comes next (a Delta version that removes
+    // files, a replaced table) is shown, not a reason to show nothing.
+    let (waiting, skipped, waiting_error) = match discovery::Source::of(&ctx.pipeline)
         .waiting(&ctx.scope(), control.as_ref())
-        .await?;
+        .await
+    {
+        Ok((w, s)) => (w, s, None),
+        Err(e @ (Error::Input { .. } | Error::Incompatible { .. } | Error::Spec { .. })) => {
+            (Vec::new(), Vec::new(), Some(e.to_string()))
+        }
+        Err(e) => return Err(e),
+    };
     let stream = discovery::Source::of(&ctx.pipeline).is_stream();
     let schema = match ctx.checkpoint.pipeline_record().await? {
         Some(r) => Some(r.schema),
@@ -389,6 +412,7 @@ pub async fn status(ctx: &Context) -> Result<Status> {
             .min(),
         skipped,
         delta_version: ctx.sink.delta_version().await?,
+        waiting_error,
     })
 }
 

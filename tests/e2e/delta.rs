@@ -606,15 +606,169 @@ async fn a_table_another_writer_created_is_refused_before_anything_is_written() 
     assert!(!root.join("out/checkpoint/foreign/commits").exists());
     assert!(!table.join("_sluice/manifest").exists());
     assert!(!table.join("batch=0000000000").exists());
-    sluice_engine::admin::reset(&local_context(&pipeline(root, &toml)))
+    // `sluice reset` refuses it too, changing nothing (before, it wrote
+    // Sluice's owner record into the other writer's table folder).
+    let e = sluice_engine::admin::reset(&local_context(&pipeline(root, &toml)))
         .await
-        .unwrap();
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("did not create") && e.contains("nothing was changed"),
+        "{e}"
+    );
+    assert!(!table.join("_sluice").exists());
     let v = delta_view(&table, "-").await;
     assert_eq!(
         (v.version, v.deltalake.len()),
         (0, 2),
         "the table is left as it was"
     );
+}
+
+/// The sweep's case: a pipeline file copied with only its name changed
+/// points at another pipeline's sink. `sluice reset` of the copy refuses,
+/// naming the owner, and changes nothing (before, it deleted the owner's
+/// parts and took its sink over), for a Parquet and a Delta sink; the
+/// owner reads and runs on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reset_of_another_pipelines_sink_is_refused_and_changes_nothing() {
+    for delta in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let own = if delta {
+            delta_toml("own", "")
+        } else {
+            pipeline_toml("own", "parquet", "", "")
+        };
+        let intruder = own.replace("name = \"own\"", "name = \"intruder\"");
+        let mut files = gen_files(&root.join("input/a"), 2, 30);
+        run(&local_context(&pipeline(root, &own))).await.unwrap();
+        let e = sluice_engine::admin::reset(&local_context(&pipeline(root, &intruder)))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"own\"") && e.contains("nothing was changed"),
+            "delta {delta}: {e}"
+        );
+        files.extend(gen_files(&root.join("input/b"), 1, 30));
+        run(&local_context(&pipeline(root, &own))).await.unwrap();
+        let want = duckdb_rows(&files, SQL).await;
+        assert_eq!(committed_rows(&root.join("out/sink"), "own").await, want);
+        if delta {
+            let v = delta_view(&root.join("out/sink"), "-").await;
+            assert_eq!(v.deltalake, want);
+            assert_eq!(v.duckdb, want);
+        }
+    }
+}
+
+/// Another writer overwrites Sluice's table with another schema (a
+/// column's type changed): the next batch is refused, naming the column,
+/// and the table is left as that writer left it (before, Sluice appended
+/// parts of the old schema without a word, and readers read them wrong).
+/// Another writer's table setting on a table with timestamps without a
+/// zone: a later metaData from Sluice keeps the features it brought.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_writers_schema_and_protocol_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = delta_toml("over", "");
+    gen_files(&root.join("input/a"), 1, 30);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let table = root.join("out/sink");
+    outside(&[
+        "overwrite",
+        table.to_str().unwrap(),
+        r#"[{"VendorID": "x", "other": 1}]"#,
+    ]);
+    let before = delta_view(&table, "-").await;
+    gen_files(&root.join("input/b"), 1, 30);
+    let e = run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"VendorID\""), "{e}");
+    let after = delta_view(&table, "-").await;
+    assert_eq!(
+        (after.version, after.deltalake),
+        (before.version, before.deltalake)
+    );
+
+    // Protocol: deltalake's SET TBLPROPERTIES lists its features; a query
+    // that adds a column makes Sluice write metaData, keeping them.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = delta_toml("proto", "");
+    let mut files = gen_files(&root.join("input/a"), 1, 30);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let table = root.join("out/sink");
+    outside(&[
+        "alter",
+        table.to_str().unwrap(),
+        "property",
+        "delta.logRetentionDuration",
+        "interval 60 days",
+    ]);
+    let raised = newest(&table, "protocol");
+    assert!(
+        raised["writerFeatures"].as_array().unwrap().len() > 1,
+        "deltalake listed more features than timestampNtz: {raised}"
+    );
+    files.extend(gen_files(&root.join("input/b"), 1, 30));
+    let wider = toml.replace(
+        "total_amount - fare_amount AS surcharges FROM",
+        "total_amount - fare_amount AS surcharges, tip_amount AS tip FROM",
+    );
+    run(&local_context(&pipeline(root, &wider))).await.unwrap();
+    let kept = newest(&table, "protocol");
+    assert_eq!(kept, raised, "the protocol another writer left is kept");
+    let v = delta_view(&table, "-").await;
+    assert_eq!(v.deltalake.len(), duckdb_rows(&files, SQL).await.len());
+    assert_eq!(v.deltalake, v.duckdb);
+}
+
+/// The newest `key` action (protocol, metaData) of a local table's log.
+fn newest(table: &Path, key: &str) -> Value {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(table.join("_delta_log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    entries.sort();
+    for e in entries.iter().rev() {
+        for line in std::fs::read_to_string(e).unwrap().lines() {
+            let a: Value = serde_json::from_str(line).unwrap();
+            if let Some(v) = a.get(key) {
+                return v.clone();
+            }
+        }
+    }
+    panic!("no {key} in the log")
+}
+
+/// The sweep's case: `_delta_log/` deleted after batches wrote rows: the
+/// next batch is refused, naming what to do, instead of creating a new
+/// table that misses the earlier batches' rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_log_is_refused_not_replaced_by_a_table_missing_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = delta_toml("gone", "");
+    gen_files(&root.join("input/a"), 2, 30);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let table = root.join("out/sink");
+    std::fs::rename(table.join("_delta_log"), root.join("saved_log")).unwrap();
+    gen_files(&root.join("input/b"), 1, 30);
+    let e = run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("_delta_log") && e.contains("sluice reset"),
+        "{e}"
+    );
+    assert!(!table.join("_delta_log").exists(), "no new table");
 }
 
 /// Switching `sink.format` after batches were written is refused like a

@@ -174,6 +174,23 @@ async fn a_version_that_removes_files_fails_unless_changes_are_ignored() {
     );
     let c = control_of(root, &toml).await;
     assert_eq!(c.last_committed, Some(0), "nothing committed");
+    // `sluice check` says so too, and `sluice show` shows why nothing can
+    // be read (before, check passed and show printed nothing).
+    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ignore_changes"), "{e}");
+    let s = sluice_engine::admin::status(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap();
+    assert!(
+        s.waiting_error
+            .as_deref()
+            .is_some_and(|w| w.contains("ignore_changes")),
+        "{:?}",
+        s.waiting_error
+    );
     let ignoring = down_toml("", "ignore_changes = true", "parquet");
     assert_eq!(down(root, &ignoring).await.unwrap(), 1);
     // Every row once: the deleted rows were read before the DELETE, whose
@@ -316,4 +333,10 @@ async fn a_table_is_read_from_its_checkpoint_and_what_cannot_be_read_is_refused(
         .replace("name = \"down\"", "name = \"other\"");
     let e = down(root, &toml).await.unwrap_err().to_string();
     assert!(e.contains("partitioned"), "{e}");
+    // A folder of Parquet files is not a Delta table: said, not waited on.
+    let toml = down_toml("", "", "parquet")
+        .replace("uri = \"out/sink\"", "uri = \"input\"")
+        .replace("name = \"down\"", "name = \"files\"");
+    let e = down(root, &toml).await.unwrap_err().to_string();
+    assert!(e.contains("not a Delta table"), "{e}");
 }

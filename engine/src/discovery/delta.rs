@@ -292,7 +292,32 @@ impl TableSource<'_> {
         let dl = self.log();
         let segment = dl.segment().await?;
         let Some(latest) = segment.latest() else {
-            // No table yet: nothing to read.
+            // No table yet (a Sluice Delta sink whose batches had no rows
+            // yet has none, and one whose first commit a crash cut short
+            // has published parts and no log yet): nothing to read. A
+            // folder of Parquet files without a log that is no Sluice sink
+            // is not a Delta table: said, not waited on.
+            let listed = self.store.list("", None).await?;
+            let sluice_sink = listed.iter().any(|m| m.key == crate::paths::sink::OWNER);
+            let parquet = listed.into_iter().filter(|_| !sluice_sink).find(|m| {
+                m.key.ends_with(".parquet")
+                    && !m
+                        .key
+                        .split('/')
+                        .any(|s| s.starts_with('_') || s.starts_with('.'))
+            });
+            if let Some(m) = parquet {
+                return Err(self.input(
+                    &m.key,
+                    format!(
+                        "source.format = \"delta\", but the folder holds Parquet files and no \
+                         Delta log ({}): it is not a Delta table. Read it with format = \
+                         \"parquet\" (discovery = \"manifests\" for a Sluice pipeline's Parquet \
+                         sink)",
+                        log::LOG_PREFIX
+                    ),
+                ));
+            }
             return Ok(Upstream {
                 history: recorded.map(str::to_string),
                 manifests: Vec::new(),

@@ -411,6 +411,67 @@ fn append_only_reset(store: &dyn Store) -> Error {
     }
 }
 
+/// `protocol` (a new table's when `None`) raised to read and write
+/// timestamps without a zone, keeping every feature it has (a legacy
+/// version's implied features listed, as table features require); `None`
+/// when it has them already.
+fn with_ntz(protocol: Option<&Value>) -> Option<Value> {
+    let p = protocol
+        .cloned()
+        .unwrap_or_else(|| json!({"minReaderVersion": 1, "minWriterVersion": 2}));
+    let reader = p["minReaderVersion"].as_u64().unwrap_or(1);
+    let writer = p["minWriterVersion"].as_u64().unwrap_or(2);
+    let listed = |k: &str| -> Vec<String> {
+        p[k].as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|f| f.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut readers = if reader >= 3 {
+        listed("readerFeatures")
+    } else if reader == 2 {
+        vec!["columnMapping".to_string()]
+    } else {
+        Vec::new()
+    };
+    let mut writers = if writer >= 7 {
+        listed("writerFeatures")
+    } else {
+        // What each legacy writer version implies.
+        [
+            (2, "appendOnly"),
+            (2, "invariants"),
+            (3, "checkConstraints"),
+            (4, "changeDataFeed"),
+            (4, "generatedColumns"),
+            (5, "columnMapping"),
+            (6, "identityColumns"),
+        ]
+        .into_iter()
+        .filter(|(v, _)| writer >= *v)
+        .map(|(_, f)| f.to_string())
+        .collect()
+    };
+    let ntz = "timestampNtz".to_string();
+    if reader >= 3 && writer >= 7 && readers.contains(&ntz) && writers.contains(&ntz) {
+        return None;
+    }
+    for list in [&mut readers, &mut writers] {
+        if !list.contains(&ntz) {
+            list.push(ntz.clone());
+        }
+    }
+    Some(json!({
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": readers,
+        "writerFeatures": writers,
+    }))
+}
+
 /// Whether the table's settings forbid removing files.
 fn append_only(meta: Option<&Value>) -> bool {
     meta.and_then(|m| m["configuration"].get("delta.appendOnly"))
@@ -1080,6 +1141,26 @@ impl DeltaLog<'_> {
         )
     }
 
+    /// The newest `protocol` of the log (read back from the latest entry,
+    /// then the checkpoint).
+    async fn newest_protocol(&self, segment: &Segment) -> Result<Option<Value>> {
+        for v in segment.versions.iter().rev() {
+            for a in self.entry_actions(*v).await? {
+                if let Some(p) = a.get("protocol") {
+                    return Ok(Some(p.clone()));
+                }
+            }
+        }
+        if let Some(c) = segment.checkpoint {
+            for a in self.checkpoint_actions(c).await? {
+                if let Some(p) = a.get("protocol") {
+                    return Ok(Some(p.clone()));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// The newest `metaData` of the log (read back from the latest entry,
     /// then the checkpoint).
     pub(crate) async fn newest_meta(&self, segment: &Segment) -> Result<Option<Value>> {
@@ -1118,14 +1199,15 @@ impl DeltaLog<'_> {
     }
 
     /// Make `record`'s batch one Delta commit, exactly once: see the
-    /// module's comment. `owned` says whether the sink's owner record
-    /// names `record`'s history now (read after the log: needed to take
-    /// over a table that `sluice reset` retired). Then, when enough
-    /// versions followed the newest log checkpoint, a new one.
+    /// module's comment. `owned` gives the history's first batch when
+    /// the sink's owner record names `record`'s history now (read after
+    /// the log: needed to take over a table that `sluice reset` retired,
+    /// or to create one). Then, when enough versions followed the newest
+    /// log checkpoint, a new one.
     pub(crate) async fn commit<F, Fut>(&self, record: &Commit, owned: F) -> Result<Published>
     where
         F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<bool>>,
+        Fut: std::future::Future<Output = Result<Option<u64>>>,
     {
         let app = app_id(self.pipeline, &record.history);
         for _ in 0..16 {
@@ -1159,10 +1241,16 @@ impl DeltaLog<'_> {
                 // The history's own previous commit is the newest Sluice
                 // mark: the table is this history's.
                 (Some(_), _) => {
+                    // A metaData since (or in) the history's last commit:
+                    // another writer may have changed the table's schema
+                    // or settings; the parts must fit what it says now.
+                    if let Some(m) = &tip.meta {
+                        meta = Some(m.clone());
+                    }
                     // Parts of another schema than the table's (the query
                     // changed, or new columns joined): the table's metaData
                     // changes with them.
-                    if let Some(parts) = &parts_schema
+                    else if let Some(parts) = &parts_schema
                         && tip.schema_hash.as_deref() != Some(schema_hash(parts).as_str())
                     {
                         meta = self.newest_meta(&tip.segment).await?;
@@ -1186,7 +1274,7 @@ impl DeltaLog<'_> {
                         // record names takes it over, with its first batch
                         // that wrote rows (its schema).
                         Some("") => {
-                            if !owned().await? {
+                            if owned().await?.is_none() {
                                 return Err(stale());
                             }
                             if parts_schema.is_none() {
@@ -1210,8 +1298,23 @@ impl DeltaLog<'_> {
                         // Nothing to create a table with yet.
                         return Ok(Published::Nothing);
                     }
-                    if !owned().await? {
+                    let Some(first) = owned().await? else {
                         return Err(stale());
+                    };
+                    // Earlier batches of this history wrote rows, yet there
+                    // is no table: its log was deleted. A new one would
+                    // miss them.
+                    if let Some(b) = self.earlier_rows(first, record.batch).await? {
+                        return Err(Error::Incompatible {
+                            pipeline: self.pipeline.to_string(),
+                            message: format!(
+                                "the sink's Delta table is gone (no {LOG_PREFIX}), yet batch {b} \
+                                 of this history committed rows into it: a table made now would \
+                                 miss them, so batch {} is not published. Restore {LOG_PREFIX}, \
+                                 or run `sluice reset` to start over",
+                                record.batch
+                            ),
+                        });
                     }
                 }
             }
@@ -1269,6 +1372,18 @@ impl DeltaLog<'_> {
                 .as_deref()
                 .map(schema_hash)
                 .or(tip.schema_hash.clone());
+            // Raising an existing table's protocol for timestamps without
+            // a zone keeps every feature it has.
+            let protocol = match (&meta, after.as_deref()) {
+                (Some(_), Some(a)) if version > 0 && has_ntz(a) => {
+                    let current = match &tip.protocol {
+                        Some(p) => Some(p.clone()),
+                        None => self.newest_protocol(&tip.segment).await?,
+                    };
+                    with_ntz(current.as_ref())
+                }
+                _ => None,
+            };
             let body = self.entry(
                 record,
                 &app,
@@ -1277,6 +1392,7 @@ impl DeltaLog<'_> {
                 after.as_deref(),
                 hash.as_deref(),
                 &removes,
+                protocol.as_ref(),
             );
             match self
                 .store
@@ -1336,9 +1452,9 @@ impl DeltaLog<'_> {
 
     /// The log entry that commits `record` as `version`: commit info,
     /// protocol and metaData when the table is created (or its metaData
-    /// changes: `meta` is the current one), `removes` (a complete-mode
-    /// batch's: the files it replaces), the parts as `add` actions, and
-    /// the history's `txn`.
+    /// changes: `meta` is the current one; `raised`, the existing table's
+    /// protocol raised), `removes` (a complete-mode batch's: the files it
+    /// replaces), the parts as `add` actions, and the history's `txn`.
     #[allow(clippy::too_many_arguments)]
     fn entry(
         &self,
@@ -1349,6 +1465,7 @@ impl DeltaLog<'_> {
         schema: Option<&str>,
         hash: Option<&str>,
         removes: &[Value],
+        raised: Option<&Value>,
     ) -> Vec<u8> {
         let now = record.committed_ms;
         let complete = self.settings.complete;
@@ -1372,16 +1489,15 @@ impl DeltaLog<'_> {
         if version == 0 || meta.is_some() {
             let schema = schema.unwrap_or_default();
             // A new table's protocol; an existing one's is only raised
-            // (to read timestamps without a zone), never lowered.
-            if has_ntz(schema) {
-                lines.push(json!({"protocol": {
-                    "minReaderVersion": 3,
-                    "minWriterVersion": 7,
-                    "readerFeatures": ["timestampNtz"],
-                    "writerFeatures": ["timestampNtz"],
-                }}));
-            } else if version == 0 {
-                lines.push(json!({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}));
+            // (`raised`: to read timestamps without a zone, with every
+            // feature it had), never lowered.
+            if version == 0 {
+                lines.push(
+                    json!({ "protocol": with_ntz(None).filter(|_| has_ntz(schema))
+                    .unwrap_or_else(|| json!({"minReaderVersion": 1, "minWriterVersion": 2})) }),
+                );
+            } else if let Some(p) = raised {
+                lines.push(json!({ "protocol": p }));
             }
             // An existing table's metaData is kept but for its schema and
             // Sluice's marks (another writer's settings stay); the id is
@@ -1432,6 +1548,34 @@ impl DeltaLog<'_> {
         out
     }
 
+    /// The first batch from `first` (the history's first) up to `before`
+    /// whose manifest names parts, if one does.
+    async fn earlier_rows(&self, first: u64, before: u64) -> Result<Option<u64>> {
+        if before <= first {
+            return Ok(None);
+        }
+        for m in self
+            .store
+            .list(crate::paths::sink::MANIFEST_PREFIX, None)
+            .await?
+        {
+            let Some(b) = crate::paths::sink::manifest_batch(&m.key) else {
+                continue;
+            };
+            if b < first || b >= before {
+                continue;
+            }
+            if let Some(obj) = self.store.get(&m.key).await?
+                && let Ok(manifest) =
+                    serde_json::from_slice::<crate::checkpoint::Manifest>(&obj.bytes)
+                && !manifest.files.is_empty()
+            {
+                return Ok(Some(b));
+            }
+        }
+        Ok(None)
+    }
+
     /// Whether parts of Delta schema `parts` can be added to the table (a
     /// table a reset retired takes any).
     pub(crate) async fn check_schema(&self, parts: &str) -> Result<()> {
@@ -1467,12 +1611,26 @@ impl DeltaLog<'_> {
             return Ok(());
         }
         let snap = self.snapshot(&segment, None).await?;
-        let ours = snap
+        let owner = snap
             .meta
             .as_ref()
             .and_then(|m| m["configuration"].get(PIPELINE_KEY))
-            .and_then(Value::as_str)
-            == Some(self.pipeline);
+            .and_then(Value::as_str);
+        if snap.meta.is_some() && owner != Some(self.pipeline) {
+            return Err(Error::Spec {
+                file: self.store.describe(),
+                message: format!(
+                    "sink.uri holds {}, and `sluice reset` of pipeline \"{}\" would change it: \
+                     nothing was changed. Point sink.uri at this pipeline's own sink",
+                    match owner {
+                        Some(p) => format!("the Delta table of pipeline \"{p}\""),
+                        None => "a Delta table that Sluice did not create".to_string(),
+                    },
+                    self.pipeline
+                ),
+            });
+        }
+        let ours = owner == Some(self.pipeline);
         if ours && !snap.live.is_empty() && append_only(snap.meta.as_ref()) {
             return Err(append_only_reset(self.store.as_ref()));
         }
@@ -1797,8 +1955,8 @@ mod tests {
             pipeline: "p",
             settings: DeltaSettings::default(),
         };
-        let yes = || async { Ok(true) };
-        let no = || async { Ok(false) };
+        let yes = || async { Ok(Some(0)) };
+        let no = || async { Ok(None) };
         // Without the owner record, not even a new table is made.
         assert!(log.commit(&record("h1", 0), no).await.is_err());
         assert_eq!(
@@ -1874,7 +2032,7 @@ mod tests {
             pipeline: "p",
             settings: DeltaSettings::default(),
         };
-        let yes = || async { Ok(true) };
+        let yes = || async { Ok(Some(0)) };
         assert_eq!(
             log.commit(&record("h1", 0), yes).await.unwrap(),
             Published::Written(0)
@@ -1947,7 +2105,7 @@ mod tests {
             pipeline: "p",
             settings: DeltaSettings::default(),
         };
-        let yes = || async { Ok(true) };
+        let yes = || async { Ok(Some(0)) };
         log.commit(&record_of("h", 0, &[("v", "long")]), yes)
             .await
             .unwrap();
@@ -2028,7 +2186,7 @@ mod tests {
             settings: DeltaSettings::default(),
         };
         let e = log
-            .commit(&record("h1", 0), || async { Ok(true) })
+            .commit(&record("h1", 0), || async { Ok(Some(0)) })
             .await
             .unwrap_err();
         assert!(e.to_string().contains("did not create"), "{e}");

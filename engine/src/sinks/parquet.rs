@@ -801,7 +801,8 @@ impl ParquetSink {
                 Ok(self
                     .owner()
                     .await?
-                    .is_some_and(|o| o.history == record.history))
+                    .filter(|o| o.history == record.history)
+                    .map(|o| o.first_batch))
             };
             let done = log.commit(record, owned).await?;
             tracing::debug!(pipeline = %self.pipeline, batch, ?done, "delta commit");
@@ -855,6 +856,22 @@ impl ParquetSink {
     /// Before `sluice reset` of a Delta sink changes anything: whether
     /// the table lets it remove its files.
     pub(crate) async fn check_reset(&self) -> Result<()> {
+        // Another pipeline's output (a copied pipeline file whose name
+        // changed): a reset of this pipeline would delete it.
+        if let Some(o) = self.owner().await?
+            && o.pipeline != self.pipeline
+        {
+            return Err(Error::Spec {
+                file: self.store.describe(),
+                message: format!(
+                    "sink.uri holds the output of pipeline \"{}\" (its owner record \
+                     _sluice/sink.json), and `sluice reset` of pipeline \"{}\" would delete it: \
+                     nothing was changed. Point sink.uri at this pipeline's own sink (or reset \
+                     \"{}\" with its own pipeline file)",
+                    o.pipeline, self.pipeline, o.pipeline
+                ),
+            });
+        }
         if self.delta.is_none() {
             return Ok(());
         }
