@@ -1144,39 +1144,36 @@ impl DeltaLog<'_> {
     /// The newest `protocol` of the log (read back from the latest entry,
     /// then the checkpoint).
     async fn newest_protocol(&self, segment: &Segment) -> Result<Option<Value>> {
-        for v in segment.versions.iter().rev() {
-            for a in self.entry_actions(*v).await? {
-                if let Some(p) = a.get("protocol") {
-                    return Ok(Some(p.clone()));
-                }
-            }
-        }
-        if let Some(c) = segment.checkpoint {
-            for a in self.checkpoint_actions(c).await? {
-                if let Some(p) = a.get("protocol") {
-                    return Ok(Some(p.clone()));
-                }
-            }
-        }
-        Ok(None)
+        self.newest(segment, "protocol").await
     }
 
     /// The newest `metaData` of the log (read back from the latest entry,
     /// then the checkpoint).
     pub(crate) async fn newest_meta(&self, segment: &Segment) -> Result<Option<Value>> {
+        self.newest(segment, "metaData").await
+    }
+
+    /// The newest action of kind `kind` in the log: read back from the
+    /// latest entry, then the checkpoint.
+    async fn newest(&self, segment: &Segment, kind: &str) -> Result<Option<Value>> {
         for v in segment.versions.iter().rev() {
-            for a in self.entry_actions(*v).await? {
-                if let Some(m) = a.get("metaData") {
-                    return Ok(Some(m.clone()));
-                }
+            if let Some(found) = self
+                .entry_actions(*v)
+                .await?
+                .iter()
+                .find_map(|a| a.get(kind))
+            {
+                return Ok(Some(found.clone()));
             }
         }
-        if let Some(c) = segment.checkpoint {
-            for a in self.checkpoint_actions(c).await? {
-                if let Some(m) = a.get("metaData") {
-                    return Ok(Some(m.clone()));
-                }
-            }
+        if let Some(c) = segment.checkpoint
+            && let Some(found) = self
+                .checkpoint_actions(c)
+                .await?
+                .iter()
+                .find_map(|a| a.get(kind))
+        {
+            return Ok(Some(found.clone()));
         }
         Ok(None)
     }
