@@ -340,3 +340,33 @@ async fn a_table_is_read_from_its_checkpoint_and_what_cannot_be_read_is_refused(
     let e = down(root, &toml).await.unwrap_err().to_string();
     assert!(e.contains("not a Delta table"), "{e}");
 }
+
+/// The sweep's case: a table another engine wrote with a list column
+/// (deltalake names the element `element`; Arrow, `item`) and timestamps
+/// in another zone: read as DuckDB's delta_scan reads it (before, every
+/// file was refused as "array<bigint> in the file, pinned array<bigint>").
+#[tokio::test(flavor = "multi_thread")]
+async fn another_engines_list_columns_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let table = root.join("lists");
+    outside(&[
+        "create",
+        table.to_str().unwrap(),
+        r#"[{"id": 1, "arr": [1, 2, 3]}, {"id": 2, "arr": []}, {"id": 3, "arr": null}]"#,
+    ]);
+    outside(&[
+        "append",
+        table.to_str().unwrap(),
+        r#"[{"id": 4, "arr": [40, null]}]"#,
+    ]);
+    let toml = down_toml("", "", "parquet").replace("uri = \"out/sink\"", "uri = \"lists\"");
+    down(root, &toml).await.unwrap();
+    let v = delta_view(&table, "-").await;
+    assert_eq!(v.duckdb.len(), 4);
+    assert_eq!(v.deltalake, v.duckdb);
+    assert_eq!(
+        committed_rows(&root.join("down/sink"), "down").await,
+        v.duckdb
+    );
+}

@@ -303,7 +303,16 @@ pub(crate) fn casts_losslessly(from: &DataType, to: &DataType) -> bool {
             let ((fs, fw), (ts, tw)) = (int_rank(f).unwrap(), int_rank(t).unwrap());
             (fs == ts && fw <= tw) || (!fs && ts && fw < tw)
         }
-        (Timestamp(fu, fz), Timestamp(tu, tz)) => fz == tz && unit_rank(fu) <= unit_rank(tu),
+        // Zoned timestamps are instants: another zone reads as the same
+        // instant.
+        (Timestamp(fu, fz), Timestamp(tu, tz)) => {
+            (fz == tz || (fz.is_some() && tz.is_some())) && unit_rank(fu) <= unit_rank(tu)
+        }
+        // Lists whose values read losslessly, whatever their writer named
+        // the element field (`element`, `item`).
+        (List(f) | LargeList(f), List(t) | LargeList(t)) => {
+            casts_losslessly(f.data_type(), t.data_type())
+        }
         (Date32, Date64 | Timestamp(_, None)) => true,
         _ => false,
     }
@@ -319,6 +328,30 @@ mod tests {
             data_type: t.into(),
             nullable: true,
         }
+    }
+
+    #[test]
+    fn lists_cast_losslessly_whatever_their_element_is_named() {
+        use datafusion::arrow::datatypes::Field;
+        let list = |name: &str, t: DataType| DataType::List(Arc::new(Field::new(name, t, true)));
+        assert!(casts_losslessly(
+            &list("element", DataType::Int64),
+            &list("item", DataType::Int64)
+        ));
+        assert!(casts_losslessly(
+            &list("element", DataType::Int32),
+            &list("item", DataType::Int64)
+        ));
+        assert!(!casts_losslessly(
+            &list("element", DataType::Int64),
+            &list("item", DataType::Int32)
+        ));
+        let tz = |z: &str| DataType::Timestamp(TimeUnit::Microsecond, Some(z.into()));
+        assert!(casts_losslessly(&tz("America/New_York"), &tz("UTC")));
+        assert!(!casts_losslessly(
+            &DataType::Timestamp(TimeUnit::Microsecond, None),
+            &tz("UTC")
+        ));
     }
 
     #[test]
