@@ -561,35 +561,51 @@ async fn retire_sink(ctx: &Context, sink_keys: &[ObjectMeta], marked: &Control) 
     let mut removed: u64 = 0;
     // Staged files first (every publish copies from them), then manifests
     // (readers that follow them see nothing rather than names of deleted
-    // parts), then parts and side outputs.
-    let mut order: Vec<Vec<String>> = vec![Vec::new(), Vec::new(), Vec::new()];
-    for m in sink_keys {
-        if sink_batch(&m.key).is_none_or(|b| b >= first) {
-            continue;
-        }
-        let rank = if m.key.starts_with(crate::paths::sink::STAGING_PREFIX) {
+    // parts), then parts and side outputs, from a listing made after the
+    // staged files went.
+    let rank_of = |key: &str| {
+        if key.starts_with(crate::paths::sink::STAGING_PREFIX) {
             0
-        } else if m.key.starts_with(crate::paths::sink::MANIFEST_PREFIX) {
+        } else if key.starts_with(crate::paths::sink::MANIFEST_PREFIX) {
             1
         } else {
             2
-        };
-        order[rank].push(m.key.clone());
-    }
-    for keys in order {
-        removed += keys.len() as u64;
-        delete_all(sink, keys).await?;
-    }
+        }
+    };
+    let retired = |key: &str| sink_batch(key).is_some_and(|b| b < first);
+    let staged: Vec<String> = sink_keys
+        .iter()
+        .map(|m| m.key.clone())
+        .filter(|k| retired(k) && rank_of(k) == 0)
+        .collect();
+    removed += staged.len() as u64;
+    delete_all(sink, staged).await?;
     // Anything staged since the listing above.
     let late: Vec<String> = sink
         .list(crate::paths::sink::STAGING_PREFIX, None)
         .await?
         .into_iter()
         .map(|m| m.key)
-        .filter(|k| sink_batch(k).is_some_and(|b| b < first))
+        .filter(|k| retired(k))
         .collect();
     removed += late.len() as u64;
     delete_all(sink, late).await?;
+    // Listed again now that nothing of the retired batches is staged: a
+    // run stopped past its lease may have published a part or a side
+    // output (copied from its staged file) after the first listing and
+    // before the staged files went; after this point its copies find no
+    // staged file. Manifests go first, then parts and side outputs.
+    let mut order: Vec<Vec<String>> = vec![Vec::new(), Vec::new()];
+    for m in sink.list("", None).await? {
+        let rank = rank_of(&m.key);
+        if rank > 0 && retired(&m.key) {
+            order[rank - 1].push(m.key);
+        }
+    }
+    for keys in order {
+        removed += keys.len() as u64;
+        delete_all(sink, keys).await?;
+    }
     if ctx
         .sink
         .retire(first, &marked.history, &ctx.checkpoint.store().describe())
