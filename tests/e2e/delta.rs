@@ -565,8 +565,8 @@ async fn another_writers_features_are_honoured_or_refused_by_name() {
     );
 }
 
-/// `delta_read.py` with `args` (an outside writer's calls).
-fn outside(args: &[&str]) {
+/// `delta_read.py` with `args` (an outside writer's calls): its output.
+pub(crate) fn outside(args: &[&str]) -> Vec<u8> {
     let out = std::process::Command::new(delta_python())
         .arg(delta_script())
         .args(args)
@@ -577,11 +577,12 @@ fn outside(args: &[&str]) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out.stdout
 }
 
-/// A sink folder holding a table another writer created: `sluice check`
-/// and the run refuse it before anything is written (no commit record, no
-/// part, no manifest), and `sluice reset` leaves the table as it is.
+/// A sink folder holding a table another writer created: `sluice check`,
+/// the run and `sluice reset` refuse it before anything is written (no
+/// commit record, no part, no manifest, no owner record).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_table_another_writer_created_is_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::delta::{delta_toml, delta_view};
+use crate::delta::{delta_toml, delta_view, outside};
 use crate::support::*;
 
 /// A pipeline `down` reading the Delta table at `out/sink` (the upstream
@@ -57,20 +57,6 @@ async fn down_rows(root: &Path) -> Vec<String> {
     let v = delta_view(&root.join("down/sink"), "-").await;
     assert_eq!(v.deltalake, v.duckdb, "the two readers differ");
     v.deltalake
-}
-
-/// `delta_read.py` with `args` (an outside writer).
-fn outside(args: &[&str]) {
-    let out = std::process::Command::new(std::env::var("SLUICE_DELTA_PYTHON").unwrap())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/delta_read.py"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A chain over Delta: the downstream's first run reads the upstream

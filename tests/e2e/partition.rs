@@ -32,18 +32,9 @@ pub(crate) async fn want(files: &[std::path::PathBuf]) -> Vec<String> {
     duckdb_rows(files, PSQL).await
 }
 
+/// `delta_read.py` with `args`: its JSON answer.
 fn delta_python(args: &[&str]) -> Value {
-    let out = std::process::Command::new(std::env::var("SLUICE_DELTA_PYTHON").unwrap())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/delta_read.py"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_slice(&crate::delta::outside(args)).unwrap()
 }
 
 /// The distinct partition values DuckDB reads inside one file.

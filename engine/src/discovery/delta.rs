@@ -164,18 +164,14 @@ impl TableSource<'_> {
         }
         if let Some(p) = protocol {
             let reader = p["minReaderVersion"].as_u64().unwrap_or(1);
-            let features: Vec<&str> = p["readerFeatures"]
-                .as_array()
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            let unknown: Vec<&str> = match reader {
+            let unknown: Vec<String> = match reader {
                 0..=1 => Vec::new(),
-                2 => vec!["columnMapping"],
-                3 => features
+                2 => vec!["columnMapping".to_string()],
+                3 => log::features(p, "readerFeatures")
                     .into_iter()
-                    .filter(|f| !matches!(*f, "timestampNtz" | "vacuumProtocolCheck"))
+                    .filter(|f| !matches!(f.as_str(), "timestampNtz" | "vacuumProtocolCheck"))
                     .collect(),
-                _ => vec!["a reader version above 3"],
+                _ => vec!["a reader version above 3".to_string()],
             };
             if !unknown.is_empty() {
                 return Err(self.input(

@@ -329,21 +329,26 @@ fn checkpoint_rows(bytes: Bytes) -> std::result::Result<Vec<Value>, String> {
     Ok(out)
 }
 
+/// The table features a protocol lists under `key` (`readerFeatures`,
+/// `writerFeatures`).
+pub(crate) fn features(protocol: &Value, key: &str) -> Vec<String> {
+    protocol[key]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Why Sluice cannot write to a table of this protocol and metadata, if
 /// it cannot: a feature it would have to honour and does not.
 fn unsupported(protocol: Option<&Value>, meta: Option<&Value>) -> Option<String> {
     if let Some(p) = protocol {
         let reader = p["minReaderVersion"].as_u64().unwrap_or(1);
         let writer = p["minWriterVersion"].as_u64().unwrap_or(2);
-        let names = |k: &str| -> Vec<String> {
-            p[k].as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|f| f.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
+        let names = |k: &str| features(p, k);
         // Features Sluice honours (invariants: refused below when the
         // schema has any), and variantType while no column is a variant
         // (delta-rs lists it on every table it alters).
@@ -421,15 +426,7 @@ fn with_ntz(protocol: Option<&Value>) -> Option<Value> {
         .unwrap_or_else(|| json!({"minReaderVersion": 1, "minWriterVersion": 2}));
     let reader = p["minReaderVersion"].as_u64().unwrap_or(1);
     let writer = p["minWriterVersion"].as_u64().unwrap_or(2);
-    let listed = |k: &str| -> Vec<String> {
-        p[k].as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|f| f.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let listed = |k: &str| features(&p, k);
     let mut readers = if reader >= 3 {
         listed("readerFeatures")
     } else if reader == 2 {
