@@ -20,6 +20,18 @@
         partition pruning: how many files deltalake lists for
         COLUMN = VALUE (file_uris with a partition filter), and DuckDB's
         "Scanning Files: a/b" for a count with that filter.
+    delta_read.py merge TABLE ROWS_JSON
+        another writer's append whose new columns join the table's schema
+        (write_deltalake mode="append", schema_mode="merge").
+    delta_read.py empty TABLE TYPES_JSON
+        a table created with a schema and no file (DeltaTable.create);
+        TYPES_JSON maps column -> type ("int64", "map<string, int64>",
+        "timestamp[ns, UTC]"); append then writes map values given as
+        lists of [key, value] pairs.
+    delta_read.py rawlog TABLE ROWS_JSON TYPES_JSON
+        a table written by hand as simple writers do: one Parquet file of
+        the typed rows (nanosecond timestamps kept) and a log entry whose
+        schema gives Delta's types.
     delta_read.py overwrite TABLE ROWS_JSON
         another writer's overwrite with a new schema (write_deltalake
         mode="overwrite", schema_mode="overwrite").
@@ -118,14 +130,97 @@ def cmd_read(args):
     }, default=str))
 
 
+def pa_type(t):
+    """A pyarrow type from its alias ("int64", "string"), "map<K, V>" or
+    "timestamp[UNIT, TZ]"."""
+    import pyarrow as pa
+    t = t.strip()
+    if t.startswith("map<") and t.endswith(">"):
+        k, v = t[4:-1].split(",", 1)
+        return pa.map_(pa_type(k), pa_type(v))
+    if t.startswith("timestamp[") and t.endswith("]"):
+        unit, _, tz = t[10:-1].partition(",")
+        return pa.timestamp(unit.strip(), tz=tz.strip() or None)
+    return pa.type_for_alias(t)
+
+
+def typed_table(rows, types):
+    """ROWS (a JSON list of objects) as a pyarrow table of TYPES (a JSON
+    object of column -> type, see pa_type), in TYPES' column order; a map
+    value is written as a list of [key, value] pairs."""
+    import pyarrow as pa
+    schema = pa.schema([(name, pa_type(t)) for name, t in types.items()])
+    cols = {}
+    for field in schema:
+        values = [r.get(field.name) for r in rows]
+        if pa.types.is_map(field.type):
+            values = [None if v is None else [tuple(p) for p in v] for v in values]
+        cols[field.name] = pa.array(values, type=field.type)
+    return pa.table(cols, schema=schema)
+
+
 def cmd_append(args):
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
     table, rows = args[0], json.loads(args[1])
     opts = storage_options(table)
     schema = pa.schema(DeltaTable(table, storage_options=opts).schema().to_arrow())
-    data = pa.Table.from_pylist(rows, schema=schema)
+    if any(pa.types.is_map(f.type) for f in schema):
+        types = {f.name: str(f.type) for f in schema}
+        types = {f.name: (f"map<{f.type.key_type}, {f.type.item_type}>"
+                          if pa.types.is_map(f.type) else types[f.name]) for f in schema}
+        data = typed_table(rows, types)
+    else:
+        data = pa.Table.from_pylist(rows, schema=schema)
     write_deltalake(table, data, mode="append", storage_options=opts)
+
+
+def cmd_merge(args):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    table, rows = args[0], json.loads(args[1])
+    write_deltalake(table, pa.Table.from_pylist(rows), mode="append", schema_mode="merge",
+                    storage_options=storage_options(table))
+
+
+def cmd_empty(args):
+    from deltalake import DeltaTable
+    table, types = args[0], json.loads(args[1])
+    DeltaTable.create(table, schema=typed_table([], types).schema,
+                      storage_options=storage_options(table))
+
+
+def cmd_rawlog(args):
+    """A table written by hand, as simple writers write one: ROWS in one
+    Parquet file as TYPES gives them (pyarrow), named by version 0 of a log
+    whose schema types each column as Delta does (a nanosecond timestamp
+    is a Delta `timestamp`, microseconds)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    table, rows, types = args[0], json.loads(args[1]), json.loads(args[2])
+    data = typed_table(rows, types)
+    os.makedirs(os.path.join(table, "_delta_log"), exist_ok=True)
+    path = os.path.join(table, "part-00000.parquet")
+    pq.write_table(data, path, coerce_timestamps=None, allow_truncated_timestamps=False,
+                   version="2.6")
+
+    def delta(t):
+        if pa.types.is_timestamp(t):
+            return "timestamp" if t.tz else "timestamp_ntz"
+        return {"int64": "long", "string": "string", "double": "double"}[str(t)]
+    schema = {"type": "struct", "fields": [
+        {"name": f.name, "type": delta(f.type), "nullable": True, "metadata": {}}
+        for f in data.schema]}
+    actions = [
+        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+        {"metaData": {"id": "00000000-0000-0000-0000-00000000000a", "format": {
+            "provider": "parquet", "options": {}}, "schemaString": json.dumps(schema),
+            "partitionColumns": [], "configuration": {}, "createdTime": 0}},
+        {"add": {"path": "part-00000.parquet", "partitionValues": {},
+                 "size": os.path.getsize(path), "modificationTime": 0, "dataChange": True}},
+    ]
+    with open(os.path.join(table, "_delta_log", f"{0:020}.json"), "w") as fh:
+        fh.write("".join(json.dumps(a) + "\n" for a in actions))
 
 
 def cmd_overwrite(args):
@@ -185,7 +280,8 @@ def cmd_alter(args):
 def main():
     commands = {"read": cmd_read, "append": cmd_append, "create": cmd_create,
                 "alter": cmd_alter, "delete": cmd_delete, "prune": cmd_prune,
-                "overwrite": cmd_overwrite}
+                "overwrite": cmd_overwrite, "merge": cmd_merge, "empty": cmd_empty,
+                "rawlog": cmd_rawlog}
     if len(sys.argv) < 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)
     commands[sys.argv[1]](sys.argv[2:])

@@ -356,3 +356,135 @@ async fn another_engines_list_columns_are_read() {
         v.duckdb
     );
 }
+
+/// A pipeline `name` reading the table at `root/<table>` with
+/// `on_schema_change = policy`, writing Parquet under `<name>/`.
+fn table_toml(name: &str, table: &str, policy: &str) -> String {
+    down_toml("", &format!("on_schema_change = \"{policy}\""), "parquet")
+        .replace("uri = \"out/sink\"", &format!("uri = \"{table}\""))
+        .replace("name = \"down\"", &format!("name = \"{name}\""))
+        .replace("down/", &format!("{name}/"))
+}
+
+/// Another engine's table is read with the schema its log holds, not the
+/// one of its first file: a table another writer evolved (a column added
+/// by a later version) reads the column as null in the older files
+/// (before: the schema came from the oldest file and the newer file was
+/// refused); an empty table created with a schema is checked against it
+/// at once (before: `sluice check` waited for a file), and its map column is read whatever
+/// its writer named the entries; a change of the table's schema after the
+/// pin is refused naming the Delta table, or taken under add-columns.
+/// Expected rows: DuckDB's delta_scan (and deltalake, which must agree).
+#[tokio::test(flavor = "multi_thread")]
+async fn another_engines_tables_are_read_with_the_schema_in_their_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let evolved = root.join("evolved");
+    let t = evolved.to_str().unwrap();
+    outside(&["create", t, r#"[{"id": 1, "v": "a"}, {"id": 3, "v": "c"}]"#]);
+    outside(&["merge", t, r#"[{"id": 2, "v": "b", "tip": 2.5}]"#]);
+    down(root, &table_toml("ev", "evolved", "fail"))
+        .await
+        .unwrap();
+    let v = delta_view(&evolved, "-").await;
+    assert_eq!(v.deltalake, v.duckdb);
+    assert_eq!(v.duckdb, ["1|a|NULL", "2|b|2.5", "3|c|NULL"]);
+    assert_eq!(committed_rows(&root.join("ev/sink"), "ev").await, v.duckdb);
+
+    let maps = root.join("maps");
+    let t = maps.to_str().unwrap();
+    outside(&["empty", t, r#"{"id": "int64", "m": "map<string, int64>"}"#]);
+    let toml = table_toml("mp", "maps", "fail");
+    assert_eq!(down(root, &toml).await.unwrap(), 0);
+    // `sluice check` checks the query against the empty table's schema
+    // now (before: "no input file ... to infer the schema from").
+    let report = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap();
+    assert!(
+        report
+            .checked
+            .iter()
+            .any(|c| c == "source schema (2 columns)"),
+        "{:?}",
+        report.checked
+    );
+    let wrong = toml.replace("SELECT * FROM up", "SELECT nope FROM up");
+    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &wrong)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nope"), "{e}");
+    outside(&[
+        "append",
+        t,
+        r#"[{"id": 1, "m": [["a", 1], ["b", 2]]}, {"id": 2, "m": null}, {"id": 3, "m": []}]"#,
+    ]);
+    assert_eq!(down(root, &toml).await.unwrap(), 1);
+    let v = delta_view(&maps, "-").await;
+    assert_eq!(v.deltalake, v.duckdb);
+    assert_eq!(v.duckdb.len(), 3);
+    assert_eq!(committed_rows(&root.join("mp/sink"), "mp").await, v.duckdb);
+
+    // The table's schema changes after the pin: refused under `fail`,
+    // naming the table's change and what to do; nothing committed.
+    outside(&["merge", t, r#"[{"id": 4, "tip": 1.5}]"#]);
+    let e = down(root, &toml).await.unwrap_err().to_string();
+    assert!(
+        e.contains("Delta table's schema") && e.contains("add-columns") && e.contains("tip"),
+        "{e}"
+    );
+    assert_eq!(committed_rows(&root.join("mp/sink"), "mp").await.len(), 3);
+    // Hints type an inferred schema; a Delta table's log types its own.
+    let hinted = toml.replace(
+        "on_schema_change",
+        "schema_hints = { id = \"double\" }\non_schema_change",
+    );
+    let e = sluice_engine::pipeline::Pipeline::parse(&hinted, "t.toml", root)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("schema_hints") && e.contains("log"), "{e}");
+    // A pipeline that takes new columns reads the same table through.
+    let toml = table_toml("mq", "maps", "add-columns");
+    down(root, &toml).await.unwrap();
+    let v = delta_view(&maps, "-").await;
+    assert_eq!(v.duckdb.len(), 4);
+    assert_eq!(committed_rows(&root.join("mq/sink"), "mq").await, v.duckdb);
+}
+
+/// A table whose writer kept nanosecond timestamps in its files (the log
+/// types the column as Delta's microsecond `timestamp`) reads them cut to
+/// microseconds, as Delta readers do (before: every file was refused as a
+/// changed type unless `rescue`). Expected: DuckDB's cast of the file's
+/// values to a microsecond timestamp.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tables_finer_timestamps_read_in_its_unit() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let table = root.join("nanos");
+    outside(&[
+        "rawlog",
+        table.to_str().unwrap(),
+        r#"[{"id": 1, "ts": 1700000000123456789}, {"id": 2, "ts": 1700000001000000999}, {"id": 3, "ts": null}]"#,
+        r#"{"id": "int64", "ts": "timestamp[ns, UTC]"}"#,
+    ]);
+    down(root, &table_toml("ns", "nanos", "fail"))
+        .await
+        .unwrap();
+    let file = table.join("part-00000.parquet");
+    let expected = duckdb_sql(&format!(
+        "SELECT id, epoch_us(CAST(ts AS TIMESTAMP_NS)) AS us FROM read_parquet('{}')",
+        file.display()
+    ))
+    .await;
+    let got = duckdb_sql(&format!(
+        "SELECT id, CAST(epoch_us(ts) AS BIGINT) AS us FROM read_parquet('{}/batch=*/*.parquet')",
+        root.join("ns/sink").display()
+    ))
+    .await;
+    assert_eq!(got, expected);
+    assert!(
+        expected.contains(&"1|1700000000123456".to_string()),
+        "{expected:?}"
+    );
+}

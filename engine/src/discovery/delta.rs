@@ -98,6 +98,51 @@ pub(crate) fn is_commit(key: &str) -> bool {
     log::version_of(key).is_some()
 }
 
+/// The schema of the Delta table in `store` as its log holds it (the
+/// newest `metaData`), pinned as a Parquet source's would be: what its
+/// files hold is read as that (a column a file lacks, one a later version
+/// added, reads as null; a file's finer timestamps are cut to the table's
+/// microseconds, as Delta readers cut them). `None` while there is no
+/// table yet.
+pub(crate) async fn table_schema(
+    store: &Arc<dyn Store>,
+    pipeline: &str,
+) -> Result<Option<datafusion::arrow::datatypes::SchemaRef>> {
+    use crate::pipeline::schema::{columns_of, schema_of};
+    let dl = DeltaLog {
+        store,
+        pipeline,
+        settings: Default::default(),
+    };
+    let segment = dl.segment().await?;
+    let Some(latest) = segment.latest() else {
+        return Ok(None);
+    };
+    let input = |message: String| Error::Input {
+        pipeline: pipeline.to_string(),
+        batch: 0,
+        key: format!("{}/{}", store.describe(), log::commit_key(latest)),
+        message,
+    };
+    let Some(meta) = dl.newest_meta(&segment).await? else {
+        return Err(input(
+            "the Delta table's log holds no metaData (its schema): it is not a table a \
+             reader can open"
+                .into(),
+        ));
+    };
+    let text = meta["schemaString"].as_str().unwrap_or_default();
+    let schema = log::arrow_schema(text).map_err(|why| {
+        input(format!(
+            "the Delta table's schema has a {why}, which a Delta source does not read; \
+             declare source.schema without it, or read a table without it"
+        ))
+    })?;
+    let pinned = schema_of(&columns_of(&schema))
+        .map_err(|e| input(format!("the table's schema cannot be pinned: column{e}")))?;
+    Ok(Some(pinned))
+}
+
 /// What one read of the table needs.
 pub(crate) struct TableSource<'a> {
     pub store: &'a Arc<dyn Store>,

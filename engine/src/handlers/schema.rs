@@ -155,8 +155,9 @@ fn check_version_hints_kept(
     Ok(())
 }
 
-/// The source schema: declared, else pinned, else inferred from the first
-/// listed input. `None` when there is nothing to infer from.
+/// The source schema: declared, else pinned, else (a Delta table) the
+/// table's in its log, else inferred from the first listed input. `None`
+/// when there is nothing to infer from.
 pub(crate) async fn resolve_schema(
     ctx: &Context,
     record: Option<&PipelineRecord>,
@@ -190,6 +191,9 @@ pub(crate) async fn resolve_schema(
     if let Some(pinned) = pinned {
         check_hints_kept(p, &pinned)?;
         return Ok(Some(pinned));
+    }
+    if p.source.discovery == crate::pipeline::DiscoveryMode::Delta {
+        return discovery::delta_table_schema(&ctx.source, &p.name).await;
     }
     let candidates = discovery::new_inputs(listed, &Index::default(), p.source.discovery);
     infer_schema(ctx, &candidates).await

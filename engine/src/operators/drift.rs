@@ -109,8 +109,19 @@ fn refusal(
     d: &Drift,
     typed_new: &[&String],
     stream: bool,
+    table: bool,
 ) -> Option<String> {
     match policy {
+        // A Delta table's files are its versions': the table's schema
+        // changed since the pipeline pinned it.
+        SchemaChangePolicy::Fail if table => Some(format!(
+            "its columns do not match the Delta table's schema as this pipeline pinned it: \
+             {d}. A later version of the table changed its schema (ALTER TABLE ADD COLUMNS, \
+             or an append that merged a new schema). To take new columns, set \
+             source.on_schema_change = \"add-columns\" (they join the output) or \"rescue\" \
+             (what does not fit goes into {RESCUED}); to read the table with its new schema \
+             from the start, run `sluice reset` on the pipeline file"
+        )),
         // A topic's records cannot be replaced, and add-columns is not
         // taken for a topic yet.
         SchemaChangePolicy::Fail if stream => Some(format!(
@@ -152,27 +163,33 @@ impl SqlOperator {
     /// and their order for CSV with a header (read by position; the types
     /// belong to each value); nothing for CSV without one (columns are by
     /// position). Once the policy takes schema changes, a column a Parquet
-    /// file lacks reads as null.
+    /// file lacks reads as null; in a Delta table's files it always does
+    /// (an older file lacks the columns a later version added), and finer
+    /// timestamps read cut to the table's microseconds.
     fn drift_check(&self) -> Option<DriftCheck> {
         let s = &self.pipeline.source;
+        let delta = self.reads_table();
         match s.format {
             SourceFormat::Parquet => Some(DriftCheck {
                 types: true,
-                absent_is_null: s.on_schema_change != SchemaChangePolicy::Fail,
+                absent_is_null: s.on_schema_change != SchemaChangePolicy::Fail || delta,
                 order: false,
                 reads_text: false,
+                table_units: delta,
             }),
             SourceFormat::Jsonl => Some(DriftCheck {
                 types: true,
                 absent_is_null: true,
                 order: false,
                 reads_text: true,
+                table_units: delta,
             }),
             SourceFormat::Csv if s.header => Some(DriftCheck {
                 types: false,
                 absent_is_null: false,
                 order: true,
                 reads_text: false,
+                table_units: delta,
             }),
             SourceFormat::Csv => None,
         }
@@ -208,6 +225,11 @@ impl SqlOperator {
             }
         })
         .await
+    }
+
+    /// Whether the source is a Delta table (whose log types its columns).
+    fn reads_table(&self) -> bool {
+        self.pipeline.source.discovery == crate::pipeline::DiscoveryMode::Delta
     }
 
     /// Whether the source is a topic (whose records cannot be fixed).
@@ -292,7 +314,13 @@ impl SqlOperator {
                             d.missing.clear();
                             d.retyped.clear();
                             d.reordered = None;
-                            refusal(policy, &d, &typed_new(&d, &good), self.reads_topic())
+                            refusal(
+                                policy,
+                                &d,
+                                &typed_new(&d, &good),
+                                self.reads_topic(),
+                                self.reads_table(),
+                            )
                         }
                     {
                         return Err(Error::Input {
@@ -337,7 +365,13 @@ impl SqlOperator {
                 continue;
             };
             let typed_new = typed_new(&d, &schema);
-            if let Some(message) = refusal(policy, &d, &typed_new, self.reads_topic()) {
+            if let Some(message) = refusal(
+                policy,
+                &d,
+                &typed_new,
+                self.reads_topic(),
+                self.reads_table(),
+            ) {
                 return Err(Error::Input {
                     pipeline: self.pipeline.name.clone(),
                     batch,

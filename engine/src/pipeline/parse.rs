@@ -476,6 +476,14 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
                 .to_string(),
         );
     }
+    if !hints.is_empty() && discovery == DiscoveryMode::Delta {
+        return Err(
+            "source.schema_hints types columns of a schema inferred from files, and a Delta \
+             table's log types its columns: remove source.schema_hints (declare source.schema \
+             to read the table with other types)"
+                .to_string(),
+        );
+    }
     check_schema_hints(&hints, src.file_format())?;
     let (schema, hints) = if discovery == DiscoveryMode::Kafka {
         with_record_metadata(src.schema.clone(), hints)

@@ -153,6 +153,10 @@ pub(crate) struct DriftCheck {
     /// (JSON: `"2024-01-01T00:10:00"` into a column declared or hinted
     /// `timestamp`); a value that does not parse is a bad row.
     pub reads_text: bool,
+    /// The pinned types are a table's (a Delta table's log types its
+    /// columns): a file's timestamps finer than the table's unit read cut
+    /// to it, as the table's readers cut them.
+    pub table_units: bool,
 }
 
 /// Whether a reader that parses text (JSON's) reads a string value into
@@ -191,7 +195,9 @@ pub(crate) fn drift(
                             f.data_type(),
                             DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
                         ) && parsed_from_text(p.data_type()));
-                if check.types && !casts_losslessly(f.data_type(), p.data_type()) && !parsed {
+                let cut = check.table_units && cuts_to_unit(f.data_type(), p.data_type());
+                if check.types && !casts_losslessly(f.data_type(), p.data_type()) && !parsed && !cut
+                {
                     d.retyped.push((
                         p.name().clone(),
                         p.data_type().clone(),
@@ -250,10 +256,26 @@ pub(crate) fn text_pin(t: &DataType) -> DataType {
     }
 }
 
+/// Whether `from` is a timestamp finer than `to` (same zone, or both
+/// zoned), read as `to` by cutting the finer digits; looks into lists,
+/// structs and maps.
+fn cuts_to_unit(from: &DataType, to: &DataType) -> bool {
+    use DataType::*;
+    match (from, to) {
+        (Timestamp(_, fz), Timestamp(_, tz)) => fz.is_some() == tz.is_some(),
+        (List(f) | LargeList(f), List(t) | LargeList(t)) => {
+            cuts_to_unit(f.data_type(), t.data_type())
+                || casts_losslessly(f.data_type(), t.data_type())
+        }
+        _ => false,
+    }
+}
+
 /// Whether a value of type `from` reads as `to` without loss: the same
 /// type, a wider integer or float, an integer as a float, text in another
 /// encoding, a number, boolean, date or time as text, a coarser timestamp
-/// as a finer one, or a column that is null throughout this file.
+/// as a finer one, lists, structs and maps of such, or a column that is
+/// null throughout this file.
 pub(crate) fn casts_losslessly(from: &DataType, to: &DataType) -> bool {
     use DataType::*;
     fn int_rank(t: &DataType) -> Option<(bool, u8)> {
@@ -313,6 +335,23 @@ pub(crate) fn casts_losslessly(from: &DataType, to: &DataType) -> bool {
         (List(f) | LargeList(f), List(t) | LargeList(t)) => {
             casts_losslessly(f.data_type(), t.data_type())
         }
+        // Structs field by field (by name, in the same order), whatever
+        // nullability their writer declared.
+        (Struct(f), Struct(t)) => {
+            f.len() == t.len()
+                && f.iter().zip(t.iter()).all(|(a, b)| {
+                    a.name() == b.name() && casts_losslessly(a.data_type(), b.data_type())
+                })
+        }
+        // Maps whose keys and values read losslessly, whatever their writer
+        // named the entries (`key_value`, `entries`) and their fields.
+        (Map(f, fs), Map(t, ts)) if fs == ts => match (f.data_type(), t.data_type()) {
+            (Struct(a), Struct(b)) if a.len() == 2 && b.len() == 2 => {
+                casts_losslessly(a[0].data_type(), b[0].data_type())
+                    && casts_losslessly(a[1].data_type(), b[1].data_type())
+            }
+            _ => false,
+        },
         (Date32, Date64 | Timestamp(_, None)) => true,
         _ => false,
     }
@@ -328,6 +367,41 @@ mod tests {
             data_type: t.into(),
             nullable: true,
         }
+    }
+
+    #[test]
+    fn maps_and_structs_cast_losslessly_whatever_their_parts_are_named() {
+        use datafusion::arrow::datatypes::{Field, Fields};
+        let map = |entries: &str, k: &str, v: DataType| {
+            DataType::Map(
+                Arc::new(Field::new(
+                    entries,
+                    DataType::Struct(Fields::from(vec![
+                        Field::new(k, DataType::Utf8, false),
+                        Field::new("value", v, true),
+                    ])),
+                    false,
+                )),
+                false,
+            )
+        };
+        assert!(casts_losslessly(
+            &map("entries", "keys", DataType::Int32),
+            &map("key_value", "key", DataType::Int64)
+        ));
+        assert!(!casts_losslessly(
+            &map("entries", "key", DataType::Int64),
+            &map("key_value", "key", DataType::Int32)
+        ));
+        let st = |name: &str, nullable: bool| {
+            DataType::Struct(Fields::from(vec![Field::new(
+                name,
+                DataType::Int32,
+                nullable,
+            )]))
+        };
+        assert!(casts_losslessly(&st("x", false), &st("x", true)));
+        assert!(!casts_losslessly(&st("x", true), &st("y", true)));
     }
 
     #[test]
@@ -391,6 +465,7 @@ mod tests {
             absent_is_null: false,
             order: false,
             reads_text: false,
+            table_units: false,
         };
         // Wider or equal types, and an all-null column, read as pinned.
         let fine = schema(&[
@@ -437,6 +512,7 @@ mod tests {
             absent_is_null: false,
             order: false,
             reads_text: false,
+            table_units: false,
         };
         assert_eq!(drift(&pinned, &bad, names, &[]).unwrap().retyped, []);
         let json = DriftCheck {
@@ -444,6 +520,7 @@ mod tests {
             absent_is_null: true,
             order: false,
             reads_text: false,
+            table_units: false,
         };
         assert_eq!(drift(&pinned, &bad, json, &[]).unwrap().missing, []);
         assert!(!casts_losslessly(&Int64, &Int32));

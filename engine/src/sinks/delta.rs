@@ -547,6 +547,103 @@ fn delta_type(dt: &DataType) -> std::result::Result<Value, String> {
     })
 }
 
+/// The Arrow type of a Delta type (a `schemaString` field's `type`), as
+/// DataFusion reads the column from the table's Parquet files: top-level
+/// strings and binaries in their view layout (`top`), timestamps in
+/// microseconds (Delta's unit; `timestamp` is an instant, held in UTC),
+/// maps with Parquet's `key_value` entries. `Err`: the type as written,
+/// which a Delta source does not read (`variant`, an unknown name).
+pub(crate) fn arrow_type(t: &Value, top: bool) -> std::result::Result<DataType, String> {
+    if let Some(name) = t.as_str() {
+        return Ok(match name {
+            "boolean" => DataType::Boolean,
+            "byte" => DataType::Int8,
+            "short" => DataType::Int16,
+            "integer" => DataType::Int32,
+            "long" => DataType::Int64,
+            "float" => DataType::Float32,
+            "double" => DataType::Float64,
+            "string" if top => DataType::Utf8View,
+            "string" => DataType::Utf8,
+            "binary" if top => DataType::BinaryView,
+            "binary" => DataType::Binary,
+            "date" => DataType::Date32,
+            "timestamp" => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            "timestamp_ntz" => DataType::Timestamp(TimeUnit::Microsecond, None),
+            d => {
+                let (p, s) = d
+                    .strip_prefix("decimal(")
+                    .and_then(|r| r.strip_suffix(')'))
+                    .and_then(|r| r.split_once(','))
+                    .ok_or_else(|| d.to_string())?;
+                let p: u8 = p.trim().parse().map_err(|_| d.to_string())?;
+                let s: i8 = s.trim().parse().map_err(|_| d.to_string())?;
+                if p == 0 || p > 38 || s < 0 || s as u8 > p {
+                    return Err(d.to_string());
+                }
+                DataType::Decimal128(p, s)
+            }
+        });
+    }
+    let nested = |v: &Value| arrow_type(v, false);
+    match t["type"].as_str() {
+        Some("struct") => Ok(DataType::Struct(
+            t["fields"]
+                .as_array()
+                .ok_or_else(|| t.to_string())?
+                .iter()
+                .map(|f| arrow_field(f, false))
+                .collect::<std::result::Result<Vec<_>, _>>()?
+                .into(),
+        )),
+        Some("array") => Ok(DataType::List(Arc::new(Field::new(
+            "element",
+            nested(&t["elementType"])?,
+            t["containsNull"].as_bool() != Some(false),
+        )))),
+        Some("map") => Ok(DataType::Map(
+            Arc::new(Field::new(
+                "key_value",
+                DataType::Struct(
+                    vec![
+                        Field::new("key", nested(&t["keyType"])?, false),
+                        Field::new(
+                            "value",
+                            nested(&t["valueType"])?,
+                            t["valueContainsNull"].as_bool() != Some(false),
+                        ),
+                    ]
+                    .into(),
+                ),
+                false,
+            )),
+            false,
+        )),
+        _ => Err(t.to_string()),
+    }
+}
+
+/// A `schemaString` field as an Arrow field (see [`arrow_type`]); `Err`
+/// names the field and its type.
+fn arrow_field(f: &Value, top: bool) -> std::result::Result<Field, String> {
+    let name = f["name"].as_str().unwrap_or_default();
+    let t = arrow_type(&f["type"], top).map_err(|t| format!("column \"{name}\" of type {t}"))?;
+    Ok(Field::new(name, t, f["nullable"].as_bool() != Some(false)))
+}
+
+/// The Arrow schema of a Delta table's `schemaString`, or the column a
+/// Delta source cannot read (its type).
+pub(crate) fn arrow_schema(schema_string: &str) -> std::result::Result<Schema, String> {
+    let v: Value = serde_json::from_str(schema_string).map_err(|e| format!("{e}"))?;
+    let fields = v["fields"]
+        .as_array()
+        .ok_or("no fields")?
+        .iter()
+        .map(|f| arrow_field(f, true))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(Schema::new(fields))
+}
+
 fn delta_field(f: &Field) -> std::result::Result<Value, String> {
     Ok(json!({
         "name": f.name(),
@@ -1830,6 +1927,45 @@ mod tests {
             e.contains("\"Total\" and \"total\" differ only in case"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_tables_schema_reads_as_the_arrow_types_its_files_hold() {
+        let schema = arrow_schema(
+            r#"{"type":"struct","fields":[
+            {"name":"s","type":"string","nullable":true,"metadata":{}},
+            {"name":"t","type":"timestamp","nullable":false,"metadata":{}},
+            {"name":"n","type":"timestamp_ntz","nullable":true,"metadata":{}},
+            {"name":"d","type":"decimal(10,2)","nullable":true,"metadata":{}},
+            {"name":"a","type":{"type":"array","elementType":"string","containsNull":false},"nullable":true,"metadata":{}},
+            {"name":"m","type":{"type":"map","keyType":"string","valueType":"long","valueContainsNull":true},"nullable":true,"metadata":{}},
+            {"name":"st","type":{"type":"struct","fields":[{"name":"x","type":"integer","nullable":false,"metadata":{}}]},"nullable":true,"metadata":{}}
+            ]}"#,
+        )
+        .unwrap();
+        let t = |i: usize| schema.field(i).data_type().clone();
+        assert_eq!(t(0), DataType::Utf8View);
+        assert_eq!(
+            t(1),
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+        );
+        assert!(!schema.field(1).is_nullable());
+        assert_eq!(t(2), DataType::Timestamp(TimeUnit::Microsecond, None));
+        assert_eq!(t(3), DataType::Decimal128(10, 2));
+        assert_eq!(
+            t(4),
+            DataType::List(Arc::new(Field::new("element", DataType::Utf8, false)))
+        );
+        assert!(matches!(t(5), DataType::Map(..)));
+        assert!(matches!(t(6), DataType::Struct(ref f) if !f[0].is_nullable()));
+        // What Sluice writes reads back as the same Delta types.
+        let back = schema_string(&Arc::new(schema)).unwrap();
+        assert_eq!(arrow_schema(&back).unwrap().fields().len(), 7);
+        let e = arrow_schema(
+            r#"{"type":"struct","fields":[{"name":"v","type":"variant","nullable":true,"metadata":{}}]}"#,
+        )
+        .unwrap_err();
+        assert!(e.contains("\"v\"") && e.contains("variant"), "{e}");
     }
 
     #[test]
