@@ -32,6 +32,9 @@
         a table written by hand as simple writers do: one Parquet file of
         the typed rows (nanosecond timestamps kept) and a log entry whose
         schema gives Delta's types.
+    delta_read.py sql OUT QUERY
+        DuckDB with its delta extension: QUERY (over delta_scan(...))
+        written to the Parquet file OUT.
     delta_read.py overwrite TABLE ROWS_JSON
         another writer's overwrite with a new schema (write_deltalake
         mode="overwrite", schema_mode="overwrite").
@@ -259,6 +262,15 @@ def cmd_prune(args):
                       "duckdb_total": int(m.group(2)) if m else None}))
 
 
+def cmd_sql(args):
+    import duckdb
+    out, query = args[0], args[1]
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
+    con.execute(f"LOAD '{extension('delta')}'")
+    target = out.replace("'", "''")
+    con.execute(f"COPY ({query}) TO '{target}' (FORMAT parquet)")
+
+
 def cmd_delete(args):
     from deltalake import DeltaTable
     table = args[0]
@@ -281,7 +293,7 @@ def main():
     commands = {"read": cmd_read, "append": cmd_append, "create": cmd_create,
                 "alter": cmd_alter, "delete": cmd_delete, "prune": cmd_prune,
                 "overwrite": cmd_overwrite, "merge": cmd_merge, "empty": cmd_empty,
-                "rawlog": cmd_rawlog}
+                "rawlog": cmd_rawlog, "sql": cmd_sql}
     if len(sys.argv) < 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)
     commands[sys.argv[1]](sys.argv[2:])

@@ -213,6 +213,7 @@ mod tests {
                 size: *s,
                 etag: None,
                 modified_ms: None,
+                partition: None,
             })
             .collect()
     }

@@ -565,6 +565,14 @@ async fn another_writers_features_are_honoured_or_refused_by_name() {
     );
 }
 
+/// The rows of a DuckDB query over Delta tables (its `delta_scan`).
+pub(crate) async fn delta_sql(sql: &str) -> Vec<String> {
+    let out = tempfile::tempdir().unwrap();
+    let file = out.path().join("sql.parquet");
+    outside(&["sql", file.to_str().unwrap(), sql]);
+    parquet_rows(&file).await
+}
+
 /// `delta_read.py` with `args` (an outside writer's calls): its output.
 pub(crate) fn outside(args: &[&str]) -> Vec<u8> {
     let out = std::process::Command::new(delta_python())

@@ -508,6 +508,11 @@ pub struct InputFile {
     /// written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub modified_ms: Option<i64>,
+    /// A Delta table's partition values for this file (its log's
+    /// `partitionValues`: column -> value as text, `None` for null), which
+    /// the file itself may lack; read as the columns' values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<std::collections::BTreeMap<String, Option<String>>>,
 }
 
 impl InputFile {

@@ -22,9 +22,11 @@
 //! MERGE, overwrite, or a complete-mode Sluice sink) fails the batch,
 //! unless `source.ignore_changes = true`, which skips such versions whole
 //! (Spark's `skipChangeCommits`). Files added or removed without
-//! `dataChange` (OPTIMIZE's compaction) are skipped. What Sluice cannot
-//! read right is refused by name: partition columns, deletion vectors,
-//! column mapping and other reader features.
+//! `dataChange` (OPTIMIZE's compaction) are skipped. A partitioned
+//! table's partition values come from the log (`partitionValues`, carried
+//! with each input file), as Delta readers take them. What Sluice cannot
+//! read right is refused by name: deletion vectors, column mapping and
+//! other reader features.
 
 use std::sync::Arc;
 
@@ -178,34 +180,18 @@ impl TableSource<'_> {
         meta: Option<&Value>,
         protocol: Option<&Value>,
     ) -> Result<()> {
-        if let Some(m) = meta {
-            let parts = m["partitionColumns"].as_array().map_or(0, Vec::len);
-            // Sluice's own partitioned tables keep the partition columns
-            // in their files too; other writers' files lack them.
-            let sluice = m["configuration"].get("sluice.pipeline").is_some();
-            if parts > 0 && !sluice {
-                return Err(self.input(
-                    key,
-                    "the Delta table is partitioned (partitionColumns) by a writer other than \
-                     Sluice, whose files lack the partition columns, and a Delta source does \
-                     not read partition values from the log yet: read a table without \
-                     partition columns, or one a Sluice pipeline wrote"
-                        .into(),
-                ));
-            }
-            if let Some(mode) = m["configuration"]
-                .get("delta.columnMapping.mode")
-                .and_then(Value::as_str)
-                && mode != "none"
-            {
-                return Err(self.input(
-                    key,
-                    format!(
-                        "the Delta table uses column mapping (delta.columnMapping.mode = \
-                         \"{mode}\"), which a Delta source does not read"
-                    ),
-                ));
-            }
+        if let Some(mode) = meta
+            .and_then(|m| m["configuration"].get("delta.columnMapping.mode"))
+            .and_then(Value::as_str)
+            && mode != "none"
+        {
+            return Err(self.input(
+                key,
+                format!(
+                    "the Delta table uses column mapping (delta.columnMapping.mode = \
+                     \"{mode}\"), which a Delta source does not read"
+                ),
+            ));
         }
         if let Some(p) = protocol {
             let reader = p["minReaderVersion"].as_u64().unwrap_or(1);
@@ -253,6 +239,17 @@ impl TableSource<'_> {
                 ),
             ));
         }
+        // A partitioned table's values, as its log holds them (other
+        // writers' files lack the columns; Sluice's keep them too, with
+        // the same values).
+        let partition = add["partitionValues"]
+            .as_object()
+            .filter(|m| !m.is_empty())
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string)))
+                    .collect()
+            });
         Ok(InputFile {
             key: percent_encoding::percent_decode_str(path)
                 .decode_utf8_lossy()
@@ -260,6 +257,7 @@ impl TableSource<'_> {
             size: add["size"].as_u64().unwrap_or(0),
             etag: None,
             modified_ms: None,
+            partition,
         })
     }
 

@@ -986,6 +986,7 @@ pub(crate) async fn read_units(
             size: lines.len() as u64,
             etag: None,
             modified_ms: None,
+            partition: None,
         });
         store
             .put(&shapes_key, Bytes::from(lines), PutMode::Overwrite)
@@ -995,6 +996,7 @@ pub(crate) async fn read_units(
             size,
             etag: None,
             modified_ms: None,
+            partition: None,
         });
     }
     Ok((store, files, shapes))

@@ -80,6 +80,7 @@ pub(crate) fn new_inputs(
             size: m.size,
             etag: m.etag.clone(),
             modified_ms: m.last_modified.map(|t| t.timestamp_millis()),
+            partition: None,
         })
         .collect()
 }

@@ -162,6 +162,7 @@ fn manifest_files(bytes: &[u8], n: u64) -> std::result::Result<Vec<InputFile>, S
             size: f.bytes,
             etag: None,
             modified_ms: None,
+            partition: None,
         })
         .collect())
 }

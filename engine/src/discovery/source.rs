@@ -806,6 +806,7 @@ async fn retry_inputs(
                 size: m.size,
                 etag: m.etag,
                 modified_ms: m.last_modified.map(|t| t.timestamp_millis()),
+                partition: None,
             }),
             None => {
                 tracing::warn!(pipeline = %ctx.pipeline.name, %key, "a file asked for again is gone from the source; dropped");
@@ -848,6 +849,7 @@ async fn claim_files(
                 size: f.size,
                 etag: None,
                 modified_ms: None,
+                partition: None,
             });
         } else {
             duplicates.extend(by_key.remove(&f.key).unwrap_or_default());

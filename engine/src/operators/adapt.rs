@@ -145,17 +145,23 @@ impl PartitionStream for FilePartition {
                 // reader cannot take a number or boolean into a text column.
                 read_jsonl(&op, &access, &file, read).await?
             } else {
-                let table = BatchTable {
-                    schema: read,
-                    format: SqlOperator::format(&op.pipeline),
-                    url: access.url.clone(),
-                    files: vec![
-                        datafusion::datasource::listing::PartitionedFile::new_from_meta(
-                            SqlOperator::object_meta(&access, &file),
-                        ),
-                    ],
-                    partitions: 1,
-                };
+                // A Delta table's partition columns the file lacks are
+                // read from the log, after the file's own.
+                let mut fields = read.fields().to_vec();
+                for (name, _) in file.partition.iter().flatten() {
+                    if read.field_with_name(name).is_err()
+                        && let Ok(f) = op.schema.field_with_name(name)
+                    {
+                        fields.push(Arc::new(f.clone()));
+                    }
+                }
+                let table = BatchTable::over(
+                    Arc::new(Schema::new(fields)),
+                    SqlOperator::format(&op.pipeline),
+                    access.url.clone(),
+                    vec![(SqlOperator::object_meta(&access, &file), &file)],
+                    1,
+                )?;
                 let session = op.scan_session(&access);
                 session
                     .read_table(Arc::new(table))?

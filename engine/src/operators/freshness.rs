@@ -31,6 +31,7 @@ impl SqlOperator {
                         size: meta.size,
                         etag: meta.e_tag,
                         modified_ms: None,
+                        partition: f.partition,
                     })),
                     Err(object_store::Error::NotFound { .. }) => {
                         tracing::warn!(%pipeline, batch, key = %f.key, "notified file gone; skipped");
@@ -86,6 +87,7 @@ impl SqlOperator {
                     size: meta.size,
                     etag: meta.e_tag,
                     modified_ms: Some(meta.last_modified.timestamp_millis()),
+                    partition: f.partition.clone(),
                 });
             }
         }

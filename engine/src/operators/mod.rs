@@ -30,7 +30,6 @@ use datafusion::datasource::file_format::csv::CsvFormat;
 use datafusion::datasource::file_format::file_compression_type::FileCompressionType;
 use datafusion::datasource::file_format::json::JsonFormat;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
-use datafusion::datasource::listing::PartitionedFile;
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder};
 use datafusion::physical_plan::{
@@ -381,16 +380,16 @@ impl SqlOperator {
         inputs: &[&InputFile],
         sql: &str,
     ) -> std::result::Result<(SessionContext, Arc<dyn ExecutionPlan>), DataFusionError> {
-        let table = BatchTable {
-            schema: self.schema.clone(),
-            format: Self::format(&self.pipeline),
-            url: access.url.clone(),
-            files: inputs
+        let table = BatchTable::over(
+            self.schema.clone(),
+            Self::format(&self.pipeline),
+            access.url.clone(),
+            inputs
                 .iter()
-                .map(|f| PartitionedFile::new_from_meta(Self::object_meta(access, f)))
+                .map(|f| (Self::object_meta(access, f), *f))
                 .collect(),
-            partitions: self.partitions,
-        };
+            self.partitions,
+        )?;
         ctx.register_table(self.pipeline.source.table.as_str(), Arc::new(table))?;
         let df = ctx.sql(sql).await?;
         let plan = df.create_physical_plan().await?;

@@ -169,20 +169,17 @@ impl SqlOperator {
         q: &StatefulQuery,
         state: &TaskState,
     ) -> Result<(Arc<dyn TableProvider>, Arc<EventTally>)> {
-        let table = BatchTable {
-            schema: self.schema.clone(),
-            format: Self::format(&self.pipeline),
-            url: access.url.clone(),
-            files: files
+        let table = BatchTable::over(
+            self.schema.clone(),
+            Self::format(&self.pipeline),
+            access.url.clone(),
+            files
                 .iter()
-                .map(|f| {
-                    datafusion::datasource::listing::PartitionedFile::new_from_meta(
-                        Self::object_meta(access, f),
-                    )
-                })
+                .map(|f| (Self::object_meta(access, f), *f))
                 .collect(),
-            partitions: self.partitions,
-        };
+            self.partitions,
+        )
+        .map_err(|e| self.sql_err(e))?;
         let side_output = q.watermark.as_ref().is_some_and(|w| w.late_side_output);
         let tally = Arc::new(if side_output {
             EventTally::keeping_late()
