@@ -89,10 +89,15 @@ pub enum Error {
     #[error("pipeline \"{pipeline}\": {message}")]
     Incompatible { pipeline: String, message: String },
     /// An input file could not be read or does not match the source schema.
-    #[error("pipeline \"{pipeline}\", batch {batch}: input {key}: {message}")]
+    #[error(
+        "pipeline \"{pipeline}\"{}: input {key}: {message}",
+        .batch.map(|b| format!(", batch {b}")).unwrap_or_default()
+    )]
     Input {
         pipeline: String,
-        batch: u64,
+        /// The batch that read it (`None`: found while planning, before
+        /// any batch).
+        batch: Option<u64>,
         key: String,
         message: String,
     },

@@ -197,6 +197,13 @@ fn append_oracle(
     Box::pin(async move { duckdb_rows(&files, SQL).await })
 }
 
+/// DuckDB's one-shot [`FROM_HOUR_2`] over `files`.
+fn from_hour_2_oracle(
+    files: Vec<PathBuf>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<String>>>> {
+    Box::pin(async move { duckdb_rows(&files, FROM_HOUR_2).await })
+}
+
 /// The windowed GROUP BY of the complete-mode pipelines.
 const WINDOWED: &str = r#"SELECT window.start AS window_start, window.end AS window_end, "PULocationID", count(*) AS trips, max(trip_distance) AS longest FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes'), "PULocationID""#;
 
@@ -215,6 +222,12 @@ pub(crate) fn windowed_oracle(
         .await
     })
 }
+
+/// [`SQL`] over the trips from 02:00 on: the first two generated files
+/// (hours 0 and 1) give no row.
+pub(crate) const FROM_HOUR_2: &str = "SELECT \"VendorID\", tpep_pickup_datetime, \"PULocationID\", \
+    trip_distance, fare_amount, total_amount - fare_amount AS surcharges FROM trips \
+    WHERE trip_distance > 1.0 AND tpep_pickup_datetime >= CAST('2024-01-01 02:00:00' AS TIMESTAMP)";
 
 /// A Delta sink in complete mode over [`WINDOWED`], with `limits`.
 pub(crate) fn complete_toml(name: &str, limits: &str) -> String {
@@ -243,9 +256,12 @@ async fn failing_any_write_of_a_delta_batch_then_rerunning_gives_the_clean_table
             "format = \"delta\"\n",
             "format = \"delta\"\ndelta_checkpoint_interval = 1\n",
         );
+    // A first batch without rows: its commit creates the table.
+    let empty_first = append.replace(SQL, FROM_HOUR_2);
     for (toml, oracle) in [
         (append, append_oracle as Oracle),
         (complete, windowed_oracle as Oracle),
+        (empty_first, from_hour_2_oracle as Oracle),
     ] {
         crash_at_every_write(&toml, oracle).await;
     }
@@ -1082,4 +1098,135 @@ async fn killed_and_racing_runs_into_a_delta_table_commit_every_file_once() {
     assert_eq!(v.txn, c.last_committed);
     assert_eq!(c.totals.files, files.len() as u64);
     assert_eq!(staged_files(&root.join("out/sink")), Vec::<String>::new());
+}
+
+/// A first batch whose query keeps no row still creates the table, with
+/// the query's columns (as Spark's Delta sink does): readers open an
+/// empty table, not a missing one, and a downstream pipeline can check
+/// its query against it. Before: no table until a batch wrote rows. The
+/// next batch's rows then read as DuckDB's one-shot query computes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_first_batch_without_rows_creates_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    // Trips over 1,000 miles: none in the first files.
+    let sql = SQL.replace("trip_distance > 1.0", "trip_distance > 1000.0");
+    let toml = delta_toml("empty", "").replace(SQL, &sql);
+    let input = root.join("input");
+    let files = gen_files(&input.join("a"), 2, 30);
+    assert_eq!(
+        run(&local_context(&pipeline(root, &toml)))
+            .await
+            .unwrap()
+            .batches
+            .len(),
+        1
+    );
+    let v = delta_view(&root.join("out/sink"), "-").await;
+    assert!(v.deltalake.is_empty() && v.duckdb.is_empty());
+    assert_eq!(v.version, 0);
+    assert!(duckdb_rows(&files, &sql).await.is_empty());
+    // The table's columns are the query's, as DuckDB names them.
+    let entry = std::fs::read_to_string(root.join("out/sink/_delta_log/00000000000000000000.json"))
+        .unwrap();
+    let meta: Value = entry
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find_map(|a| a.get("metaData").cloned())
+        .expect("the first commit holds the table's metaData");
+    let schema: Value = serde_json::from_str(meta["schemaString"].as_str().unwrap()).unwrap();
+    let names: Vec<String> = schema["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect();
+    let described = duckdb_rows(&files, &format!("SELECT column_name FROM (DESCRIBE {sql})")).await;
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(sorted, described);
+    assert_eq!(names.len(), 6);
+    // A row that passes the filter arrives: the table takes it.
+    let mut all = files;
+    let late = input.join("b/long.parquet");
+    std::fs::create_dir_all(late.parent().unwrap()).unwrap();
+    let copy = format!(
+        "import duckdb; duckdb.sql(\"COPY (SELECT * REPLACE (CAST(2000.0 AS DOUBLE) AS trip_distance) FROM \
+         read_parquet('{}', hive_partitioning = false) LIMIT 3) TO '{}' (FORMAT parquet)\")",
+        all[0].display(),
+        late.display()
+    );
+    let out = std::process::Command::new(python())
+        .args(["-c", &copy])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    all.push(late.clone());
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let v = delta_view(&root.join("out/sink"), "-").await;
+    let want = duckdb_rows(&all, &sql).await;
+    assert_eq!(want.len(), 3);
+    assert_eq!(v.deltalake, want);
+    assert_eq!(v.duckdb, want);
+
+    // A stateful query too (complete mode, a windowed GROUP BY whose
+    // filter keeps nothing at first): the table is made with the columns
+    // of the rows it writes, and the batch that writes rows adds them to
+    // it without changing its schema.
+    let grouped = complete_toml("grouped", "max_files_per_batch = 2")
+        .replace(
+            "FROM trips GROUP BY",
+            "FROM trips WHERE trip_distance > 1000.0 GROUP BY",
+        )
+        .replace("out/sink", "grouped/sink")
+        .replace("input\"", "input/a\"");
+    run(&local_context(&pipeline(root, &grouped)))
+        .await
+        .unwrap();
+    let v = delta_view(&root.join("grouped/sink"), "-").await;
+    assert!(v.duckdb.is_empty() && v.deltalake.is_empty());
+    let first = table_schema(&root.join("grouped/sink"), 0);
+    std::fs::create_dir_all(input.join("a/late")).unwrap();
+    std::fs::copy(&late, input.join("a/late/long.parquet")).unwrap();
+    run(&local_context(&pipeline(root, &grouped)))
+        .await
+        .unwrap();
+    let v = delta_view(&root.join("grouped/sink"), "-").await;
+    let want = windowed_oracle(vec![input.join("a/late/long.parquet")]).await;
+    assert!(!want.is_empty());
+    assert_eq!(v.deltalake, want);
+    assert_eq!(v.duckdb, want);
+    assert_eq!(table_schema(&root.join("grouped/sink"), v.version), first);
+}
+
+/// The fields (name, type) of the newest `metaData` at or before
+/// `version` of the local table at `table`.
+fn table_schema(table: &Path, version: u64) -> Vec<(String, String)> {
+    let mut found = None;
+    for v in 0..=version {
+        let entry =
+            std::fs::read_to_string(table.join(format!("_delta_log/{v:020}.json"))).unwrap();
+        for l in entry.lines() {
+            let a: Value = serde_json::from_str(l).unwrap();
+            if let Some(m) = a.get("metaData") {
+                found = Some(m["schemaString"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    let schema: Value = serde_json::from_str(&found.expect("a metaData")).unwrap();
+    schema["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap().to_string(),
+                f["type"].to_string(),
+            )
+        })
+        .collect()
 }

@@ -114,6 +114,9 @@ enum Scenario {
     /// A Parquet sink partitioned by a nullable, escaped tag (parts in
     /// `batch=N/tag=.../` folders).
     Partitioned,
+    /// [`Scenario::Delta`] with a query whose first batch keeps no row:
+    /// that batch's commit creates the table (its schema from the plan).
+    DeltaEmptyFirst,
 }
 
 const CSV_SQL: &str = "SELECT id, v, v * 2 AS twice FROM t WHERE v > 1";
@@ -129,6 +132,7 @@ impl Scenario {
             Scenario::Delta => "fenced",
             Scenario::DeltaComplete => "fencedc",
             Scenario::Partitioned => "fencep",
+            Scenario::DeltaEmptyFirst => "fencede",
         }
     }
 
@@ -168,6 +172,10 @@ max_files_per_batch = 2
                 .replace("state_partitions = 3", "state_partitions = 2"),
             Scenario::Refused => pipeline_toml("fencer", "parquet", "", "max_files_per_batch = 1"),
             Scenario::Delta => crate::delta::delta_toml("fenced", "max_files_per_batch = 2"),
+            Scenario::DeltaEmptyFirst => {
+                crate::delta::delta_toml("fencede", "max_files_per_batch = 2")
+                    .replace(SQL, crate::delta::FROM_HOUR_2)
+            }
             Scenario::Partitioned => {
                 crate::partition::partitioned_toml("fencep", "parquet", r#"["tag"]"#)
             }
@@ -205,7 +213,10 @@ max_files_per_batch = 2
                 let files = gen_files(&root.join("input"), 3, 40);
                 std::fs::write(&files[1], b"not parquet at all").unwrap();
             }
-            Scenario::Delta | Scenario::DeltaComplete | Scenario::Partitioned => {
+            Scenario::Delta
+            | Scenario::DeltaComplete
+            | Scenario::Partitioned
+            | Scenario::DeltaEmptyFirst => {
                 gen_files(&root.join("input"), 3, 40);
             }
             Scenario::Kafka => {
@@ -250,7 +261,10 @@ max_files_per_batch = 2
                     .await
                     .unwrap();
             }
-            Scenario::Delta | Scenario::DeltaComplete | Scenario::Partitioned => {
+            Scenario::Delta
+            | Scenario::DeltaComplete
+            | Scenario::Partitioned
+            | Scenario::DeltaEmptyFirst => {
                 gen_files(&root.join("input"), 1, 40);
             }
             Scenario::Kafka => {
@@ -273,7 +287,7 @@ max_files_per_batch = 2
             }
             // The table as deltalake reads it (DuckDB's delta extension
             // must agree).
-            Scenario::Delta | Scenario::DeltaComplete => {
+            Scenario::Delta | Scenario::DeltaComplete | Scenario::DeltaEmptyFirst => {
                 let v = crate::delta::delta_view(&sink, "-").await;
                 assert_eq!(v.deltalake, v.duckdb, "the two Delta readers differ");
                 v.deltalake
@@ -312,6 +326,13 @@ max_files_per_batch = 2
             // DuckDB's partitioned query over every input file.
             Scenario::Partitioned => {
                 crate::partition::want(&crate::stateful::walk(&root.join("input"))).await
+            }
+            Scenario::DeltaEmptyFirst => {
+                duckdb_rows(
+                    &crate::stateful::walk(&root.join("input")),
+                    crate::delta::FROM_HOUR_2,
+                )
+                .await
             }
             // DuckDB's windowed GROUP BY over every input file.
             Scenario::DeltaComplete => {
@@ -461,7 +482,10 @@ async fn assert_consistent(root: &Path, s: Scenario, inputs: u64, what: &str) {
         }
         assert_eq!(c.stream_offsets, ends, "{what}: control's offsets");
     }
-    if matches!(s, Scenario::Delta | Scenario::DeltaComplete) {
+    if matches!(
+        s,
+        Scenario::Delta | Scenario::DeltaComplete | Scenario::DeltaEmptyFirst
+    ) {
         // The table's transaction for this history is the last batch, and
         // no part was added twice.
         let app = format!("{}-{}", s.name(), c.history);
@@ -756,4 +780,15 @@ async fn a_partitioned_run_held_at_any_write_changes_nothing_after_a_takeover() 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_partitioned_run_held_at_any_write_changes_nothing_after_a_reset() {
     each_write_held(Scenario::Partitioned, Stale::Run, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delta_run_whose_first_batch_is_empty_held_at_any_write_changes_nothing_after_a_takeover()
+{
+    each_write_held(Scenario::DeltaEmptyFirst, Stale::Run, Meanwhile::TakeOver).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delta_run_whose_first_batch_is_empty_held_at_any_write_changes_nothing_after_a_reset() {
+    each_write_held(Scenario::DeltaEmptyFirst, Stale::Run, Meanwhile::Reset).await;
 }

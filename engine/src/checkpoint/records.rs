@@ -492,6 +492,11 @@ pub struct QueryShape {
     /// shape is planned again.
     #[serde(default)]
     pub spec: String,
+    /// A Delta sink and a row-by-row query: the Delta schema
+    /// (`schemaString`) of the rows the query writes, with which a batch
+    /// that writes no row still creates the table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
 }
 
 /// One input file of a batch.
@@ -738,6 +743,11 @@ pub struct Commit {
     /// A stateful query: its state and watermark after this batch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stateful: Option<StatefulState>,
+    /// A Delta sink, and a batch that wrote no part: the Delta schema of
+    /// the query's rows (its plan's [`QueryShape::table`]), with which its
+    /// commit creates the table if there is none yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table_schema: Option<String>,
     /// What the batch used of what AWS bills by use (`sluice cost`).
     #[serde(default)]
     pub usage: Usage,

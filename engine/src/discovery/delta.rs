@@ -122,7 +122,7 @@ pub(crate) async fn table_schema(
     };
     let input = |message: String| Error::Input {
         pipeline: pipeline.to_string(),
-        batch: 0,
+        batch: None,
         key: format!("{}/{}", store.describe(), log::commit_key(latest)),
         message,
     };
@@ -158,7 +158,7 @@ impl TableSource<'_> {
     fn input(&self, key: &str, message: String) -> Error {
         Error::Input {
             pipeline: self.pipeline.to_string(),
-            batch: 0,
+            batch: None,
             key: format!("{}/{key}", self.store.describe()),
             message,
         }

@@ -65,7 +65,7 @@ pub(crate) async fn read_upstream(
 ) -> Result<Upstream> {
     let broken = |key: &str, message: String| Error::Input {
         pipeline: pipeline.to_string(),
-        batch: 0,
+        batch: None,
         key: format!("{}/{key}", store.describe()),
         message,
     };

@@ -249,7 +249,7 @@ async fn where_to_start(
         if source.on_data_loss == DataLossPolicy::Fail {
             return Err(Error::Input {
                 pipeline: ctx.pipeline.name.clone(),
-                batch: control.next_batch(),
+                batch: Some(control.next_batch()),
                 key: topic(ctx).to_string(),
                 message: format!(
                     "{}; nothing was read. Set source.on_data_loss = \"skip\" to go on from the \

@@ -302,7 +302,6 @@ fn build_record(
         },
         rows_in: results.iter().map(|r| r.rows_in).sum(),
         rows_out,
-        outputs,
         durations: Durations {
             plan_ms: off.plan_ms,
             operate_ms: (started_ms - off.planned_ms).max(0) as u64,
@@ -329,6 +328,12 @@ fn build_record(
             .flatten(),
         rescued_fields: results.iter().map(|r| r.rescued_fields).sum(),
         stateful: merged.map(|m| m.state.clone()),
+        table_schema: off
+            .query
+            .as_ref()
+            .and_then(|q| q.table.clone())
+            .filter(|_| outputs.iter().all(|o| o.delta.is_none())),
+        outputs,
     }
 }
 

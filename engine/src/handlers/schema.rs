@@ -360,7 +360,7 @@ async fn infer_schema(ctx: &Context, candidates: &[InputFile]) -> Result<Option<
     let schema = Schema::new(fields);
     let pinned = schema_of(&columns_of(&schema)).map_err(|e| Error::Input {
         pipeline: p.name.clone(),
-        batch: 0,
+        batch: None,
         key: first_key,
         message: format!(
             "the inferred schema cannot be pinned: column{e}; declare source.schema instead"
@@ -470,7 +470,7 @@ fn type_untyped(p: &Pipeline, fields: &mut [Field], read: usize, first_key: &str
         if p.source.format == crate::pipeline::SourceFormat::Parquet {
             return Err(Error::Input {
                 pipeline: p.name.clone(),
-                batch: 0,
+                batch: None,
                 key: first_key.to_string(),
                 message: format!(
                     "column(s) {} hold only nulls and have no type in the first {read} file(s) \
@@ -597,7 +597,7 @@ async fn infer_file_as_read(ctx: &Context, file: &InputFile) -> Result<SchemaRef
         .await
         .map_err(|e| Error::Input {
             pipeline: p.name.clone(),
-            batch: 0,
+            batch: None,
             key: file.key.clone(),
             message: format!(
                 "cannot infer the source schema from it: {e}; fix the file or declare source.schema"

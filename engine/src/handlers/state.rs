@@ -16,9 +16,23 @@ pub(super) async fn plan_query(
     key: String,
 ) -> Result<QueryShape> {
     let arrow = super::schema::arrow_of(ctx, schema, key)?;
+    let op = crate::operators::SqlOperator::new(ctx.pipeline.clone(), arrow);
+    let query = op.stateful().await?;
+    let stateful = query.as_ref().map(|q| shape::of_query(&ctx.pipeline, q));
+    // A Delta sink's table is made by the first batch, rows or not: with
+    // the schema of the rows its query writes.
+    let table = match (&query, ctx.pipeline.sink_format) {
+        (_, crate::pipeline::SinkFormat::Parquet) => None,
+        (Some(q), _) => ctx.sink.delta_table_schema(&q.output)?,
+        (None, _) => match op.check_output().await? {
+            (_, Some(rows)) => ctx.sink.delta_table_schema(&rows)?,
+            (_, None) => None,
+        },
+    };
     Ok(QueryShape {
-        stateful: shape::of(&ctx.pipeline, arrow).await?,
+        stateful,
         spec: ctx.pipeline.spec_hash(),
+        table,
     })
 }
 

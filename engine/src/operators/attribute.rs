@@ -250,7 +250,7 @@ impl SqlOperator {
         if let Some(c) = culprit {
             return Error::Input {
                 pipeline: self.pipeline.name.clone(),
-                batch,
+                batch: Some(batch),
                 key: c.key,
                 message: c.message,
             };

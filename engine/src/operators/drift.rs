@@ -325,7 +325,7 @@ impl SqlOperator {
                     {
                         return Err(Error::Input {
                             pipeline: self.pipeline.name.clone(),
-                            batch,
+                            batch: Some(batch),
                             key: files[i].key.clone(),
                             message,
                         });
@@ -374,7 +374,7 @@ impl SqlOperator {
             ) {
                 return Err(Error::Input {
                     pipeline: self.pipeline.name.clone(),
-                    batch,
+                    batch: Some(batch),
                     key: files[i].key.clone(),
                     message,
                 });
@@ -481,7 +481,7 @@ impl SqlOperator {
         };
         Error::Input {
             pipeline: self.pipeline.name.clone(),
-            batch,
+            batch: Some(batch),
             key: f.key.clone(),
             message,
         }

@@ -96,7 +96,7 @@ impl SqlOperator {
         {
             return Err(Error::Input {
                 pipeline: self.pipeline.name.clone(),
-                batch,
+                batch: Some(batch),
                 key: key.clone(),
                 message: format!(
                     "changed since it was listed (task {}): it is still being written. Write \

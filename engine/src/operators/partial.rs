@@ -149,7 +149,7 @@ impl SqlOperator {
         if let Some((f, _)) = checked.adapted.first() {
             return Err(Error::Input {
                 pipeline: self.pipeline.name.clone(),
-                batch,
+                batch: Some(batch),
                 key: f.key.clone(),
                 message: "its columns differ from the schema, which a stateful query does not \
                           take yet (on_schema_change applies to row-by-row queries)"

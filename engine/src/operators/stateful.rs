@@ -27,6 +27,8 @@ pub(crate) struct StatefulQuery {
     pub mode: OutputMode,
     /// Event time, if declared.
     pub watermark: Option<Watermark>,
+    /// The schema of the rows it writes.
+    pub output: SchemaRef,
 }
 
 impl StatefulQuery {
@@ -161,6 +163,7 @@ impl SqlOperator {
             window: w.window,
             mode: p.output_mode,
             watermark: p.watermark.clone(),
+            output,
         };
         self.check_output_mode(&q)?;
         Ok(Some(q))

@@ -970,10 +970,8 @@ pub(crate) enum Published {
 
 impl DeltaLog<'_> {
     fn conflict(&self, message: String) -> Error {
-        Error::Execution {
+        Error::Run {
             pipeline: self.pipeline.to_string(),
-            batch: 0,
-            task: None,
             message,
             class: ErrorClass::Conflict,
         }
@@ -1313,10 +1311,12 @@ impl DeltaLog<'_> {
             if let Some(why) = unsupported(tip.protocol.as_ref(), tip.meta.as_ref()) {
                 return Err(self.refused(why, record.batch));
             }
+            // (A batch without parts: the schema its rows would have.)
             let parts_schema = record
                 .outputs
                 .iter()
-                .find_map(|o| o.delta.as_ref().map(|d| d.schema.clone()));
+                .find_map(|o| o.delta.as_ref().map(|d| d.schema.clone()))
+                .or_else(|| record.table_schema.clone());
             // Whether this commit must (re)write the table's metaData:
             // creating it, taking over a retired one, or new columns.
             let mut meta: Option<Value> = None;
@@ -1524,10 +1524,8 @@ impl DeltaLog<'_> {
             return Ok(());
         }
         let snap = self.snapshot(segment, Some(version)).await?;
-        let (bytes, size) = checkpoint_parquet(&snap, now_ms).map_err(|e| Error::Execution {
+        let (bytes, size) = checkpoint_parquet(&snap, now_ms).map_err(|e| Error::Run {
             pipeline: self.pipeline.to_string(),
-            batch: 0,
-            task: None,
             message: format!("the Delta log checkpoint of version {version} was not made: {e}"),
             class: ErrorClass::Fatal,
         })?;

@@ -837,6 +837,20 @@ impl ParquetSink {
         self.delta_log().latest().await
     }
 
+    /// A Delta sink: the Delta schema its parts of rows of `schema` have
+    /// (`None` for a Parquet sink).
+    pub(crate) fn delta_table_schema(&self, schema: &SchemaRef) -> Result<Option<String>> {
+        if self.delta.is_none() {
+            return Ok(None);
+        }
+        super::delta::schema_string(&delta_schema_of(&readable_schema(schema)))
+            .map(Some)
+            .map_err(|m| Error::Sql {
+                pipeline: self.pipeline.clone(),
+                message: m,
+            })
+    }
+
     /// A Delta sink: whether its table can take parts of a query whose
     /// output has `schema` (a changed query): refused naming the column,
     /// before a batch is committed that could not be published. One

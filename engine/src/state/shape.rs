@@ -24,6 +24,11 @@ pub(crate) async fn of(pipeline: &Arc<Pipeline>, schema: SchemaRef) -> Result<Op
         .map(|q| q.shape(partition_count(pipeline))))
 }
 
+/// The stateful shape of a stateful query `q` of `pipeline`.
+pub(crate) fn of_query(pipeline: &Pipeline, q: &crate::operators::StatefulQuery) -> String {
+    q.shape(partition_count(pipeline))
+}
+
 /// How many state partitions the pipeline's state is split into.
 fn partition_count(p: &Pipeline) -> u32 {
     p.limits.state_partitions.max(1)
