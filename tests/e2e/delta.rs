@@ -561,6 +561,15 @@ async fn another_writers_features_are_honoured_or_refused_by_name() {
     let app = app_of(root, &toml).await;
     let before = delta_view(&table, &app).await;
     gen_files(&root.join("input/b"), 1, 30);
+    // `sluice check` foresees it (before: only the publish refused).
+    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("delta.appendOnly") && e.contains("complete"),
+        "{e}"
+    );
     let e = run(&local_context(&pipeline(root, &toml)))
         .await
         .unwrap_err()

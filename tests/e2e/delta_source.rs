@@ -562,3 +562,27 @@ async fn another_engines_partitioned_table_reads_its_values_from_the_log() {
     kept.sort();
     assert_eq!(kept, oracle(format!("SELECT day, n, k FROM {scan}")).await);
 }
+
+/// A Sluice pipeline's Parquet sink read with `format = "delta"`: with
+/// two committed batches and no log it cannot be a Delta sink (which
+/// makes each batch's Delta commit before its next batch), and is refused
+/// naming what to write (before: the pipeline waited for a log forever);
+/// with one batch it may be a Delta sink whose first commit is still to
+/// come, and waits.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parquet_sink_read_as_delta_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let up = pipeline_toml("up", "parquet", "", "max_files_per_batch = 1");
+    gen_files(&root.join("input"), 1, 20);
+    run(&local_context(&pipeline(root, &up))).await.unwrap();
+    let toml = down_toml("", "", "parquet");
+    assert_eq!(down(root, &toml).await.unwrap(), 0);
+    gen_files(&root.join("input"), 1, 20);
+    run(&local_context(&pipeline(root, &up))).await.unwrap();
+    let e = down(root, &toml).await.unwrap_err().to_string();
+    assert!(
+        e.contains("Parquet sink") && e.contains("discovery = \"manifests\""),
+        "{e}"
+    );
+}

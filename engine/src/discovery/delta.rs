@@ -338,6 +338,25 @@ impl TableSource<'_> {
             // is not a Delta table: said, not waited on.
             let listed = self.store.list("", None).await?;
             let sluice_sink = listed.iter().any(|m| m.key == crate::paths::sink::OWNER);
+            // A Sluice Delta sink publishes each batch's Delta commit
+            // before its next batch: one with two committed batches and
+            // no log is a Parquet sink.
+            let manifests = listed
+                .iter()
+                .filter(|m| m.key.starts_with(crate::paths::sink::MANIFEST_PREFIX))
+                .count();
+            if sluice_sink && manifests >= 2 {
+                return Err(self.input(
+                    crate::paths::sink::OWNER,
+                    format!(
+                        "source.format = \"delta\", but the folder is a Sluice pipeline's \
+                         Parquet sink ({manifests} committed batches and no Delta log, {}; or a \
+                         Delta sink whose log was deleted): read \
+                         it with format = \"parquet\" and discovery = \"manifests\"",
+                        log::LOG_PREFIX
+                    ),
+                ));
+            }
             let parquet = listed.into_iter().filter(|_| !sluice_sink).find(|m| {
                 m.key.ends_with(".parquet")
                     && !m

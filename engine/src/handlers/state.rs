@@ -24,9 +24,9 @@ pub(super) async fn plan_query(
     let table = match (&query, ctx.pipeline.sink_format) {
         (_, crate::pipeline::SinkFormat::Parquet) => None,
         (Some(q), _) => ctx.sink.delta_table_schema(&q.output)?,
-        (None, _) => match op.check_output().await? {
-            (_, Some(rows)) => ctx.sink.delta_table_schema(&rows)?,
-            (_, None) => None,
+        (None, _) => match op.check_output().await?.1 {
+            Some(rows) => ctx.sink.delta_table_schema(&rows)?,
+            None => None,
         },
     };
     Ok(QueryShape {

@@ -295,15 +295,14 @@ impl SqlOperator {
         Ok(self.check_output().await?.0)
     }
 
-    /// [`Self::check`], with the schema of the rows a row-by-row query
-    /// writes (`None` for a stateful query).
+    /// [`Self::check`], with the schema of the rows the query writes.
     pub async fn check_output(&self) -> Result<(LogicalPlan, Option<SchemaRef>)> {
         let p = &self.pipeline;
-        if self.analyse_stateful().await?.is_some() {
+        if let Some(q) = self.analyse_stateful().await? {
             // Planned and checked as a stateful query.
             return LogicalPlanBuilder::empty(false)
                 .build()
-                .map(|plan| (plan, None))
+                .map(|plan| (plan, Some(q.output)))
                 .map_err(|e| self.sql_err(e));
         }
         if p.watermark.is_some() || p.output_mode != crate::pipeline::OutputMode::Append {

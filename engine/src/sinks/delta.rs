@@ -1666,12 +1666,23 @@ impl DeltaLog<'_> {
     }
 
     /// Whether parts of Delta schema `parts` can be added to the table (a
-    /// table a reset retired takes any).
+    /// table a reset retired takes any), and (complete mode) whether the
+    /// table lets a batch replace its files.
     pub(crate) async fn check_schema(&self, parts: &str) -> Result<()> {
         let segment = self.segment().await?;
         let Some(meta) = self.newest_meta(&segment).await? else {
             return Ok(());
         };
+        if self.settings.complete && append_only(Some(&meta)) {
+            return Err(Error::Incompatible {
+                pipeline: self.pipeline.to_string(),
+                message: "the sink's Delta table is append-only (delta.appendOnly = true, set \
+                          by another writer), and sink.mode = \"complete\" replaces the \
+                          table's files with each batch: unset the property (ALTER TABLE ... \
+                          UNSET TBLPROPERTIES ('delta.appendOnly')), or write another table"
+                    .into(),
+            });
+        }
         let history = meta["configuration"]
             .get(HISTORY_KEY)
             .and_then(Value::as_str);
