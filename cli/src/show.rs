@@ -55,7 +55,7 @@ pub(crate) async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     match &status.control {
         None => println!("state        never run"),
         Some(c) => {
-            print_state(c);
+            print_state(c, status.holder_stopped);
             if let Some(lc) = &status.last_commit {
                 print_last_batch(lc);
             }
@@ -78,7 +78,7 @@ pub(crate) async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
 
 /// `sluice show`'s lease state (paused, running or idle, with its epoch,
 /// owner and heartbeat) and its last committed batch.
-fn print_state(c: &sluice_engine::checkpoint::Control) {
+fn print_state(c: &sluice_engine::checkpoint::Control, holder_stopped: bool) {
     let when = |ms: Option<i64>| {
         ms.and_then(chrono::DateTime::from_timestamp_millis)
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
@@ -87,6 +87,10 @@ fn print_state(c: &sluice_engine::checkpoint::Control) {
     let state = match (c.paused, c.status) {
         (true, _) if c.requested => "paused (a run was asked for: `sluice resume` starts it)",
         (true, _) => "paused",
+        (false, sluice_engine::checkpoint::RunStatus::Running) if holder_stopped => {
+            "stopped (the run holding the lease failed or was killed; the next run takes it \
+             over and resumes its batch)"
+        }
         (false, sluice_engine::checkpoint::RunStatus::Running) => "running",
         (false, sluice_engine::checkpoint::RunStatus::Idle) => "idle",
     };

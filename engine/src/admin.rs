@@ -369,6 +369,11 @@ pub struct Status {
     /// fails with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_error: Option<String>,
+    /// The lease is held by a run that is no longer running (its process
+    /// is gone, or its heartbeat expired): a run that failed or was
+    /// killed. The next run takes the lease over and resumes its batch.
+    #[serde(default)]
+    pub holder_stopped: bool,
 }
 
 /// Read the pipeline's state and count waiting input (one listing).
@@ -397,7 +402,6 @@ pub async fn status(ctx: &Context) -> Result<Status> {
     };
     Ok(Status {
         schema,
-        control,
         last_commit,
         waiting_files: waiting.len() as u64,
         waiting_bytes: if stream {
@@ -413,6 +417,12 @@ pub async fn status(ctx: &Context) -> Result<Status> {
         skipped,
         delta_version: ctx.sink.delta_version().await?,
         waiting_error,
+        holder_stopped: control.as_ref().is_some_and(|c| {
+            c.status == RunStatus::Running
+                && (c.owner.as_deref().is_some_and(|o| (ctx.owner_gone)(o))
+                    || ctx.now() - c.heartbeat_ms.unwrap_or(i64::MIN / 2) > ctx.ttl_ms())
+        }),
+        control,
     })
 }
 

@@ -529,6 +529,10 @@ async fn another_writers_features_are_honoured_or_refused_by_name() {
     let toml = delta_toml("feat", "");
     gen_files(&root.join("input/a"), 1, 30);
     run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let status = sluice_engine::admin::status(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap();
+    assert!(!status.holder_stopped);
     let table = root.join("out/sink");
     let t = table.to_str().unwrap();
     outside(&["alter", t, "constraint", "positive", "fare_amount > -1000"]);
@@ -543,6 +547,11 @@ async fn another_writers_features_are_honoured_or_refused_by_name() {
         e.contains("checkConstraints") && e.contains("Delta table"),
         "{e}"
     );
+    // `sluice show` says the lease's run stopped, not that it runs.
+    let status = sluice_engine::admin::status(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap();
+    assert!(status.holder_stopped);
     let after = delta_view(&table, &app).await;
     assert_eq!(
         (after.version, after.deltalake),
