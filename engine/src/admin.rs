@@ -618,7 +618,12 @@ async fn retire_sink(ctx: &Context, sink_keys: &[ObjectMeta], marked: &Control) 
     }
     if ctx
         .sink
-        .retire(first, &marked.history, &ctx.checkpoint.store().describe())
+        .retire(
+            first,
+            marked.epoch,
+            &marked.history,
+            &ctx.checkpoint.store().describe(),
+        )
         .await?
     {
         removed += 1;

@@ -23,11 +23,13 @@ use sluice_engine::storage::{LocalStore, Store};
 use crate::support::*;
 
 /// Holds write number `at` (1-based, counted over every store sharing
-/// `writes`) until `release` is signalled; `at = 0` holds none.
+/// `writes`; only writes of kind `only` when given) until `release` is
+/// signalled; `at = 0` holds none.
 #[derive(Debug, Default)]
 struct Pause {
     writes: AtomicU64,
     at: u64,
+    only: Option<&'static str>,
     reached: tokio::sync::Notify,
     release: tokio::sync::Notify,
     held: std::sync::Mutex<Option<String>>,
@@ -39,6 +41,9 @@ struct PauseHook(Arc<Pause>);
 #[async_trait::async_trait]
 impl WriteHook for PauseHook {
     async fn before(&self, op: &'static str, key: &str) -> Result<(), StoreError> {
+        if self.0.only.is_some_and(|o| o != op) {
+            return Ok(());
+        }
         let n = self.0.writes.fetch_add(1, Ordering::SeqCst) + 1;
         if n == self.0.at {
             *self.0.held.lock().unwrap() = Some(format!("{op} {key}"));
@@ -86,6 +91,9 @@ enum Meanwhile {
     TakeOver,
     /// `sluice reset`, then a run to the end.
     Reset,
+    /// `sluice reset`, held at its first delete while the stale writer
+    /// goes on to its end; then let go, and a run to the end.
+    HeldReset,
 }
 
 /// The pipelines the stale writer is tried on.
@@ -612,6 +620,50 @@ async fn each_write_held(s: Scenario, stale: Stale, meanwhile: Meanwhile) {
                     .await
                     .unwrap_or_else(|e| panic!("{what}: the run after the reset: {e}"));
             }
+            Meanwhile::HeldReset => {
+                let hold = Arc::new(Pause {
+                    at: 1,
+                    only: Some("delete"),
+                    ..Pause::default()
+                });
+                let ctx = paused_context(root, &toml, &hold);
+                let mut reset = tokio::spawn(async move { admin::reset(&ctx).await });
+                // (A reset with nothing to delete, the stale run held
+                // before it wrote anything, ends without being held.)
+                let ended = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+                    tokio::select! {
+                        _ = hold.reached.notified() => None,
+                        r = &mut reset => Some(r),
+                    }
+                })
+                .await
+                .unwrap_or_else(|_| panic!("{what}: the reset never deleted nor ended"));
+                pause.release.notify_one();
+                let late = tokio::time::timeout(std::time::Duration::from_secs(60), held)
+                    .await
+                    .unwrap_or_else(|_| panic!("{what}: the stale writer never finished"))
+                    .unwrap();
+                if let Err(e) = &late {
+                    eprintln!("{what}: the stale writer ended with: {e}");
+                }
+                let reset = match ended {
+                    Some(r) => r,
+                    None => {
+                        hold.release.notify_one();
+                        tokio::time::timeout(std::time::Duration::from_secs(60), reset)
+                            .await
+                            .unwrap_or_else(|_| panic!("{what}: the reset never finished"))
+                    }
+                };
+                reset
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{what}: reset: {e}"));
+                run(&local())
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: the run after the reset: {e}"));
+                check_end(s, root, &other, &before, &what, &mut expected).await;
+                continue;
+            }
         }
         let owner = root.join("out/sink/_sluice/sink.json");
         let owner_before = std::fs::read(&owner).ok();
@@ -647,44 +699,57 @@ async fn each_write_held(s: Scenario, stale: Stale, meanwhile: Meanwhile) {
         run(&local())
             .await
             .unwrap_or_else(|e| panic!("{what}: the last run: {e}"));
-        let want = match &expected {
-            Some(w) => w.clone(),
-            None => {
-                let w = s.want(root).await;
-                assert!(!w.is_empty());
-                expected = Some(w.clone());
-                w
-            }
-        };
-        let got = s.got(root).await;
-        if got != want {
-            let missing: Vec<&String> = want.iter().filter(|r| !got.contains(r)).collect();
-            let extra: Vec<&String> = got.iter().filter(|r| !want.contains(r)).collect();
-            panic!(
-                "{what}: {} rows committed, want {}; missing {missing:?}; extra {extra:?}",
-                got.len(),
-                want.len()
-            );
+        check_end(s, root, &other, &before, &what, &mut expected).await;
+    }
+}
+
+/// After the last run: the output is the oracle's, the checkpoint and the
+/// sink consistent, the other pipeline untouched.
+async fn check_end(
+    s: Scenario,
+    root: &Path,
+    other: &str,
+    before: &[(String, Vec<u8>)],
+    what: &str,
+    expected: &mut Option<Vec<String>>,
+) {
+    let want = match expected {
+        Some(w) => w.clone(),
+        None => {
+            let w = s.want(root).await;
+            assert!(!w.is_empty());
+            *expected = Some(w.clone());
+            w
         }
-        assert_consistent(root, s, input_files(s, root), &what).await;
-        assert_eq!(
-            bystander_files(root),
-            before,
-            "{what}: the other pipeline changed"
-        );
-        let ctx = local_context(&pipeline(root, &other));
-        assert_eq!(
-            ctx.checkpoint
-                .control()
-                .await
-                .unwrap()
-                .unwrap()
-                .0
-                .totals
-                .files,
-            2
+    };
+    let got = s.got(root).await;
+    if got != want {
+        let missing: Vec<&String> = want.iter().filter(|r| !got.contains(r)).collect();
+        let extra: Vec<&String> = got.iter().filter(|r| !want.contains(r)).collect();
+        panic!(
+            "{what}: {} rows committed, want {}; missing {missing:?}; extra {extra:?}",
+            got.len(),
+            want.len()
         );
     }
+    assert_consistent(root, s, input_files(s, root), what).await;
+    assert_eq!(
+        bystander_files(root),
+        before,
+        "{what}: the other pipeline changed"
+    );
+    let ctx = local_context(&pipeline(root, other));
+    assert_eq!(
+        ctx.checkpoint
+            .control()
+            .await
+            .unwrap()
+            .unwrap()
+            .0
+            .totals
+            .files,
+        2
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -791,4 +856,23 @@ async fn a_delta_run_whose_first_batch_is_empty_held_at_any_write_changes_nothin
 #[tokio::test(flavor = "multi_thread")]
 async fn a_delta_run_whose_first_batch_is_empty_held_at_any_write_changes_nothing_after_a_reset() {
     each_write_held(Scenario::DeltaEmptyFirst, Stale::Run, Meanwhile::Reset).await;
+}
+
+/// The race the reset's order closes: a run stopped past its lease is
+/// let go while a reset is held at its first delete (after it marked
+/// control and listed the sink), publishes its parts and late rows
+/// meanwhile, and the reset then goes on: nothing the stale run published
+/// survives it (before the fix, a late-rows file published between the
+/// reset's listing and its deletes stayed).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_windowed_run_let_go_while_a_reset_is_held_publishes_nothing_that_survives() {
+    each_write_held(Scenario::Windowed, Stale::Run, Meanwhile::HeldReset).await;
+}
+
+/// [`a_windowed_run_let_go_while_a_reset_is_held_publishes_nothing_that_survives`]
+/// into a Delta table: the stale run's Delta commit, made while the reset
+/// is held, does not survive the reset's retirement of the table.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delta_run_let_go_while_a_reset_is_held_publishes_nothing_that_survives() {
+    each_write_held(Scenario::Delta, Stale::Run, Meanwhile::HeldReset).await;
 }

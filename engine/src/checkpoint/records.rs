@@ -791,6 +791,13 @@ pub struct SinkOwner {
     /// it belong to retired histories.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub first_batch: u64,
+    /// The epoch of the run that claimed the sink, or (a reset's record)
+    /// the epoch the reset moved control to: a reset's record is taken
+    /// over only by a run of a later epoch, never by a run of the history
+    /// it retired that was stopped past its lease and resumed (records of
+    /// older builds have none: 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch: u64,
 }
 
 /// `<sink>/_sluice/manifest/N.json`: what a reader needs to see exactly the

@@ -126,8 +126,21 @@ pub(super) async fn claim_sink(ctx: &Context, control: &Control) -> Result<()> {
         history: control.history.clone(),
         checkpoint: ctx.checkpoint.store().describe(),
         first_batch: control.first_batch,
+        epoch: control.epoch,
     };
     let there = ctx.sink.claim(&mine).await?;
+    // `sluice reset` retired this run's history while the run was stopped
+    // past its lease: it has lost the pipeline, not met a stranger's sink.
+    if there.pipeline == mine.pipeline && there.history.is_empty() && there.epoch >= mine.epoch {
+        return Err(Error::Conflict {
+            pipeline: ctx.pipeline.name.clone(),
+            message: format!(
+                "`sluice reset` retired this run's history (epoch {}) while the run was \
+                 stopped: it stops without writing",
+                mine.epoch
+            ),
+        });
+    }
     if there.pipeline != mine.pipeline || there.history != mine.history {
         return Err(refused(
             ctx,

@@ -998,7 +998,14 @@ impl ParquetSink {
         for _ in 0..4 {
             let mode = match self.owner_tagged().await? {
                 None => PutMode::Create,
-                Some((o, etag)) if o.history.is_empty() && o.pipeline == owner.pipeline => {
+                // A reset's record: taken by a run of a later epoch, never
+                // by one of the history it retired (stopped past its lease
+                // and resumed after the reset).
+                Some((o, etag))
+                    if o.history.is_empty()
+                        && o.pipeline == owner.pipeline
+                        && owner.epoch > o.epoch =>
+                {
                     PutMode::Update(etag)
                 }
                 Some((o, _)) => return Ok(o),
@@ -1019,7 +1026,8 @@ impl ParquetSink {
     }
 
     /// `sluice reset`: record that the sink's output up to `first_batch`
-    /// is retired (this pipeline's record with no history), by
+    /// is retired (this pipeline's record with no history, and the epoch
+    /// the reset moved control to), by
     /// compare-and-swap on what was there, in place of the history
     /// `retired` or an older record, so a reset resumed late cannot undo
     /// the claim of the history that followed it. `false` when another
@@ -1027,6 +1035,7 @@ impl ParquetSink {
     pub(crate) async fn retire(
         &self,
         first_batch: u64,
+        epoch: u64,
         retired: &str,
         checkpoint: &str,
     ) -> Result<bool> {
@@ -1035,6 +1044,7 @@ impl ParquetSink {
             history: String::new(),
             checkpoint: checkpoint.to_string(),
             first_batch,
+            epoch,
         };
         let mode = match self.owner_tagged().await? {
             Some((o, _)) if o == tomb => return Ok(true),
