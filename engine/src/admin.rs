@@ -164,6 +164,37 @@ async fn check_schema_and_query(
     match resolve_schema(ctx, record.as_ref(), &listed).await? {
         Some(schema) => {
             let reading = crate::handlers::in_force(p, control, &schema);
+            if p.source.discovery == crate::pipeline::DiscoveryMode::Delta
+                && p.source.declared_schema().ok().flatten().is_none()
+                && p.source.on_schema_change == crate::pipeline::SchemaChangePolicy::Fail
+                && let Some(table) = discovery::delta_table_schema(&ctx.source, &p.name).await?
+            {
+                let in_force = crate::handlers::arrow_of(
+                    ctx,
+                    &reading,
+                    crate::paths::checkpoint::CONTROL.into(),
+                )?;
+                let new: Vec<&str> = table
+                    .fields()
+                    .iter()
+                    .filter(|f| in_force.field_with_name(f.name()).is_err())
+                    .map(|f| f.name().as_str())
+                    .collect();
+                if !new.is_empty() {
+                    return Err(Error::Incompatible {
+                        pipeline: p.name.clone(),
+                        message: format!(
+                            "the Delta table's schema gained column(s) {} since this pipeline \
+                             pinned its schema, and under source.on_schema_change = \"fail\" \
+                             a batch reading a file that holds them is refused: set \
+                             on_schema_change = \"add-columns\" (they join the output) or \
+                             \"rescue\", or run `sluice reset` on the pipeline file to read \
+                             the table anew",
+                            new.join(", ")
+                        ),
+                    });
+                }
+            }
             let reading =
                 crate::handlers::arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?;
             if let (_, Some(output)) = SqlOperator::new(p.clone(), reading).check_output().await? {
@@ -175,11 +206,18 @@ async fn check_schema_and_query(
             report.checked.push("query.sql against it".into());
         }
         None => {
-            let waiting = format!(
-                "no input file under {} to infer the schema from, and no source.schema declared \
-                 (declare it to check everything now)",
-                p.source.location.display()
-            );
+            let waiting = if p.source.discovery == crate::pipeline::DiscoveryMode::Delta {
+                format!(
+                    "no Delta table under {} yet (no _delta_log/ commit) to take the schema from",
+                    p.source.location.display()
+                )
+            } else {
+                format!(
+                    "no input file under {} to infer the schema from, and no source.schema \
+                     declared (declare it to check everything now)",
+                    p.source.location.display()
+                )
+            };
             match crate::handlers::check_against_hints(ctx, control).await? {
                 crate::handlers::HintCheck::Planned(n) => {
                     report.checked.push(format!(

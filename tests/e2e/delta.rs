@@ -539,6 +539,17 @@ async fn another_writers_features_are_honoured_or_refused_by_name() {
     let app = app_of(root, &toml).await;
     let before = delta_view(&table, &app).await;
     gen_files(&root.join("input/b"), 1, 30);
+    // `sluice check` and the run refuse before a batch is committed (the
+    // sweep's case: check passed, and the run refused after the batch's
+    // commit record, with advice that did not work).
+    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("checkConstraints") && e.contains("new folder"),
+        "{e}"
+    );
     let e = run(&local_context(&pipeline(root, &toml)))
         .await
         .unwrap_err()
@@ -547,16 +558,38 @@ async fn another_writers_features_are_honoured_or_refused_by_name() {
         e.contains("checkConstraints") && e.contains("Delta table"),
         "{e}"
     );
-    // `sluice show` says the lease's run stopped, not that it runs.
-    let status = sluice_engine::admin::status(&local_context(&pipeline(root, &toml)))
-        .await
-        .unwrap();
-    assert!(status.holder_stopped);
+    assert_eq!(commit_records(root, &toml).await.len(), 1);
     let after = delta_view(&table, &app).await;
     assert_eq!(
         (after.version, after.deltalake),
         (before.version, before.deltalake)
     );
+    // The advice works: a reset, then a new sink.uri before the next run.
+    sluice_engine::admin::reset(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap();
+    let moved = toml.replace("uri = \"out/sink\"", "uri = \"out/sink2\"");
+    run(&local_context(&pipeline(root, &moved))).await.unwrap();
+    let all = crate::stateful::walk(&root.join("input"));
+    let v = delta_view(&root.join("out/sink2"), "-").await;
+    assert_eq!(v.deltalake, duckdb_rows(&all, SQL).await);
+    assert_eq!(v.duckdb, v.deltalake);
+
+    // A run that fails part-way keeps the lease: `sluice show` says its
+    // run stopped, not that it runs.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 1, 30);
+    let crash = delta_toml("crashed", "");
+    assert!(
+        run(&fault_context(root, &crash, Arc::new(AtomicU64::new(0)), 6))
+            .await
+            .is_err()
+    );
+    let status = sluice_engine::admin::status(&local_context(&pipeline(root, &crash)))
+        .await
+        .unwrap();
+    assert!(status.holder_stopped);
 
     // Append-only: complete mode and reset refuse.
     let dir = tempfile::tempdir().unwrap();

@@ -423,6 +423,12 @@ async fn another_engines_tables_are_read_with_the_schema_in_their_log() {
         "{e}"
     );
     assert_eq!(committed_rows(&root.join("mp/sink"), "mp").await.len(), 3);
+    // `sluice check` foresees the refusal (before: it passed).
+    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gained column(s) tip"), "{e}");
     // Hints type an inferred schema; a Delta table's log types its own.
     let hinted = toml.replace(
         "on_schema_change",
@@ -578,6 +584,14 @@ async fn a_parquet_sink_read_as_delta_is_named() {
     run(&local_context(&pipeline(root, &up))).await.unwrap();
     let toml = down_toml("", "", "parquet");
     assert_eq!(down(root, &toml).await.unwrap(), 0);
+    let report = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap();
+    assert!(
+        report.not_yet.iter().any(|n| n.contains("no Delta table")),
+        "{:?}",
+        report.not_yet
+    );
     gen_files(&root.join("input"), 1, 20);
     run(&local_context(&pipeline(root, &up))).await.unwrap();
     let e = down(root, &toml).await.unwrap_err().to_string();
@@ -585,4 +599,66 @@ async fn a_parquet_sink_read_as_delta_is_named() {
         e.contains("Parquet sink") && e.contains("discovery = \"manifests\""),
         "{e}"
     );
+}
+
+/// A declared `source.schema` on a Delta source is checked against the
+/// table's schema in its log, naming what does not fit (the sweep's case:
+/// `sluice check` passed, then every batch was refused as if the table's
+/// schema had changed): a column left out or unknown, a narrower type, a
+/// never-null column the table may hold null in. A declaration of every
+/// column, a type widened, reads the table.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_declared_schema_is_checked_against_the_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let t = root.join("tbl");
+    outside(&["create", t.to_str().unwrap(), r#"[{"id": 1, "v": "a"}]"#]);
+    outside(&[
+        "merge",
+        t.to_str().unwrap(),
+        r#"[{"id": 2, "v": "b", "extra": 2.5}]"#,
+    ]);
+    let declared = |name: &str, cols: &str| {
+        table_toml(name, "tbl", "fail").replace(
+            "on_schema_change = \"fail\"",
+            &format!("on_schema_change = \"fail\"\nschema = [{cols}]"),
+        )
+    };
+    for (cols, says) in [
+        (
+            r#"{ name = "id", type = "bigint" }, { name = "v", type = "string" }"#,
+            "leaves out extra",
+        ),
+        (
+            r#"{ name = "id", type = "int" }, { name = "v", type = "string" }, { name = "extra", type = "double" }"#,
+            "id is bigint in the table, declared int",
+        ),
+        (
+            r#"{ name = "id", type = "bigint" }, { name = "v", type = "string" }, { name = "extra", type = "double", nullable = false }"#,
+            "extra may be null",
+        ),
+        (
+            r#"{ name = "id", type = "bigint" }, { name = "v", type = "string" }, { name = "extra", type = "double" }, { name = "nope", type = "int" }"#,
+            "no column nope",
+        ),
+    ] {
+        let toml = declared("bad", cols);
+        let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
+            .await
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{cols}: {e}");
+    }
+    let toml = declared(
+        "good",
+        r#"{ name = "id", type = "double" }, { name = "v", type = "string" }, { name = "extra", type = "double" }"#,
+    );
+    down(root, &toml).await.unwrap();
+    let want = delta_sql(&format!(
+        "SELECT CAST(id AS DOUBLE) AS id, v, extra FROM delta_scan('{}')",
+        t.display()
+    ))
+    .await;
+    assert_eq!(committed_rows(&root.join("good/sink"), "good").await, want);
 }

@@ -245,6 +245,12 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
                  arrive",
             ));
         }
+        if p.source.discovery == crate::pipeline::DiscoveryMode::Delta {
+            return Ok(idle(
+                "no Delta table at the source yet (no _delta_log/ commit): the query is checked \
+                 once the table has a schema",
+            ));
+        }
         return Ok(idle(
             "no input files yet, and no source.schema declared: the query is checked once the \
              first file arrives (declare source.schema to check it now; `sluice check` says \

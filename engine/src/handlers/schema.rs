@@ -175,6 +175,11 @@ pub(crate) async fn resolve_schema(
         message: format!("source.schema{e}"),
     })?;
     if let Some(declared) = declared {
+        if p.source.discovery == crate::pipeline::DiscoveryMode::Delta
+            && let Some(table) = discovery::delta_table_schema(&ctx.source, &p.name).await?
+        {
+            check_declared_against_table(p, &declared, &table)?;
+        }
         if let Some(pinned) = &pinned
             && let Some(change) = schema_change(pinned, &declared)
         {
@@ -197,6 +202,50 @@ pub(crate) async fn resolve_schema(
     }
     let candidates = discovery::new_inputs(listed, &Index::default(), p.source.discovery);
     infer_schema(ctx, &candidates).await
+}
+
+/// A Delta source's declared `source.schema` against the table's schema
+/// in its log: every column of the table declared, none it lacks, each in
+/// a type its values read as without loss, nullable where the table's is.
+fn check_declared_against_table(p: &Pipeline, declared: &Schema, table: &Schema) -> Result<()> {
+    let mut wrong = Vec::new();
+    let left_out: Vec<&str> = table
+        .fields()
+        .iter()
+        .filter(|t| declared.field_with_name(t.name()).is_err())
+        .map(|t| t.name().as_str())
+        .collect();
+    if !left_out.is_empty() {
+        wrong.push(format!("it leaves out {}", left_out.join(", ")));
+    }
+    for d in declared.fields() {
+        match table.field_with_name(d.name()) {
+            Err(_) => wrong.push(format!("the table has no column {}", d.name())),
+            Ok(t) if !casts_losslessly(t.data_type(), d.data_type()) => wrong.push(format!(
+                "{} is {} in the table, declared {} (the cast would lose data)",
+                d.name(),
+                crate::pipeline::types::type_name(t.data_type()),
+                crate::pipeline::types::type_name(d.data_type())
+            )),
+            Ok(t) if t.is_nullable() && !d.is_nullable() => wrong.push(format!(
+                "{} may be null in the table (its older files may lack it), declared never null",
+                d.name()
+            )),
+            Ok(_) => {}
+        }
+    }
+    if wrong.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Spec {
+        file: p.name.clone(),
+        message: format!(
+            "source.schema does not fit the Delta table's schema in its log: {}. Declare \
+             every column of the table (types may widen), or remove source.schema to read the \
+             table with its own",
+            wrong.join("; ")
+        ),
+    })
 }
 
 /// The type `schema_hints` gives `column`: a hint of that exact name, else

@@ -138,6 +138,11 @@ fn refusal(
              for good, declare source.schema with the new columns and run `sluice reset` \
              on the pipeline file"
         )),
+        SchemaChangePolicy::AddColumns if table && !d.retyped.is_empty() => Some(format!(
+            "a column of the Delta table changed type, which add-columns does not take: {d}. \
+             Set source.on_schema_change = \"rescue\" to keep such values in {RESCUED}, or run \
+             `sluice reset` on the pipeline file to read the table anew with its new schema"
+        )),
         SchemaChangePolicy::AddColumns if !d.retyped.is_empty() => Some(format!(
             "a column changed type, which add-columns does not take: {d}. Fix or replace \
              the file (same key), or set source.on_schema_change = \"rescue\" to keep \

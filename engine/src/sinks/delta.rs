@@ -405,6 +405,13 @@ fn unsupported(protocol: Option<&Value>, meta: Option<&Value>) -> Option<String>
     None
 }
 
+/// What to do about a table another writer gave a feature Sluice does not
+/// honour (a table feature is never removed from a table's protocol).
+const UNWRITABLE: &str = "Sluice cannot write this table any more (a Delta table keeps the \
+                          features its protocol lists, even once unused): run `sluice reset` \
+                          on the pipeline file, then point sink.uri at a new folder before the \
+                          next run (the reset leaves this table's rows in its history)";
+
 /// `sluice reset` refused on an append-only table.
 fn append_only_reset(store: &dyn Store) -> Error {
     Error::Spec {
@@ -977,15 +984,12 @@ impl DeltaLog<'_> {
         }
     }
 
-    fn refused(&self, why: String, batch: u64) -> Error {
+    fn refused(&self, why: String, batch: u64, fix: &str) -> Error {
         Error::Execution {
             pipeline: self.pipeline.to_string(),
             batch,
             task: None,
-            message: format!(
-                "batch {batch} cannot be added to the Delta table: {why}. Name a new sink.uri, \
-                 or undo that change to the table"
-            ),
+            message: format!("batch {batch} cannot be added to the Delta table: {why}. {fix}"),
             class: ErrorClass::InvalidInput,
         }
     }
@@ -1248,26 +1252,30 @@ impl DeltaLog<'_> {
     /// The newest action of kind `kind` in the log: read back from the
     /// latest entry, then the checkpoint.
     async fn newest(&self, segment: &Segment, kind: &str) -> Result<Option<Value>> {
+        Ok(self.newest_of(segment, &[kind]).await?.remove(0))
+    }
+
+    /// The newest action of each of `kinds` in the log, in one read back
+    /// from the latest entry (then the checkpoint) until each is found.
+    async fn newest_of(&self, segment: &Segment, kinds: &[&str]) -> Result<Vec<Option<Value>>> {
+        let mut found: Vec<Option<Value>> = vec![None; kinds.len()];
+        let fill = |found: &mut Vec<Option<Value>>, actions: &[Value]| {
+            for (i, kind) in kinds.iter().enumerate() {
+                if found[i].is_none() {
+                    found[i] = actions.iter().find_map(|a| a.get(*kind)).cloned();
+                }
+            }
+        };
         for v in segment.versions.iter().rev() {
-            if let Some(found) = self
-                .entry_actions(*v)
-                .await?
-                .iter()
-                .find_map(|a| a.get(kind))
-            {
-                return Ok(Some(found.clone()));
+            fill(&mut found, &self.entry_actions(*v).await?);
+            if found.iter().all(Option::is_some) {
+                return Ok(found);
             }
         }
-        if let Some(c) = segment.checkpoint
-            && let Some(found) = self
-                .checkpoint_actions(c)
-                .await?
-                .iter()
-                .find_map(|a| a.get(kind))
-        {
-            return Ok(Some(found.clone()));
+        if let Some(c) = segment.checkpoint {
+            fill(&mut found, &self.checkpoint_actions(c).await?);
         }
-        Ok(None)
+        Ok(found)
     }
 
     /// The files live at the tip's latest version: from the entries the
@@ -1309,7 +1317,7 @@ impl DeltaLog<'_> {
                 return Ok(Published::Already);
             }
             if let Some(why) = unsupported(tip.protocol.as_ref(), tip.meta.as_ref()) {
-                return Err(self.refused(why, record.batch));
+                return Err(self.refused(why, record.batch, UNWRITABLE));
             }
             // (A batch without parts: the schema its rows would have.)
             let parts_schema = record
@@ -1452,6 +1460,8 @@ impl DeltaLog<'_> {
                              complete-mode batch replaces its files"
                                 .to_string(),
                             record.batch,
+                            "Unset the property (ALTER TABLE ... UNSET TBLPROPERTIES \
+                             ('delta.appendOnly')), then run again",
                         ));
                     }
                 }
@@ -1670,9 +1680,23 @@ impl DeltaLog<'_> {
     /// table lets a batch replace its files.
     pub(crate) async fn check_schema(&self, parts: &str) -> Result<()> {
         let segment = self.segment().await?;
-        let Some(meta) = self.newest_meta(&segment).await? else {
+        let mut newest = self.newest_of(&segment, &["metaData", "protocol"]).await?;
+        let protocol = newest.pop().flatten();
+        let Some(meta) = newest.pop().flatten() else {
             return Ok(());
         };
+        // Another writer's feature Sluice cannot honour: refused before a
+        // batch is committed that could not be published.
+        if meta["configuration"].get(PIPELINE_KEY).is_some()
+            && let Some(why) = unsupported(protocol.as_ref(), Some(&meta))
+        {
+            return Err(Error::Incompatible {
+                pipeline: self.pipeline.to_string(),
+                message: format!(
+                    "the sink's Delta table cannot take more batches: {why}. {UNWRITABLE}"
+                ),
+            });
+        }
         if self.settings.complete && append_only(Some(&meta)) {
             return Err(Error::Incompatible {
                 pipeline: self.pipeline.to_string(),
