@@ -8,7 +8,6 @@ use crate::checkpoint::{self, Commit, Control, PipelineRecord, RunStatus};
 use crate::discovery;
 use crate::error::{Error, Result};
 use crate::handlers::{Context, resolve_schema};
-use crate::operators::SqlOperator;
 use crate::pipeline::ColumnSpec;
 use crate::pipeline::schema::columns_of;
 use crate::storage::fanout::delete_all;
@@ -41,7 +40,7 @@ pub async fn register(ctx: &Context) -> Result<PipelineRecord> {
     let reading = crate::handlers::in_force(p, control.as_ref(), &schema);
     let reading =
         crate::handlers::arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?;
-    SqlOperator::new(p.clone(), reading).check().await?;
+    ctx.checking_operator(reading).await?.check().await?;
     let record = PipelineRecord {
         format_version: checkpoint::FORMAT_VERSION,
         spec_hash: p.spec_hash(),
@@ -197,7 +196,7 @@ async fn check_schema_and_query(
             }
             let reading =
                 crate::handlers::arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?;
-            if let (_, Some(output)) = SqlOperator::new(p.clone(), reading).check_output().await? {
+            if let (_, Some(output)) = ctx.checking_operator(reading).await?.check_output().await? {
                 ctx.sink.delta_schema_check(&output).await?;
             }
             report

@@ -29,6 +29,7 @@ mod schema;
 mod schema_change;
 mod sink;
 mod stateful;
+mod statics;
 mod storage_contract;
 mod trigger_storm;
 mod triggers;

@@ -417,6 +417,10 @@ pub struct Offsets {
     /// query).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub query: Option<QueryShape>,
+    /// The static tables (`[[static]]`) as this batch reads them: their
+    /// files as the plan listed them, read pinned to their entity tags.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub statics: Vec<StaticPin>,
     /// Time the planner spent up to this plan, ms.
     #[serde(default)]
     pub plan_ms: u64,
@@ -477,6 +481,45 @@ impl StreamPlan {
     pub fn records(&self) -> u64 {
         self.ranges.iter().map(RecordRange::len).sum()
     }
+}
+
+/// A static table as a batch reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StaticPin {
+    /// Its name in the query.
+    pub table: String,
+    /// Its files as the plan listed them (keys relative to its folder).
+    pub files: Vec<InputFile>,
+    /// Its columns, inferred from those files when the plan was made.
+    pub columns: Vec<crate::pipeline::ColumnSpec>,
+    /// A hash of the files' keys, sizes and entity tags: equal versions
+    /// are the same table.
+    pub version: String,
+}
+
+impl StaticPin {
+    /// What a commit record keeps of it.
+    pub fn used(&self) -> StaticUsed {
+        StaticUsed {
+            table: self.table.clone(),
+            version: self.version.clone(),
+            files: self.files.len() as u64,
+            bytes: self.files.iter().map(|f| f.size).sum(),
+        }
+    }
+}
+
+/// Which version of a static table a committed batch joined.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StaticUsed {
+    /// Its name in the query.
+    pub table: String,
+    /// [`StaticPin::version`].
+    pub version: String,
+    /// How many files it had.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
 }
 
 /// What a plan says of its batch's query, for the steps after the plan.
@@ -748,6 +791,9 @@ pub struct Commit {
     /// commit creates the table if there is none yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table_schema: Option<String>,
+    /// The static tables the batch joined, and which version of each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub statics: Vec<StaticUsed>,
     /// What the batch used of what AWS bills by use (`sluice cost`).
     #[serde(default)]
     pub usage: Usage,

@@ -328,6 +328,7 @@ fn build_record(
             .flatten(),
         rescued_fields: results.iter().map(|r| r.rescued_fields).sum(),
         stateful: merged.map(|m| m.state.clone()),
+        statics: off.statics.iter().map(|s| s.used()).collect(),
         table_schema: off
             .query
             .as_ref()

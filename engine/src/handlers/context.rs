@@ -172,6 +172,50 @@ impl Context {
     /// A store at `at`, opened with this context's S3 configuration, its
     /// requests counted as this context's; `None` where it cannot be opened
     /// (an S3 location in a context over explicit stores).
+    /// The stores of the pipeline's static tables (`[[static]]`), in
+    /// order, their requests counted as this context's.
+    pub(crate) fn static_stores(&self) -> Result<Vec<Arc<dyn Store>>> {
+        self.pipeline
+            .statics
+            .iter()
+            .map(|t| {
+                self.open_counted(&t.location).ok_or_else(|| Error::Spec {
+                    file: self.pipeline.name.clone(),
+                    message: format!(
+                        "[[static]] table {}: {} cannot be opened (an s3:// location needs the \
+                         AWS configuration)",
+                        t.table,
+                        t.location.display()
+                    ),
+                })
+            })
+            .collect()
+    }
+
+    /// The pipeline's static tables as they stand now: what a batch
+    /// planned now reads (one listing each, and their columns inferred).
+    pub(crate) async fn pin_statics(&self) -> Result<Vec<crate::checkpoint::StaticPin>> {
+        let stores = self.static_stores()?;
+        let mut pins = Vec::new();
+        for (t, store) in self.pipeline.statics.iter().zip(&stores) {
+            pins.push(crate::operators::statics::pin(&self.pipeline, t, store).await?);
+        }
+        Ok(pins)
+    }
+
+    /// An operator for the pipeline reading `schema`, its static tables
+    /// pinned as they stand now, for checking the query (no rows).
+    pub(crate) async fn checking_operator(
+        &self,
+        schema: SchemaRef,
+    ) -> Result<crate::operators::SqlOperator> {
+        let op = crate::operators::SqlOperator::new(self.pipeline.clone(), schema);
+        if self.pipeline.statics.is_empty() {
+            return Ok(op);
+        }
+        Ok(op.with_statics(self.pin_statics().await?, None))
+    }
+
     pub(crate) fn open_counted(&self, at: &Location) -> Option<Arc<dyn Store>> {
         let mut store = at.open(self.s3.as_ref()).ok()?;
         for counter in &self.others {

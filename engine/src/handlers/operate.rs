@@ -41,6 +41,9 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
         None => ctx.schema().await?,
     };
     let mut op = SqlOperator::new(ctx.pipeline.clone(), schema.clone());
+    if !ctx.pipeline.statics.is_empty() {
+        op = op.with_statics(off.statics.clone(), Some(ctx.static_stores()?));
+    }
     // This invocation's context counts its requests (`ctx.counted()`).
     let sink = &ctx.sink;
     let id = TaskId {

@@ -18,7 +18,6 @@ use crate::checkpoint::{self, Claim, Control, Offsets, PipelineRecord, RunStatus
 use crate::deploy::{EVENT_BUDGET, batch_events};
 use crate::discovery::{Look, Seen, Source};
 use crate::error::{Error, ErrorClass, Result};
-use crate::operators::SqlOperator;
 use crate::paths;
 use crate::pipeline::schema::columns_of;
 use crate::planning;
@@ -165,6 +164,7 @@ async fn trailing_batch(
         schema: Some(schema),
         added_columns: Vec::new(),
         query: Some(query),
+        statics: Vec::new(),
         plan_ms: 0,
         plan_requests: RequestCounts::default(),
     };
@@ -520,7 +520,7 @@ async fn checked_schema(
     // A query (or its spec) changed: a Delta table that could not take
     // its rows is refused now, before a batch is committed that could not
     // be published.
-    if let (_, Some(output)) = SqlOperator::new(p.clone(), reading).check_output().await? {
+    if let (_, Some(output)) = ctx.checking_operator(reading).await?.check_output().await? {
         ctx.sink.delta_schema_check(&output).await?;
     }
     ctx.pin_schema(schema.clone());
@@ -573,6 +573,13 @@ async fn plan_batches(
     let mut plans = Vec::new();
     let mut schema = in_force(p, Some(control), ctx.schema().await?.as_ref());
     let mut planned_for: Option<(checkpoint::SchemaVersion, checkpoint::QueryShape)> = None;
+    // The static tables as they stand now: every batch of this plan
+    // joins this version of them.
+    let statics = if p.statics.is_empty() {
+        Vec::new()
+    } else {
+        ctx.pin_statics().await?
+    };
     for (i, planned) in source.batches(fresh, &p.limits).into_iter().enumerate() {
         let crate::discovery::Planned {
             inputs,
@@ -613,6 +620,7 @@ async fn plan_batches(
             schema: Some(schema.clone()),
             added_columns,
             query: Some(query),
+            statics: statics.clone(),
             plan_ms: 0,
             plan_requests: RequestCounts::default(),
         });

@@ -683,7 +683,7 @@ pub(crate) async fn check_against_hints(
     let n = hinted.fields().len();
     let reading = in_force(p, control, &hinted);
     let reading = arrow_of(ctx, &reading, crate::paths::checkpoint::CONTROL.into())?;
-    match SqlOperator::new(p.clone(), reading).check().await {
+    match ctx.checking_operator(reading).await?.check().await {
         Ok(_) => Ok(HintCheck::Planned(n)),
         // DataFusion's "No field named", or Sluice's own "has no column"
         // (a window's time column): only a column the schema lacks yet.

@@ -16,7 +16,7 @@ pub(super) async fn plan_query(
     key: String,
 ) -> Result<QueryShape> {
     let arrow = super::schema::arrow_of(ctx, schema, key)?;
-    let op = crate::operators::SqlOperator::new(ctx.pipeline.clone(), arrow);
+    let op = ctx.checking_operator(arrow).await?;
     let query = op.stateful().await?;
     let stateful = query.as_ref().map(|q| shape::of_query(&ctx.pipeline, q));
     // A Delta sink's table is made by the first batch, rows or not: with

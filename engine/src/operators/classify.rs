@@ -3,8 +3,12 @@
 //! expressions, `UNION ALL` of branches that each read the input, derived
 //! tables and CTEs over the input, and subqueries that do not read the
 //! input (`x IN (SELECT 1)`, `IN (VALUES ...)`, a scalar subquery over
-//! `generate_series`). Refused, by name: anything that combines rows across
-//! a batch (aggregation, DISTINCT, windows, LIMIT, joins), a subquery over
+//! `generate_series`), and joins of the input with a relation that reads
+//! no input (a static table, `[[static]]`: the same for every row of a
+//! batch), inner, or outer/semi/anti with the input on the side kept
+//! whole. Refused, by name: anything that combines rows across a batch
+//! (aggregation, DISTINCT, windows, LIMIT, a join of the input with
+//! itself, a FULL join or one that keeps the static side whole), a subquery over
 //! the input (`IN`, `EXISTS`, scalar: each batch would see only its own
 //! rows), and a branch that reads no input (`SELECT 1`, `VALUES`, a table
 //! function such as `generate_series`, `UNION ALL SELECT 42.0`: its rows
@@ -17,8 +21,8 @@ use datafusion::error::DataFusionError;
 use datafusion::logical_expr::LogicalPlan;
 
 const ROW_BY_ROW: &str = "use a row-by-row query (SELECT, WHERE, expressions, UNION ALL of \
-                          branches over the input), or one GROUP BY (a stateful query: see \
-                          docs/stateful.md)";
+                          branches over the input, joins with static tables), or one GROUP BY \
+                          (a stateful query: see docs/stateful.md)";
 
 /// Why a plan's per-batch results would not add up to the one-shot result,
 /// if they would not (`input`: the pipeline's table). A failed traversal is
@@ -27,13 +31,11 @@ pub(crate) fn not_batch_equivalent(
     plan: &LogicalPlan,
     input: &str,
 ) -> Result<Option<String>, DataFusionError> {
-    let mut reason = None;
     // Operators of the main query. (A subquery that reads the input is
     // refused below whatever it does; one that does not is the same in
-    // every batch, so it may aggregate.)
-    plan.apply(|node| {
-        reason = operator_reason(node).map(str::to_string);
-        Ok(stop_if(&reason))
+    // every batch, so it may aggregate; so may the static side of a join.)
+    let mut reason = stream_apply(plan, input, &mut |node| {
+        Ok(operator_reason(node).map(str::to_string))
     })?;
     if reason.is_none() {
         reason = main_query_reason(plan, input)?;
@@ -41,12 +43,92 @@ pub(crate) fn not_batch_equivalent(
     Ok(reason.map(|w| format!("{w}; {ROW_BY_ROW}")))
 }
 
+/// Which side of a join reads the input (`true`: the left), when the
+/// join gives, batch by batch, the rows the one-shot query gives: a join
+/// of the input with a relation that reads no input (a static table's,
+/// the same in every batch), where the join type keeps only the input's
+/// side whole. `Err`: why not. `Ok(None)`: neither side reads input (its
+/// leaves say why).
+fn join_side(
+    join: &datafusion::logical_expr::Join,
+    input: &str,
+) -> Result<Result<Option<bool>, String>, DataFusionError> {
+    use datafusion::logical_expr::JoinType::*;
+    let (left, right) = (
+        reads_input(&join.left, input)?,
+        reads_input(&join.right, input)?,
+    );
+    if left && right {
+        return Ok(Err(
+            "a join of the input with itself sees one micro-batch on each \
+                       side, not all input; join the input with a static table \
+                       ([[static]])"
+                .into(),
+        ));
+    }
+    if !left && !right {
+        return Ok(Ok(None));
+    }
+    let kept_whole = match join.join_type {
+        Inner => None,
+        Left | LeftSemi | LeftAnti | LeftMark => Some(true),
+        Right | RightSemi | RightAnti | RightMark => Some(false),
+        Full => {
+            return Ok(Err(
+                "a FULL OUTER join with a static table would emit the static \
+                           table's unmatched rows once per micro-batch; use an inner, left \
+                           outer, semi or anti join with the input on the left"
+                    .into(),
+            ));
+        }
+    };
+    Ok(match kept_whole {
+        Some(input_kept) if input_kept != left => Err(format!(
+            "a {} join keeps the static table's rows whole and would emit its unmatched rows \
+             once per micro-batch; put the input on the {} side (or use an inner join)",
+            join.join_type,
+            if input_kept { "left" } else { "right" }
+        )),
+        _ => Ok(Some(left)),
+    })
+}
+
+/// Visit the main query's nodes that process the input's rows, in
+/// pre-order, until `f` gives a reason (returned): every node, except the
+/// static side of a join of the input with a relation that reads no input
+/// (the same in every batch, so it may aggregate), which is not entered.
+/// A join that is not batch equivalent is itself the reason.
+fn stream_apply(
+    plan: &LogicalPlan,
+    input: &str,
+    f: &mut dyn FnMut(&LogicalPlan) -> Result<Option<String>, DataFusionError>,
+) -> Result<Option<String>, DataFusionError> {
+    if let LogicalPlan::Join(j) = plan {
+        match join_side(j, input)? {
+            Err(why) => return Ok(Some(why)),
+            Ok(Some(left)) => {
+                let stream = if left { &j.left } else { &j.right };
+                return stream_apply(stream, input, f);
+            }
+            Ok(None) => {}
+        }
+    }
+    if let Some(why) = f(plan)? {
+        return Ok(Some(why));
+    }
+    for child in plan.inputs() {
+        if let Some(why) = stream_apply(child, input, f)? {
+            return Ok(Some(why));
+        }
+    }
+    Ok(None)
+}
+
 /// Why the main query (not its subqueries) would not add up: a leaf that
 /// reads no input, or an expression holding a subquery that reads it.
 fn main_query_reason(plan: &LogicalPlan, input: &str) -> Result<Option<String>, DataFusionError> {
-    let mut reason = None;
-    plan.apply(|node| {
-        reason = leaf_reason(node, input);
+    stream_apply(plan, input, &mut |node| {
+        let mut reason = leaf_reason(node, input);
         if reason.is_none() {
             node.apply_subqueries(|sub| {
                 if reads_input(sub, input)? {
@@ -59,9 +141,8 @@ fn main_query_reason(plan: &LogicalPlan, input: &str) -> Result<Option<String>, 
                 Ok(stop_if(&reason))
             })?;
         }
-        Ok(stop_if(&reason))
-    })?;
-    Ok(reason)
+        Ok(reason)
+    })
 }
 
 /// Why a leaf of the main query reads no input: its rows would be emitted
@@ -108,7 +189,9 @@ pub(crate) fn not_stateful_equivalent(
                     .into(),
             ),
             LogicalPlan::Join(_) => Some(
-                "a join is not supported in a stateful query (each side would need state)".into(),
+                "a join is not supported in a stateful query yet (a join of the input with a \
+                 static table runs in a row-by-row query)"
+                    .into(),
             ),
             other => operator_reason(other).map(str::to_string),
         };
@@ -128,7 +211,7 @@ fn operator_reason(node: &LogicalPlan) -> Option<&'static str> {
         ),
         LogicalPlan::Window(_) => Some("window functions (OVER) see one micro-batch at a time"),
         LogicalPlan::Limit(_) => Some("LIMIT/OFFSET would apply to each micro-batch"),
-        LogicalPlan::Join(_) => Some("joins see one micro-batch at a time"),
+        LogicalPlan::Join(_) => None,
         LogicalPlan::RecursiveQuery(_) => Some("recursive queries are not supported"),
         LogicalPlan::Dml(_)
         | LogicalPlan::Ddl(_)
@@ -190,8 +273,74 @@ mod tests {
         let ctx = SessionContext::new();
         let empty = MemTable::try_new(schema, vec![vec![]]).unwrap();
         ctx.register_table("trips", Arc::new(empty)).unwrap();
+        let zones = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("zone", DataType::Utf8, true),
+        ]));
+        let empty = MemTable::try_new(zones, vec![vec![]]).unwrap();
+        ctx.register_table("zones", Arc::new(empty)).unwrap();
         let plan = ctx.state().create_logical_plan(sql).await.unwrap();
         not_batch_equivalent(&plan, "trips").unwrap()
+    }
+
+    /// Joins of the input with a static table: those whose rows add up
+    /// over batches pass; a self-join, a FULL join, and an outer join that
+    /// keeps the static side whole are refused by name.
+    #[tokio::test]
+    async fn joins_with_static_tables_pass_when_the_input_side_is_kept_whole() {
+        for sql in [
+            "SELECT t.*, z.zone FROM trips t JOIN zones z ON t.\"PULocationID\" = z.id",
+            "SELECT t.*, z.zone FROM zones z JOIN trips t ON t.\"PULocationID\" = z.id",
+            "SELECT t.*, z.zone FROM trips t LEFT JOIN zones z ON t.\"PULocationID\" = z.id",
+            "SELECT t.*, z.zone FROM zones z RIGHT JOIN trips t ON t.\"PULocationID\" = z.id",
+            "SELECT * FROM trips t WHERE t.\"PULocationID\" IN (SELECT id FROM zones)",
+            "SELECT * FROM trips t LEFT SEMI JOIN zones z ON t.\"PULocationID\" = z.id",
+            "SELECT * FROM trips t LEFT ANTI JOIN zones z ON t.\"PULocationID\" = z.id",
+            // The static side may aggregate: it is the same in every batch.
+            "SELECT t.fare_amount, c.n FROM trips t JOIN (SELECT id, count(*) AS n FROM zones \
+             GROUP BY id) c ON t.\"PULocationID\" = c.id",
+            // Two static tables, one after the other.
+            "SELECT t.fare_amount, a.zone, b.zone FROM trips t JOIN zones a ON \
+             t.\"PULocationID\" = a.id LEFT JOIN zones b ON t.\"DOLocationID\" = b.id",
+            "SELECT t.fare_amount, z.zone FROM trips t, zones z WHERE t.\"PULocationID\" = z.id",
+        ] {
+            assert_eq!(verdict(sql).await, None, "{sql}");
+        }
+        for (sql, says) in [
+            (
+                "SELECT * FROM trips a JOIN trips b ON a.\"PULocationID\" = b.\"DOLocationID\"",
+                "with itself",
+            ),
+            (
+                "SELECT * FROM trips t FULL JOIN zones z ON t.\"PULocationID\" = z.id",
+                "FULL",
+            ),
+            (
+                "SELECT * FROM zones z LEFT JOIN trips t ON t.\"PULocationID\" = z.id",
+                "put the input on the left",
+            ),
+            (
+                "SELECT * FROM trips t RIGHT JOIN zones z ON t.\"PULocationID\" = z.id",
+                "put the input on the right",
+            ),
+            // A static table alone, or a branch of it, reads no input.
+            ("SELECT * FROM zones", "reads no input"),
+            (
+                "SELECT fare_amount AS v FROM trips UNION ALL SELECT id AS v FROM zones",
+                "reads no input",
+            ),
+            // Aggregation after the join combines rows across the batch.
+            (
+                "SELECT z.zone, count(*) FROM trips t JOIN zones z ON t.\"PULocationID\" = \
+                 z.id GROUP BY z.zone",
+                "aggregation",
+            ),
+        ] {
+            let got = verdict(sql)
+                .await
+                .unwrap_or_else(|| panic!("passed: {sql}"));
+            assert!(got.contains(says), "{sql}: {got}");
+        }
     }
 
     async fn stateful_verdict(sql: &str) -> Option<String> {

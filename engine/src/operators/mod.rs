@@ -17,6 +17,7 @@ mod partition;
 mod salvage;
 mod scan;
 mod stateful;
+pub(crate) mod statics;
 pub(crate) mod window;
 
 use std::sync::Arc;
@@ -198,6 +199,12 @@ pub struct SqlOperator {
     /// of the same store, of the same columns and far fewer lines (a
     /// record stream's shapes).
     shapes: std::collections::HashMap<String, InputFile>,
+    /// The static tables as the batch reads them (`[[static]]`), and the
+    /// stores to read them from (`None`: checking the query, no rows).
+    statics: Arc<(
+        Vec<crate::checkpoint::StaticPin>,
+        Option<Vec<Arc<dyn Store>>>,
+    )>,
 }
 
 impl SqlOperator {
@@ -209,7 +216,30 @@ impl SqlOperator {
             schema,
             partitions,
             shapes: Default::default(),
+            statics: Default::default(),
         }
+    }
+
+    /// The operator, joining the static tables as `pins` say (read from
+    /// `stores`, one per `[[static]]` table in order; `None` when only
+    /// checking the query).
+    pub(crate) fn with_statics(
+        mut self,
+        pins: Vec<crate::checkpoint::StaticPin>,
+        stores: Option<Vec<Arc<dyn Store>>>,
+    ) -> SqlOperator {
+        self.statics = Arc::new((pins, stores));
+        self
+    }
+
+    /// Register the static tables in `ctx` (with rows when the operator
+    /// has their stores).
+    fn register_statics(&self, ctx: &SessionContext) -> Result<()> {
+        if self.pipeline.statics.is_empty() {
+            return Ok(());
+        }
+        let (pins, stores) = self.statics.as_ref();
+        statics::register(ctx, &self.pipeline, pins, stores.as_deref())
     }
 
     /// The operator, its drift check inferring each of `shapes`' keys'
@@ -316,6 +346,7 @@ impl SqlOperator {
             MemTable::try_new(self.schema.clone(), vec![vec![]]).map_err(|e| self.sql_err(e))?;
         ctx.register_table(self.pipeline.source.table.as_str(), Arc::new(empty))
             .map_err(|e| self.sql_err(e))?;
+        self.register_statics(&ctx)?;
         let plan = ctx
             .state()
             .create_logical_plan(&self.pipeline.sql)
@@ -390,6 +421,8 @@ impl SqlOperator {
             self.partitions,
         )?;
         ctx.register_table(self.pipeline.source.table.as_str(), Arc::new(table))?;
+        self.register_statics(&ctx)
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let df = ctx.sql(sql).await?;
         let plan = df.create_physical_plan().await?;
         Ok((ctx, plan))

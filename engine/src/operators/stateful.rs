@@ -115,6 +115,7 @@ impl SqlOperator {
         let empty = MemTable::try_new(schema, vec![vec![]]).map_err(|e| self.sql_err(e))?;
         ctx.register_table(p.source.table.as_str(), Arc::new(empty))
             .map_err(|e| self.sql_err(e))?;
+        self.register_statics(&ctx)?;
         let plan = ctx
             .state()
             .create_logical_plan(&w.sql)

@@ -651,6 +651,27 @@ pub struct Pipeline {
     /// table's partition columns).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partition_by: Vec<String>,
+    /// Static tables the query may join the input with (`[[static]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub statics: Vec<StaticTable>,
+}
+
+/// A static table (`[[static]]`): files the query joins the input with,
+/// read whole as they stand when each batch is planned (the plan pins
+/// their keys, sizes and entity tags).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StaticTable {
+    /// Its name in the query.
+    pub table: String,
+    /// Its folder or prefix.
+    #[serde(with = "location_serde")]
+    pub location: Location,
+    /// Its files' format.
+    pub format: SourceFormat,
+    /// CSV: whether the first line names the columns.
+    pub header: bool,
+    /// Refused above this many bytes (every task reads it whole).
+    pub max_bytes: u64,
 }
 
 mod location_serde {

@@ -114,11 +114,24 @@ struct WatermarkFile {
     late: Option<String>,
 }
 
+/// A `[[static]]` table as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StaticFile {
+    table: String,
+    uri: String,
+    format: Option<String>,
+    header: Option<bool>,
+    max_bytes: Option<ByteSize>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PipelineFile {
     name: String,
     source: SourceFile,
+    #[serde(default, rename = "static")]
+    statics: Vec<StaticFile>,
     query: QueryFile,
     sink: SinkFile,
     checkpoint: CheckpointFile,
@@ -157,6 +170,79 @@ fn inside(inner: &Location, outer: &Location) -> bool {
         ) => ba == bb && (pb.is_empty() || pa == pb || pa.starts_with(&format!("{pb}/"))),
         _ => false,
     }
+}
+
+/// The largest static table read whole by every task, unless
+/// `max_bytes` says otherwise.
+const STATIC_MAX_BYTES: u64 = 512 << 20;
+
+/// A `[[static]]` table (`field`: `static[i]`), checked against the
+/// source and the tables before it.
+fn static_table(
+    field: &str,
+    st: &StaticFile,
+    location: Location,
+    source: &Source,
+    before: &[super::StaticTable],
+) -> std::result::Result<super::StaticTable, String> {
+    if !is_identifier(&st.table) {
+        return Err(format!(
+            "{field}.table = \"{}\": use a SQL identifier (letters, digits, _)",
+            st.table
+        ));
+    }
+    if st.table.eq_ignore_ascii_case(&source.table) {
+        return Err(format!(
+            "{field}.table = \"{}\" is the source's table name: give the static table another \
+             name",
+            st.table
+        ));
+    }
+    if before
+        .iter()
+        .any(|b| b.table.eq_ignore_ascii_case(&st.table))
+    {
+        return Err(format!(
+            "{field}.table = \"{}\" names two [[static]] tables: give each its own name",
+            st.table
+        ));
+    }
+    if matches!(location, Location::Kafka { .. }) {
+        return Err(format!(
+            "{field}.uri: a static table is a folder or an s3:// prefix of files, not a topic"
+        ));
+    }
+    let format = match st.format.as_deref() {
+        None | Some("parquet") => SourceFormat::Parquet,
+        Some("csv") => SourceFormat::Csv,
+        Some("jsonl") => SourceFormat::Jsonl,
+        Some("delta") => {
+            return Err(format!(
+                "{field}.format = \"delta\": a Delta table as a static table is not built yet; \
+                 point {field}.uri at its Parquet files' folder only if no version ever removed \
+                 a file, or use parquet, csv or jsonl"
+            ));
+        }
+        Some(other) => {
+            return Err(format!(
+                "{field}.format = \"{other}\": use parquet (the default), csv or jsonl"
+            ));
+        }
+    };
+    if st.header.is_some() && format != SourceFormat::Csv {
+        return Err(format!("{field}.header applies to format = \"csv\" only"));
+    }
+    let max_bytes = match &st.max_bytes {
+        None => STATIC_MAX_BYTES,
+        Some(b) => parse_bytes(b).map_err(|e| format!("{field}.max_bytes: {e}"))?,
+    };
+    Ok(super::StaticTable {
+        table: st.table.clone(),
+        location,
+        format,
+        header: st.header.unwrap_or(true),
+        max_bytes,
+    })
 }
 
 fn parse_bytes(b: &ByteSize) -> std::result::Result<u64, String> {
@@ -308,6 +394,12 @@ impl Pipeline {
         if let Some(n) = raw.checkpoint.retain_batches {
             check_count("checkpoint.retain_batches", n, MAX_WINDOW).map_err(spec_err)?;
         }
+        let mut statics = Vec::new();
+        for (i, st) in raw.statics.iter().enumerate() {
+            let field = format!("static[{i}]");
+            let location = at(&format!("{field}.uri"), &st.uri)?;
+            statics.push(static_table(&field, st, location, &source, &statics).map_err(spec_err)?);
+        }
         let sql = raw.query.sql.trim().trim_end_matches(';').to_string();
         if sql.is_empty() {
             return Err(spec_err("query.sql is empty".to_string()));
@@ -354,6 +446,7 @@ impl Pipeline {
             sink,
             retain_batches: raw.checkpoint.retain_batches.unwrap_or(100),
             limits,
+            statics,
         })
     }
 }

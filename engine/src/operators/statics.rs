@@ -1,0 +1,177 @@
+//! Static tables (`[[static]]`): relations the query joins the input
+//! with, read whole. Each batch reads a static table as it stood when the
+//! batch was planned: the plan lists its files (keys, sizes, entity tags)
+//! and infers its columns ([`pin`]), tasks read exactly those files,
+//! pinned to their tags, and the commit record names the version, so a
+//! replayed batch joins the same rows. A static table replaced after the
+//! plan fails the batch's read (its files are read `If-Match`); the next
+//! run plans it afresh.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::datasource::MemTable;
+use datafusion::datasource::file_format::FileFormat;
+use datafusion::datasource::file_format::csv::CsvFormat;
+use datafusion::datasource::file_format::json::JsonFormat;
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::prelude::SessionContext;
+
+use super::scan::BatchTable;
+use crate::checkpoint::{InputFile, StaticPin};
+use crate::error::{Error, Result};
+use crate::pipeline::schema::{columns_of, schema_of};
+use crate::pipeline::{Pipeline, SourceFormat, StaticTable};
+use crate::storage::{ScanAccess, Store};
+
+/// How a static table's files are read.
+fn format_of(t: &StaticTable) -> Arc<dyn FileFormat> {
+    match t.format {
+        SourceFormat::Parquet => Arc::new(ParquetFormat::default()),
+        SourceFormat::Csv => Arc::new(CsvFormat::default().with_has_header(t.header)),
+        SourceFormat::Jsonl => {
+            Arc::new(JsonFormat::default().with_schema_infer_max_rec(usize::MAX))
+        }
+    }
+}
+
+/// Whether a key is a file of the table (not a hidden or underscore file
+/// or folder, as Spark and Hive skip them).
+fn is_data(key: &str) -> bool {
+    !key.split('/')
+        .any(|s| s.is_empty() || s.starts_with('_') || s.starts_with('.'))
+}
+
+/// A static table as it stands now: its files (one listing), refused
+/// above its `max_bytes` or without files, and its columns inferred from
+/// them.
+pub(crate) async fn pin(
+    pipeline: &Pipeline,
+    t: &StaticTable,
+    store: &Arc<dyn Store>,
+) -> Result<StaticPin> {
+    let refuse = |message: String| Error::Spec {
+        file: pipeline.name.clone(),
+        message: format!(
+            "[[static]] table {} ({}): {message}",
+            t.table,
+            t.location.display()
+        ),
+    };
+    let mut files: Vec<InputFile> = store
+        .list("", None)
+        .await?
+        .into_iter()
+        .filter(|m| is_data(&m.key))
+        .map(|m| InputFile {
+            key: m.key,
+            size: m.size,
+            etag: m.etag,
+            modified_ms: None,
+            partition: None,
+        })
+        .collect();
+    files.sort_by(|a, b| a.key.cmp(&b.key));
+    if files.is_empty() {
+        return Err(refuse(
+            "it holds no file: put the table's files there (every batch reads it whole)".into(),
+        ));
+    }
+    let bytes: u64 = files.iter().map(|f| f.size).sum();
+    if bytes > t.max_bytes {
+        return Err(refuse(format!(
+            "its files hold {bytes} bytes, above its max_bytes ({}): every task reads a static \
+             table whole; raise max_bytes if the functions' memory holds it",
+            t.max_bytes
+        )));
+    }
+    let access = store.scan_access()?;
+    let metas: Vec<object_store::ObjectMeta> = files.iter().map(|f| meta(&access, f)).collect();
+    let session = SessionContext::new();
+    let schema = format_of(t)
+        .infer_schema(&session.state(), &access.store, &metas)
+        .await
+        .map_err(|e| refuse(format!("its columns cannot be inferred: {e}")))?;
+    let columns = columns_of(&schema);
+    schema_of(&columns).map_err(|e| refuse(format!("column{e}")))?;
+    let mut text = String::new();
+    for f in &files {
+        text.push_str(&format!(
+            "{}\u{0}{}\u{0}{}\n",
+            f.key,
+            f.size,
+            f.etag.as_deref().unwrap_or("")
+        ));
+    }
+    Ok(StaticPin {
+        table: t.table.clone(),
+        version: format!("{:016x}", crate::hash::fnv1a(text.as_bytes())),
+        files,
+        columns,
+    })
+}
+
+fn meta(access: &ScanAccess, f: &InputFile) -> object_store::ObjectMeta {
+    object_store::ObjectMeta {
+        location: access.path(&f.key),
+        last_modified: chrono::DateTime::UNIX_EPOCH,
+        size: f.size,
+        e_tag: f.etag.clone(),
+        version: None,
+    }
+}
+
+/// Register each pinned static table in `ctx` under its name: with no
+/// rows (`stores` empty: checking the query), or over its pinned files,
+/// read through `stores` (one per table, in the pipeline's order) with
+/// their entity tags.
+pub(crate) fn register(
+    ctx: &SessionContext,
+    pipeline: &Pipeline,
+    pins: &[StaticPin],
+    stores: Option<&[Arc<dyn Store>]>,
+) -> Result<()> {
+    let sql_err = |e: String| Error::Sql {
+        pipeline: pipeline.name.clone(),
+        message: e,
+    };
+    for (i, t) in pipeline.statics.iter().enumerate() {
+        let Some(pin) = pins.iter().find(|p| p.table == t.table) else {
+            return Err(Error::Run {
+                pipeline: pipeline.name.clone(),
+                message: format!(
+                    "the batch's plan pins no version of static table {}",
+                    t.table
+                ),
+                class: crate::error::ErrorClass::Fatal,
+            });
+        };
+        let schema: SchemaRef = schema_of(&pin.columns).map_err(|e| sql_err(format!("{e}")))?;
+        let table: Arc<dyn datafusion::datasource::TableProvider> = match stores {
+            None => Arc::new(
+                MemTable::try_new(schema, vec![vec![]]).map_err(|e| sql_err(e.to_string()))?,
+            ),
+            Some(stores) => {
+                let access = stores[i].scan_access()?;
+                let pinned = access.pinned(
+                    pin.files
+                        .iter()
+                        .map(|f| (f.key.as_str(), f.etag.as_deref())),
+                );
+                // Its own URL: the source's store stays the source's.
+                let url = ObjectStoreUrl::parse(format!("sluice-static-{i}://t"))
+                    .map_err(|e| sql_err(e.to_string()))?;
+                ctx.register_object_store(url.as_ref(), pinned.store.clone());
+                let files = pin.files.iter().map(|f| (meta(&pinned, f), f)).collect();
+                Arc::new(
+                    BatchTable::over(schema, format_of(t), url, files, 1)
+                        .map_err(|e| sql_err(e.to_string()))?,
+                )
+            }
+        };
+        ctx.register_table(t.table.as_str(), table)
+            .map_err(|e| sql_err(e.to_string()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! Stream-static joins (`[[static]]`): each batch joins its input with
+//! the static table as it stood when the batch was planned. Expected rows:
+//! DuckDB's join of each run's new input files with the version of the
+//! static table in place during that run (kept apart by the test).
+
+use std::path::Path;
+
+use crate::support::*;
+
+/// The join: each trip with its pickup zone (inner), or its drop-off zone
+/// where there is one (left outer).
+const INNER: &str = "SELECT t.\"PULocationID\", t.fare_amount, z.zone FROM trips t JOIN zones z \
+                     ON t.\"PULocationID\" = z.id";
+const LEFT: &str = "SELECT t.\"DOLocationID\", t.fare_amount, z.zone FROM trips t LEFT JOIN \
+                    zones z ON t.\"DOLocationID\" = z.id";
+
+fn toml(name: &str, sql: &str) -> String {
+    pipeline_toml(name, "parquet", "", "")
+        .replace(SQL, sql)
+        .replace("out/", &format!("{name}/"))
+        .replace(
+            "[query]",
+            "[[static]]\ntable = \"zones\"\nuri = \"zones\"\nformat = \"csv\"\n\n[query]",
+        )
+}
+
+/// A version of the zones table: ids `ids` named `"<tag> <id>"`.
+fn zones_csv(ids: impl Iterator<Item = u64>, tag: &str) -> String {
+    let mut text = String::from("id,zone\n");
+    for id in ids {
+        text.push_str(&format!("{id},{tag} {id}\n"));
+    }
+    text
+}
+
+/// DuckDB's `sql` (over `trips` and `zones`) for `files` joined with the
+/// zones CSV at `zones`.
+async fn oracle(files: &[std::path::PathBuf], zones: &Path, sql: &str) -> Vec<String> {
+    let sql = sql
+        .replace(
+            "FROM trips t",
+            &format!("FROM read_parquet([{}]) t", quoted(files)),
+        )
+        .replace(
+            "zones z",
+            &format!("read_csv('{}', header = true) z", zones.display()),
+        );
+    duckdb_sql(&sql).await
+}
+
+/// Two runs, the zones table replaced between them (other names, some
+/// ids gone): each run's rows join the version in place when it was
+/// planned; a changed static table alone starts no batch; each commit
+/// record names the version its batch joined.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_batch_joins_the_static_table_as_it_stood_when_planned() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let keep = root.join("versions");
+    std::fs::create_dir_all(root.join("zones")).unwrap();
+    std::fs::create_dir_all(&keep).unwrap();
+    let v1 = zones_csv(1..=200, "Old");
+    let v2 = zones_csv((1..=265).filter(|i| i % 3 != 0), "New");
+    std::fs::write(keep.join("v1.csv"), &v1).unwrap();
+    std::fs::write(keep.join("v2.csv"), &v2).unwrap();
+    std::fs::write(root.join("zones/zones.csv"), &v1).unwrap();
+
+    let first = gen_files(&root.join("input"), 2, 60);
+    for (name, sql) in [("inner", INNER), ("left", LEFT)] {
+        run(&local_context(&pipeline(root, &toml(name, sql))))
+            .await
+            .unwrap();
+    }
+    std::fs::write(root.join("zones/zones.csv"), &v2).unwrap();
+    // Only the static table changed: no batch.
+    for name in ["inner", "left"] {
+        let sql = if name == "inner" { INNER } else { LEFT };
+        let s = run(&local_context(&pipeline(root, &toml(name, sql))))
+            .await
+            .unwrap();
+        assert!(s.batches.is_empty(), "{name}: a batch without new input");
+    }
+    let second = gen_files(&root.join("input"), 2, 60);
+    for (name, sql) in [("inner", INNER), ("left", LEFT)] {
+        run(&local_context(&pipeline(root, &toml(name, sql))))
+            .await
+            .unwrap();
+        let mut want = oracle(&first, &keep.join("v1.csv"), sql).await;
+        want.extend(oracle(&second, &keep.join("v2.csv"), sql).await);
+        want.sort();
+        assert!(!want.is_empty());
+        let got = committed_rows(&root.join(name).join("sink"), name).await;
+        assert_eq!(got, want, "{name}");
+        let commits = commit_records(root, &toml(name, sql)).await;
+        assert_eq!(commits.len(), 2, "{name}");
+        let versions: Vec<&str> = commits
+            .iter()
+            .map(|c| {
+                assert_eq!(c.statics.len(), 1);
+                assert_eq!(c.statics[0].table, "zones");
+                c.statics[0].version.as_str()
+            })
+            .collect();
+        assert_ne!(
+            versions[0], versions[1],
+            "{name}: the version each batch joined"
+        );
+    }
+}
+
+/// What a static join cannot do is refused by name before anything is
+/// written: a static table that is too large, or missing; a FULL join; a
+/// stream joined with itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_a_static_join_cannot_do_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 1, 20);
+    let check = |toml: String| async move {
+        sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
+            .await
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = check(toml("missing", INNER)).await;
+    assert!(e.contains("zones") && e.contains("no file"), "{e}");
+    std::fs::create_dir_all(root.join("zones")).unwrap();
+    std::fs::write(root.join("zones/zones.csv"), zones_csv(1..=300, "Zone")).unwrap();
+    let e = check(toml("big", INNER).replace(
+        "format = \"csv\"\n\n",
+        "format = \"csv\"\nmax_bytes = 100\n\n",
+    ))
+    .await;
+    assert!(e.contains("max_bytes"), "{e}");
+    let e = check(toml(
+        "full",
+        "SELECT * FROM trips t FULL JOIN zones z ON t.\"PULocationID\" = z.id",
+    ))
+    .await;
+    assert!(e.contains("FULL"), "{e}");
+    let e = check(toml(
+        "self",
+        "SELECT a.fare_amount FROM trips a JOIN trips b ON a.\"PULocationID\" = b.\"DOLocationID\"",
+    ))
+    .await;
+    assert!(e.contains("itself"), "{e}");
+    let e = sluice_engine::pipeline::Pipeline::parse(
+        &toml("dup", INNER).replace("table = \"zones\"", "table = \"trips\""),
+        "t.toml",
+        root,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("source's table name"), "{e}");
+}
