@@ -154,3 +154,73 @@ async fn what_a_static_join_cannot_do_is_refused_by_name() {
     .to_string();
     assert!(e.contains("source's table name"), "{e}");
 }
+
+/// Replaces the static table's file when the plan is written: after the
+/// batch pinned it, before its tasks read it.
+#[derive(Debug)]
+struct ReplaceOnPlan {
+    path: std::path::PathBuf,
+    text: String,
+    done: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl WriteHook for ReplaceOnPlan {
+    async fn before(
+        &self,
+        op: &'static str,
+        key: &str,
+    ) -> Result<(), sluice_engine::error::StoreError> {
+        if op == "put"
+            && key.starts_with("offsets/")
+            && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            std::fs::write(&self.path, &self.text).unwrap();
+        }
+        Ok(())
+    }
+}
+
+/// The static table replaced after the batch was planned, before its
+/// task read it: the pinned read fails, the batch is given up naming the
+/// table (nothing committed), and the next run plans it again with the
+/// new version: its rows are DuckDB's join with that version.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_static_table_replaced_after_the_plan_gives_the_batch_up_for_the_next_run() {
+    use sluice_engine::storage::{LocalStore, Store};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let keep = root.join("versions");
+    std::fs::create_dir_all(root.join("zones")).unwrap();
+    std::fs::create_dir_all(&keep).unwrap();
+    let v1 = zones_csv(1..=200, "Old");
+    let v2 = zones_csv(1..=265, "Newer");
+    std::fs::write(keep.join("v2.csv"), &v2).unwrap();
+    std::fs::write(root.join("zones/zones.csv"), &v1).unwrap();
+    let files = gen_files(&root.join("input"), 2, 60);
+    let toml = toml("swap", INNER);
+    let p = pipeline(root, &toml);
+    let checkpoint: Arc<dyn Store> = Arc::new(Hooked {
+        inner: Arc::new(LocalStore::new(root.join("swap/checkpoint/swap"))),
+        hook: ReplaceOnPlan {
+            path: root.join("zones/zones.csv"),
+            text: v2.clone(),
+            done: Default::default(),
+        },
+    });
+    let mut ctx = sluice_engine::handlers::Context::new(
+        p,
+        Arc::new(LocalStore::new(root.join("input"))),
+        Arc::new(LocalStore::new(root.join("swap/sink"))),
+        checkpoint,
+    );
+    test_mode(&mut ctx);
+    let e = run(&ctx).await.unwrap_err().to_string();
+    assert!(e.contains("static table zones changed"), "{e}");
+    assert!(commit_records(root, &toml).await.is_empty());
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let want = oracle(&files, &keep.join("v2.csv"), INNER).await;
+    assert!(!want.is_empty());
+    assert_eq!(committed_rows(&root.join("swap/sink"), "swap").await, want);
+}

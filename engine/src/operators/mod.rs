@@ -232,6 +232,42 @@ impl SqlOperator {
         self
     }
 
+    /// The error refusing batch `batch` when a static table's pinned file
+    /// changed or went since the plan (one listing per table), if one did.
+    async fn static_changed(&self, batch: u64) -> Result<Option<Error>> {
+        let (pins, Some(stores)) = self.statics.as_ref() else {
+            return Ok(None);
+        };
+        for (t, store) in self.pipeline.statics.iter().zip(stores) {
+            let Some(pin) = pins.iter().find(|p| p.table == t.table) else {
+                continue;
+            };
+            let now = store.list("", None).await?;
+            for f in &pin.files {
+                let same = now.iter().any(|m| {
+                    m.key == f.key
+                        && m.size == f.size
+                        && m.etag == f.etag
+                        && m.last_modified.map(|t| t.timestamp_millis()) == f.modified_ms
+                });
+                if !same {
+                    return Ok(Some(Error::Input {
+                        pipeline: self.pipeline.name.clone(),
+                        batch: Some(batch),
+                        key: format!("{}/{}", store.describe(), f.key),
+                        message: format!(
+                            "static table {} changed since the batch was planned (this file \
+                             was replaced or deleted): the batch is given up, and the next run \
+                             plans it again with the table as it stands then",
+                            t.table
+                        ),
+                    }));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// Register the static tables in `ctx` (with rows when the operator
     /// has their stores).
     fn register_statics(&self, ctx: &SessionContext) -> Result<()> {
@@ -479,7 +515,20 @@ impl SqlOperator {
             deferred,
             mut gone,
         } = self.readable(source, task).await?;
-        let read = op.read_and_write(&access, sink, task, files).await?;
+        // A static table's file replaced since the plan fails the pinned
+        // read, or (a store without entity tags) is found changed after
+        // it: the batch is refused, and so planned again by the next run
+        // with the table as it stands then.
+        let read = match op.read_and_write(&access, sink, task, files).await {
+            Ok(read) => read,
+            Err(e) => match self.static_changed(task.id.batch).await? {
+                Some(changed) => return Err(changed),
+                None => return Err(e),
+            },
+        };
+        if let Some(changed) = self.static_changed(task.id.batch).await? {
+            return Err(changed);
+        }
         gone.extend(read.gone);
         Ok(TaskResult {
             deferred,

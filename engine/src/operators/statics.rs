@@ -4,8 +4,10 @@
 //! and infers its columns ([`pin`]), tasks read exactly those files,
 //! pinned to their tags, and the commit record names the version, so a
 //! replayed batch joins the same rows. A static table replaced after the
-//! plan fails the batch's read (its files are read `If-Match`); the next
-//! run plans it afresh.
+//! plan fails the batch (its files are read `If-Match` where the store
+//! gives tags, and each task lists the table again after reading it, which
+//! also catches a local file replaced in place); the next run plans the
+//! batch afresh.
 
 use std::sync::Arc;
 
@@ -68,7 +70,7 @@ pub(crate) async fn pin(
             key: m.key,
             size: m.size,
             etag: m.etag,
-            modified_ms: None,
+            modified_ms: m.last_modified.map(|t| t.timestamp_millis()),
             partition: None,
         })
         .collect();
@@ -98,10 +100,11 @@ pub(crate) async fn pin(
     let mut text = String::new();
     for f in &files {
         text.push_str(&format!(
-            "{}\u{0}{}\u{0}{}\n",
+            "{}\u{0}{}\u{0}{}\u{0}{}\n",
             f.key,
             f.size,
-            f.etag.as_deref().unwrap_or("")
+            f.etag.as_deref().unwrap_or(""),
+            f.modified_ms.unwrap_or(0)
         ));
     }
     Ok(StaticPin {
