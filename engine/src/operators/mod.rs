@@ -189,6 +189,13 @@ pub(crate) fn batches_stream(
     )
 }
 
+/// The static tables as a batch reads them (its plan's pins), and the
+/// stores to read them from (`None`: only checking the query).
+type StaticInputs = (
+    Vec<crate::checkpoint::StaticPin>,
+    Option<Vec<Arc<dyn Store>>>,
+);
+
 /// Runs the pipeline's SQL over task inputs with DataFusion.
 #[derive(Debug, Clone)]
 pub struct SqlOperator {
@@ -201,10 +208,7 @@ pub struct SqlOperator {
     shapes: std::collections::HashMap<String, InputFile>,
     /// The static tables as the batch reads them (`[[static]]`), and the
     /// stores to read them from (`None`: checking the query, no rows).
-    statics: Arc<(
-        Vec<crate::checkpoint::StaticPin>,
-        Option<Vec<Arc<dyn Store>>>,
-    )>,
+    statics: Arc<StaticInputs>,
 }
 
 impl SqlOperator {
