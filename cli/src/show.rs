@@ -269,6 +269,17 @@ pub(crate) async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Re
             cost::dollars(sluice_engine::cost::bill(&c.usage, &c.requests, &prices).total()),
             c.trigger.as_deref().unwrap_or("-")
         );
+        // Which version of each static table the batch joined.
+        for st in &c.statics {
+            println!(
+                "{:>6}  joined static table {} version {} ({}, {})",
+                "",
+                st.table,
+                st.version,
+                count(st.files, "file"),
+                mib(st.bytes)
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

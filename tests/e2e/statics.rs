@@ -105,6 +105,20 @@ async fn each_batch_joins_the_static_table_as_it_stood_when_planned() {
             versions[0], versions[1],
             "{name}: the version each batch joined"
         );
+        // `sluice history` names them.
+        let file = root.join(format!("{name}.toml"));
+        std::fs::write(&file, toml(name, sql)).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["history", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        for v in &versions {
+            assert!(
+                text.contains(&format!("joined static table zones version {v}")),
+                "{text}"
+            );
+        }
     }
 }
 
@@ -223,4 +237,60 @@ async fn a_static_table_replaced_after_the_plan_gives_the_batch_up_for_the_next_
     let want = oracle(&files, &keep.join("v2.csv"), INNER).await;
     assert!(!want.is_empty());
     assert_eq!(committed_rows(&root.join("swap/sink"), "swap").await, want);
+}
+
+/// Each write of a two-batch run of a join failing in turn, then a rerun:
+/// the output is DuckDB's join of the input with the static table, each
+/// row once, nothing uncommitted left (the crash tests' common check).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_join_batch_failing_at_any_write_recovers_to_duckdbs_rows() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let toml = pipeline_toml("crashj", "parquet", "", "max_files_per_batch = 2")
+        .replace(SQL, INNER)
+        .replace(
+            "[query]",
+            "[[static]]\ntable = \"zones\"\nuri = \"zones\"\nformat = \"csv\"\n\n[query]",
+        );
+    let setup = |root: &Path| {
+        std::fs::create_dir_all(root.join("zones")).unwrap();
+        std::fs::write(root.join("zones/zones.csv"), zones_csv(1..=200, "Zone")).unwrap();
+        gen_files(&root.join("input"), 4, 40)
+    };
+    let clean = tempfile::tempdir().unwrap();
+    let files = setup(clean.path());
+    let writes = Arc::new(AtomicU64::new(0));
+    let summary = run(&fault_context(clean.path(), &toml, writes.clone(), 0))
+        .await
+        .unwrap();
+    assert_eq!(summary.batches.len(), 2);
+    let expected = oracle(&files, &clean.path().join("zones/zones.csv"), INNER).await;
+    assert!(!expected.is_empty());
+    assert_eq!(
+        committed_rows(&clean.path().join("out/sink"), "crashj").await,
+        expected
+    );
+    let total = writes.load(Ordering::SeqCst);
+    eprintln!("static join crash test: failing each of {total} writes in turn");
+    for k in 1..=total {
+        let dir = tempfile::tempdir().unwrap();
+        setup(dir.path());
+        let failed = run(&fault_context(
+            dir.path(),
+            &toml,
+            Arc::new(AtomicU64::new(0)),
+            k,
+        ))
+        .await;
+        assert!(failed.is_err(), "write {k} was injected to fail");
+        let again = run(&fault_context(
+            dir.path(),
+            &toml,
+            Arc::new(AtomicU64::new(0)),
+            0,
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("rerun after failing write {k}: {e}"));
+        assert_recovered(dir.path(), "crashj", &again.end, &expected, k).await;
+    }
 }
