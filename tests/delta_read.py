@@ -32,6 +32,9 @@
         a table written by hand as simple writers do: one Parquet file of
         the typed rows (nanosecond timestamps kept) and a log entry whose
         schema gives Delta's types.
+    delta_read.py snapshot TABLE VERSION OUT
+        deltalake's rows of the table at VERSION, written to the Parquet
+        file OUT.
     delta_read.py sql OUT QUERY
         DuckDB with its delta extension: QUERY (over delta_scan(...))
         written to the Parquet file OUT.
@@ -262,6 +265,14 @@ def cmd_prune(args):
                       "duckdb_total": int(m.group(2)) if m else None}))
 
 
+def cmd_snapshot(args):
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+    table, version, out = args[0], int(args[1]), args[2]
+    dt = DeltaTable(table, version=version, storage_options=storage_options(table))
+    pq.write_table(dt.to_pyarrow_table(), out)
+
+
 def cmd_sql(args):
     import duckdb
     out, query = args[0], args[1]
@@ -293,7 +304,8 @@ def main():
     commands = {"read": cmd_read, "append": cmd_append, "create": cmd_create,
                 "alter": cmd_alter, "delete": cmd_delete, "prune": cmd_prune,
                 "overwrite": cmd_overwrite, "merge": cmd_merge, "empty": cmd_empty,
-                "rawlog": cmd_rawlog, "sql": cmd_sql}
+                "rawlog": cmd_rawlog, "sql": cmd_sql,
+                "snapshot": cmd_snapshot}
     if len(sys.argv) < 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)
     commands[sys.argv[1]](sys.argv[2:])

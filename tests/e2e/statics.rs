@@ -294,3 +294,61 @@ async fn a_join_batch_failing_at_any_write_recovers_to_duckdbs_rows() {
         assert_recovered(dir.path(), "crashj", &again.end, &expected, k).await;
     }
 }
+
+/// A Delta table as a static table (another engine's, partitioned): each
+/// batch joins the table's version in place when it was planned (its live
+/// files, partition values from the log). Expected: DuckDB's join of each
+/// run's new input with deltalake's snapshot of that version.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delta_static_table_is_joined_at_the_version_planned() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let table = root.join("zones");
+    let t = table.to_str().unwrap();
+    let rows = |ids: std::ops::RangeInclusive<u64>, tag: &str| {
+        let v: Vec<String> = ids
+            .map(|i| {
+                format!(
+                    r#"{{"id": {i}, "zone": "{tag} {i}", "region": "r{}"}}"#,
+                    i % 4
+                )
+            })
+            .collect();
+        format!("[{}]", v.join(", "))
+    };
+    crate::delta::outside(&["create", t, &rows(1..=100, "Zone"), "region"]);
+    let sql = "SELECT t.\"PULocationID\", t.fare_amount, z.zone, z.region FROM trips t JOIN \
+               zones z ON t.\"PULocationID\" = z.id";
+    let toml = toml("dz", sql).replace("format = \"csv\"", "format = \"delta\"");
+    let first = gen_files(&root.join("input"), 2, 60);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    crate::delta::outside(&["append", t, &rows(101..=265, "More")]);
+    let second = gen_files(&root.join("input"), 2, 60);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let mut want = Vec::new();
+    for (files, version) in [(&first, "0"), (&second, "1")] {
+        let snap = root.join(format!("v{version}.parquet"));
+        crate::delta::outside(&["snapshot", t, version, snap.to_str().unwrap()]);
+        want.extend(
+            duckdb_sql(&format!(
+                "SELECT t.\"PULocationID\", t.fare_amount, z.zone, z.region FROM \
+                 read_parquet([{}]) t JOIN read_parquet('{}') z ON t.\"PULocationID\" = z.id",
+                quoted(files),
+                snap.display()
+            ))
+            .await,
+        );
+    }
+    want.sort();
+    assert!(want.iter().any(|r| r.contains("More")), "{want:?}");
+    assert_eq!(committed_rows(&root.join("dz/sink"), "dz").await, want);
+    let versions: Vec<String> = commit_records(root, &toml)
+        .await
+        .iter()
+        .map(|c| c.statics[0].version.clone())
+        .collect();
+    assert!(
+        versions[0].starts_with("0-") && versions[1].starts_with("1-"),
+        "{versions:?}"
+    );
+}

@@ -145,6 +145,48 @@ pub(crate) async fn table_schema(
     Ok(Some(pinned))
 }
 
+/// A Delta table read whole (a static table): its live files at its
+/// latest version (with their partition values), its schema from the
+/// log, and its version as `<version>-<table id>`. Refused as a Delta
+/// source refuses what it cannot read right; `None` without a table.
+pub(crate) async fn static_snapshot(
+    store: &Arc<dyn Store>,
+    pipeline: &str,
+) -> Result<
+    Option<(
+        String,
+        Vec<InputFile>,
+        datafusion::arrow::datatypes::SchemaRef,
+    )>,
+> {
+    let limits = Limits::default();
+    let t = TableSource {
+        store,
+        pipeline,
+        ignore_changes: false,
+        limits: &limits,
+    };
+    let dl = t.log();
+    let segment = dl.segment().await?;
+    let Some(latest) = segment.latest() else {
+        return Ok(None);
+    };
+    let snap = dl.snapshot(&segment, None).await?;
+    let key = log::commit_key(latest);
+    t.check_readable(&key, snap.meta.as_ref(), snap.protocol.as_ref())?;
+    let files = t.snapshot_files(&key, &snap)?;
+    let Some(schema) = table_schema(store, pipeline).await? else {
+        return Ok(None);
+    };
+    let id = snap
+        .meta
+        .as_ref()
+        .and_then(|m| m["id"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    Ok(Some((format!("{latest}-{id}"), files, schema)))
+}
+
 /// What one read of the table needs.
 pub(crate) struct TableSource<'a> {
     pub store: &'a Arc<dyn Store>,

@@ -28,6 +28,7 @@ mod notify;
 mod source;
 mod stream;
 
+pub(crate) use delta::static_snapshot as delta_static_snapshot;
 pub(crate) use delta::table_schema as delta_table_schema;
 pub(crate) use listing::{list_inputs, list_readable, listing_state, new_inputs};
 pub(crate) use manifests::{Upstream, check_history, read_upstream};

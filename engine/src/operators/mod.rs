@@ -248,11 +248,14 @@ impl SqlOperator {
             };
             let now = store.list("", None).await?;
             for f in &pin.files {
+                // (A Delta table's files are named by its log, with
+                // neither tag nor time: there, only their presence.)
                 let same = now.iter().any(|m| {
                     m.key == f.key
                         && m.size == f.size
-                        && m.etag == f.etag
-                        && m.last_modified.map(|t| t.timestamp_millis()) == f.modified_ms
+                        && (f.etag.is_none() || m.etag == f.etag)
+                        && (f.modified_ms.is_none()
+                            || m.last_modified.map(|t| t.timestamp_millis()) == f.modified_ms)
                 });
                 if !same {
                     return Ok(Some(Error::Input {

@@ -61,6 +61,31 @@ pub(crate) async fn pin(
             t.location.display()
         ),
     };
+    if t.delta {
+        let Some((version, files, schema)) =
+            crate::discovery::delta_static_snapshot(store, &pipeline.name).await?
+        else {
+            return Err(refuse(
+                "it holds no Delta table (no _delta_log/ commit): create the table, or name \
+                 its format"
+                    .into(),
+            ));
+        };
+        let bytes: u64 = files.iter().map(|f| f.size).sum();
+        if bytes > t.max_bytes {
+            return Err(refuse(format!(
+                "its live files hold {bytes} bytes, above its max_bytes ({}): every task reads \
+                 a static table whole; raise max_bytes if the functions' memory holds it",
+                t.max_bytes
+            )));
+        }
+        return Ok(StaticPin {
+            table: t.table.clone(),
+            files,
+            columns: columns_of(&schema),
+            version,
+        });
+    }
     let mut files: Vec<InputFile> = store
         .list("", None)
         .await?

@@ -666,8 +666,11 @@ pub struct StaticTable {
     /// Its folder or prefix.
     #[serde(with = "location_serde")]
     pub location: Location,
-    /// Its files' format.
+    /// Its files' format (a Delta table's are Parquet).
     pub format: SourceFormat,
+    /// A Delta table: its files and schema come from its log.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub delta: bool,
     /// CSV: whether the first line names the columns.
     pub header: bool,
     /// Refused above this many bytes (every task reads it whole).

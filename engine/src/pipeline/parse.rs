@@ -212,20 +212,14 @@ fn static_table(
             "{field}.uri: a static table is a folder or an s3:// prefix of files, not a topic"
         ));
     }
-    let format = match st.format.as_deref() {
-        None | Some("parquet") => SourceFormat::Parquet,
-        Some("csv") => SourceFormat::Csv,
-        Some("jsonl") => SourceFormat::Jsonl,
-        Some("delta") => {
-            return Err(format!(
-                "{field}.format = \"delta\": a Delta table as a static table is not built yet; \
-                 point {field}.uri at its Parquet files' folder only if no version ever removed \
-                 a file, or use parquet, csv or jsonl"
-            ));
-        }
+    let (format, delta) = match st.format.as_deref() {
+        None | Some("parquet") => (SourceFormat::Parquet, false),
+        Some("csv") => (SourceFormat::Csv, false),
+        Some("jsonl") => (SourceFormat::Jsonl, false),
+        Some("delta") => (SourceFormat::Parquet, true),
         Some(other) => {
             return Err(format!(
-                "{field}.format = \"{other}\": use parquet (the default), csv or jsonl"
+                "{field}.format = \"{other}\": use parquet (the default), csv, jsonl or delta"
             ));
         }
     };
@@ -240,6 +234,7 @@ fn static_table(
         table: st.table.clone(),
         location,
         format,
+        delta,
         header: st.header.unwrap_or(true),
         max_bytes,
     })
