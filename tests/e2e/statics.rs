@@ -352,3 +352,61 @@ async fn a_delta_static_table_is_joined_at_the_version_planned() {
         "{versions:?}"
     );
 }
+
+/// A stateful query joins a static table before grouping (enrich, then
+/// window): a windowed GROUP BY over the zone each trip's pickup joins, in
+/// complete mode into a Delta table, over two runs with the static table
+/// replaced between them and several batches, tasks and state
+/// partitions. Expected: DuckDB's windowed aggregate over each run's new
+/// input joined with the version in place during that run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stateful_query_joins_a_static_table_before_grouping() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let keep = root.join("versions");
+    std::fs::create_dir_all(root.join("zones")).unwrap();
+    std::fs::create_dir_all(&keep).unwrap();
+    let v1 = zones_csv(1..=265, "Old");
+    let v2 = zones_csv((1..=265).filter(|i| i % 2 == 0), "New");
+    std::fs::write(keep.join("v1.csv"), &v1).unwrap();
+    std::fs::write(keep.join("v2.csv"), &v2).unwrap();
+    std::fs::write(root.join("zones/zones.csv"), &v1).unwrap();
+    let sql = "SELECT window.start AS window_start, z.zone, count(*) AS trips, \
+               max(t.fare_amount) AS top FROM trips t JOIN zones z ON t.\"PULocationID\" = z.id \
+               GROUP BY window(tpep_pickup_datetime, '30 minutes'), z.zone";
+    let toml = toml("grouped", sql)
+        .replace(
+            "[sink]\nuri = \"grouped/sink\"\n",
+            "[sink]\nuri = \"grouped/sink\"\nformat = \"delta\"\nmode = \"complete\"\n",
+        )
+        .replace(
+            "[limits]\n",
+            "[limits]\nmax_files_per_batch = 1\nstate_partitions = 2\n",
+        );
+    let first = gen_files(&root.join("input"), 2, 80);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    std::fs::write(root.join("zones/zones.csv"), &v2).unwrap();
+    let second = gen_files(&root.join("input"), 2, 80);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    assert_eq!(commit_records(root, &toml).await.len(), 4);
+    let joined = |files: &[std::path::PathBuf], zones: &Path| {
+        format!(
+            "SELECT t.tpep_pickup_datetime, t.fare_amount, z.zone FROM read_parquet([{}]) t JOIN \
+             read_csv('{}', header = true) z ON t.\"PULocationID\" = z.id",
+            quoted(files),
+            zones.display()
+        )
+    };
+    let want = duckdb_sql(&format!(
+        "SELECT time_bucket(INTERVAL 30 MINUTES, tpep_pickup_datetime) AS window_start, zone, \
+         count(*) AS trips, max(fare_amount) AS top FROM ({} UNION ALL {}) \
+         WHERE tpep_pickup_datetime IS NOT NULL GROUP BY ALL",
+        joined(&first, &keep.join("v1.csv")),
+        joined(&second, &keep.join("v2.csv"))
+    ))
+    .await;
+    assert!(want.iter().any(|r| r.contains("New")) && want.iter().any(|r| r.contains("Old")));
+    let v = crate::delta::delta_view(&root.join("grouped/sink"), "-").await;
+    assert_eq!(v.deltalake, want);
+    assert_eq!(v.duckdb, want);
+}

@@ -149,12 +149,21 @@ impl Context {
     pub(crate) async fn staged(
         &self,
         schema: SchemaRef,
+        statics: Option<&[crate::checkpoint::StaticPin]>,
     ) -> Result<Option<(crate::operators::StatefulQuery, crate::operators::Staged)>> {
-        let key = format!("{schema:?}");
+        // Static tables as a batch's plan pinned them, else as they stand.
+        let pins = match statics {
+            Some(p) => p.to_vec(),
+            None if self.pipeline.statics.is_empty() => Vec::new(),
+            None => self.pin_statics().await?,
+        };
+        let columns: Vec<_> = pins.iter().map(|p| &p.columns).collect();
+        let key = format!("{schema:?}{columns:?}");
         if let Some(hit) = self.staged.lock().expect("not poisoned").get(&key) {
             return Ok(hit.clone());
         }
-        let op = crate::operators::SqlOperator::new(self.pipeline.clone(), schema);
+        let op = crate::operators::SqlOperator::new(self.pipeline.clone(), schema)
+            .with_statics(pins, None);
         let planned = match op.stateful().await? {
             Some(q) => {
                 let staged = op.staged(&q).await?;

@@ -64,12 +64,15 @@ pub async fn merge(
         Some(v) => super::schema::arrow_of(ctx, v, paths::checkpoint::offsets(batch))?,
         None => ctx.schema().await?,
     };
-    let (q, staged) = ctx.staged(schema).await?.ok_or_else(|| {
-        ctx.broken(
-            paths::checkpoint::offsets(batch),
-            "a merge step for a query that does not aggregate",
-        )
-    })?;
+    let (q, staged) = ctx
+        .staged(schema, Some(&off.statics))
+        .await?
+        .ok_or_else(|| {
+            ctx.broken(
+                paths::checkpoint::offsets(batch),
+                "a merge step for a query that does not aggregate",
+            )
+        })?;
     let (state, partials) = merge_inputs(ctx, run, &off, partition, &staged, &before).await?;
     let session = crate::operators::staging_session();
     let merged = crate::state::merge::merge(
@@ -287,7 +290,7 @@ pub async fn restore_state(ctx: &Context) -> Result<StateSize> {
         Some(v) => super::schema::arrow_of(ctx, v, paths::checkpoint::CONTROL.to_string())?,
         None => ctx.schema().await?,
     };
-    let Some((_, staged)) = ctx.staged(schema).await? else {
+    let Some((_, staged)) = ctx.staged(schema, None).await? else {
         return Ok(StateSize::default());
     };
     let mut size = StateSize::default();

@@ -164,7 +164,12 @@ async fn trailing_batch(
         schema: Some(schema),
         added_columns: Vec::new(),
         query: Some(query),
-        statics: Vec::new(),
+        // (Its merges plan the query's stages with them.)
+        statics: if ctx.pipeline.statics.is_empty() {
+            Vec::new()
+        } else {
+            ctx.pin_statics().await?
+        },
         plan_ms: 0,
         plan_requests: RequestCounts::default(),
     };

@@ -51,7 +51,15 @@ pub(super) async fn stateful_shape(ctx: &Context, off: &Offsets) -> Result<Optio
         Some(v) => super::schema::arrow_of(ctx, v, crate::paths::checkpoint::offsets(off.batch))?,
         None => ctx.schema().await?,
     };
-    shape::of(&ctx.pipeline, schema).await
+    if ctx.pipeline.statics.is_empty() {
+        return shape::of(&ctx.pipeline, schema).await;
+    }
+    let op = crate::operators::SqlOperator::new(ctx.pipeline.clone(), schema)
+        .with_statics(off.statics.clone(), None);
+    Ok(op
+        .stateful()
+        .await?
+        .map(|q| shape::of_query(&ctx.pipeline, &q)))
 }
 
 /// The state partitions a batch's merges cover: all of them for a

@@ -16,7 +16,7 @@
 //! stateful query's one aggregation: a branch that reads no input would be
 //! counted once per batch.
 
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::LogicalPlan;
 
@@ -169,15 +169,15 @@ fn leaf_reason(node: &LogicalPlan, input: &str) -> Option<String> {
 
 /// Why a stateful query's plan (one aggregation, which runs in stages)
 /// would not give the one-shot answer, if it would not: the operators a
-/// row-by-row query may not use, except the aggregation; a branch that
-/// reads no input (counted once per batch); subqueries over the input.
+/// row-by-row query may not use, except the aggregation (joins with
+/// static tables included, before it); a branch that reads no input
+/// (counted once per batch); subqueries over the input.
 pub(crate) fn not_stateful_equivalent(
     plan: &LogicalPlan,
     input: &str,
 ) -> Result<Option<String>, DataFusionError> {
-    let mut reason = None;
-    plan.apply(|node| {
-        reason = match node {
+    let reason = stream_apply(plan, input, &mut |node| {
+        Ok(match node {
             LogicalPlan::Aggregate(_) => None,
             LogicalPlan::Distinct(_) => Some(
                 "SELECT DISTINCT over a GROUP BY is a second aggregation; one GROUP BY per query"
@@ -188,14 +188,8 @@ pub(crate) fn not_stateful_equivalent(
                  window(...) for event-time windows"
                     .into(),
             ),
-            LogicalPlan::Join(_) => Some(
-                "a join is not supported in a stateful query yet (a join of the input with a \
-                 static table runs in a row-by-row query)"
-                    .into(),
-            ),
             other => operator_reason(other).map(str::to_string),
-        };
-        Ok(stop_if(&reason))
+        })
     })?;
     if reason.is_some() {
         return Ok(reason);
@@ -415,6 +409,20 @@ mod tests {
             stateful_verdict("SELECT k, count(*) FROM t GROUP BY k").await,
             None
         );
+        // Enrich, then group: a join with a relation that reads no input.
+        assert_eq!(
+            stateful_verdict(
+                "SELECT s.name, count(*) FROM t JOIN (VALUES ('a', 'A')) s(k, name) ON t.k = s.k \
+                 GROUP BY s.name"
+            )
+            .await,
+            None
+        );
+        let got =
+            stateful_verdict("SELECT a.k, count(*) FROM t a JOIN t b ON a.k = b.k GROUP BY a.k")
+                .await
+                .expect("a self-join is refused");
+        assert!(got.contains("itself"), "{got}");
         assert_eq!(
             stateful_verdict(
                 "SELECT k, sum(v) FROM (SELECT k, v FROM t UNION ALL SELECT k, v * 2 FROM t) \

@@ -238,7 +238,7 @@ impl SqlOperator {
 
     /// The error refusing batch `batch` when a static table's pinned file
     /// changed or went since the plan (one listing per table), if one did.
-    async fn static_changed(&self, batch: u64) -> Result<Option<Error>> {
+    pub(super) async fn static_changed(&self, batch: u64) -> Result<Option<Error>> {
         let (pins, Some(stores)) = self.statics.as_ref() else {
             return Ok(None);
         };
@@ -273,6 +273,15 @@ impl SqlOperator {
             }
         }
         Ok(None)
+    }
+
+    /// Register the static tables in `ctx` with no rows (planning the
+    /// query's stages).
+    fn register_statics_empty(&self, ctx: &SessionContext) -> Result<()> {
+        if self.pipeline.statics.is_empty() {
+            return Ok(());
+        }
+        statics::register(ctx, &self.pipeline, &self.statics.0, None)
     }
 
     /// Register the static tables in `ctx` (with rows when the operator

@@ -49,6 +49,7 @@ impl SqlOperator {
         let empty = MemTable::try_new(schema, vec![vec![]]).map_err(|e| self.sql_err(e))?;
         ctx.register_table(self.pipeline.source.table.as_str(), Arc::new(empty))
             .map_err(|e| self.sql_err(e))?;
+        self.register_statics_empty(&ctx)?;
         let plan = ctx
             .sql(&q.sql)
             .await
@@ -90,7 +91,17 @@ impl SqlOperator {
         ctx.register_object_store(access.url.as_ref(), access.store.clone());
         ctx.register_table(self.pipeline.source.table.as_str(), provider)
             .map_err(|e| self.sql_err(e))?;
-        let partial = self.aggregate_partially(&ctx, id, q).await?;
+        self.register_statics(&ctx)?;
+        let partial = match self.aggregate_partially(&ctx, id, q).await {
+            Ok(partial) => partial,
+            Err(e) => match self.static_changed(id.batch).await? {
+                Some(changed) => return Err(changed),
+                None => return Err(e),
+            },
+        };
+        if let Some(changed) = self.static_changed(id.batch).await? {
+            return Err(changed);
+        }
         let partials = self
             .write_partials(checkpoint, id, &partial, state.partitions.max(1))
             .await?;
