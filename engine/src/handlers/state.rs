@@ -16,9 +16,17 @@ pub(super) async fn plan_query(
     key: String,
 ) -> Result<QueryShape> {
     let arrow = super::schema::arrow_of(ctx, schema, key)?;
-    let op = ctx.checking_operator(arrow).await?;
+    let pins = if ctx.pipeline.statics.is_empty() {
+        Vec::new()
+    } else {
+        ctx.pin_statics().await?
+    };
+    let op = crate::operators::SqlOperator::new(ctx.pipeline.clone(), arrow)
+        .with_statics(pins.clone(), None);
     let query = op.stateful().await?;
-    let stateful = query.as_ref().map(|q| shape::of_query(&ctx.pipeline, q));
+    let stateful = query
+        .as_ref()
+        .map(|q| shape::of_query(&ctx.pipeline, q, &pins));
     // A Delta sink's table is made by the first batch, rows or not: with
     // the schema of the rows its query writes.
     let table = match (&query, ctx.pipeline.sink_format) {
@@ -59,7 +67,7 @@ pub(super) async fn stateful_shape(ctx: &Context, off: &Offsets) -> Result<Optio
     Ok(op
         .stateful()
         .await?
-        .map(|q| shape::of_query(&ctx.pipeline, &q)))
+        .map(|q| shape::of_query(&ctx.pipeline, &q, &off.statics)))
 }
 
 /// The state partitions a batch's merges cover: all of them for a

@@ -213,9 +213,22 @@ impl SqlOperator {
                     // The file reads whole with the pinned schema; the query
                     // fails on its values: the query's fault, not the file's.
                     _ if !unreadable => format!(
-                        "the file reads fine, but query.sql fails on its values: {}. Fix the \
+                        "the file reads fine, but query.sql fails on its values{}: {}. Fix the \
                          query (for example TRY_CAST instead of CAST, or a WHERE that keeps \
                          such rows out), then run again",
+                        if self.pipeline.statics.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                " (or on those of a static table it joins: {})",
+                                self.pipeline
+                                    .statics
+                                    .iter()
+                                    .map(|t| t.table.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            )
+                        },
                         e.to_string().trim()
                     ),
                     _ => String::new(),

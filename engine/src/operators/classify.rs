@@ -124,6 +124,21 @@ fn stream_apply(
     Ok(None)
 }
 
+/// How many aggregations process the input's rows: those of the main
+/// query, not of a subquery or of a join's static side (the same in every
+/// batch: a static table aggregated before the join is no GROUP BY of the
+/// stream).
+pub(crate) fn stream_aggregates(plan: &LogicalPlan, input: &str) -> Result<usize, DataFusionError> {
+    let mut n = 0;
+    stream_apply(plan, input, &mut |node| {
+        if matches!(node, LogicalPlan::Aggregate(_)) {
+            n += 1;
+        }
+        Ok(None)
+    })?;
+    Ok(n)
+}
+
 /// Why the main query (not its subqueries) would not add up: a leaf that
 /// reads no input, or an expression holding a subquery that reads it.
 fn main_query_reason(plan: &LogicalPlan, input: &str) -> Result<Option<String>, DataFusionError> {

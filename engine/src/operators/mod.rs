@@ -905,6 +905,17 @@ struct Apart {
 /// Rows produced by the leaves (the scans) of an executed plan.
 fn leaf_rows(plan: &Arc<dyn ExecutionPlan>) -> u64 {
     if plan.children().is_empty() {
+        // A static table's scan reads no input rows.
+        let static_scan = plan
+            .downcast_ref::<datafusion::datasource::source::DataSourceExec>()
+            .and_then(|d| {
+                d.data_source()
+                    .downcast_ref::<datafusion::datasource::physical_plan::FileScanConfig>()
+            })
+            .is_some_and(|c| c.object_store_url.as_str().starts_with(statics::URL_SCHEME));
+        if static_scan {
+            return 0;
+        }
         plan.metrics().and_then(|m| m.output_rows()).unwrap_or(0) as u64
     } else {
         plan.children().into_iter().map(leaf_rows).sum()

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::MemTable;
-use datafusion::logical_expr::LogicalPlan;
 
 use super::SqlOperator;
 use super::aggregate::{Staged, session};
@@ -121,16 +120,11 @@ impl SqlOperator {
             .create_logical_plan(&w.sql)
             .await
             .map_err(|e| self.sql_err(format!("{e}\nfix query.sql in the pipeline file")))?;
-        // Aggregations of the main query (one over a subquery that does not
-        // read the input is the same in every batch).
-        let mut aggregates = 0;
-        datafusion::common::tree_node::TreeNode::apply(&plan, |n| {
-            if matches!(n, LogicalPlan::Aggregate(_)) {
-                aggregates += 1;
-            }
-            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
-        })
-        .map_err(|e| self.sql_err(e))?;
+        // Aggregations of the stream (one over a subquery that does not
+        // read the input, or over a static table before a join, is the
+        // same in every batch).
+        let aggregates = super::classify::stream_aggregates(&plan, &p.source.table)
+            .map_err(|e| self.sql_err(e))?;
         if aggregates == 0 {
             return Ok(None);
         }

@@ -27,6 +27,10 @@ use crate::pipeline::schema::{columns_of, schema_of};
 use crate::pipeline::{Pipeline, SourceFormat, StaticTable};
 use crate::storage::{ScanAccess, Store};
 
+/// The scheme of the object store URLs static tables are read through
+/// (one per table, apart from the source's).
+pub(crate) const URL_SCHEME: &str = "sluice-static-";
+
 /// How a static table's files are read.
 fn format_of(t: &StaticTable) -> Arc<dyn FileFormat> {
     match t.format {
@@ -116,6 +120,36 @@ pub(crate) async fn pin(
     let access = store.scan_access()?;
     let metas: Vec<object_store::ObjectMeta> = files.iter().map(|f| meta(&access, f)).collect();
     let session = SessionContext::new();
+    // CSV is read by position: every file must name the same columns in
+    // the same order (a file ordering them otherwise would be read into
+    // the wrong columns, one with other columns would fail every batch).
+    if t.format == SourceFormat::Csv && t.header && files.len() > 1 {
+        let mut first: Option<(String, Vec<String>)> = None;
+        for (f, m) in files.iter().zip(&metas) {
+            let names: Vec<String> = format_of(t)
+                .infer_schema(&session.state(), &access.store, std::slice::from_ref(m))
+                .await
+                .map_err(|e| refuse(format!("{}: its columns cannot be inferred: {e}", f.key)))?
+                .fields()
+                .iter()
+                .map(|c| c.name().clone())
+                .collect();
+            match &first {
+                None => first = Some((f.key.clone(), names)),
+                Some((k, want)) if *want != names => {
+                    return Err(refuse(format!(
+                        "{} has the columns ({}), and {k} ({}): a CSV static table's files are \
+                         read by position, so each must have the same header; rewrite or \
+                         remove the file",
+                        f.key,
+                        names.join(", "),
+                        want.join(", ")
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+    }
     let schema = format_of(t)
         .infer_schema(&session.state(), &access.store, &metas)
         .await
@@ -188,7 +222,7 @@ pub(crate) fn register(
                         .map(|f| (f.key.as_str(), f.etag.as_deref())),
                 );
                 // Its own URL: the source's store stays the source's.
-                let url = ObjectStoreUrl::parse(format!("sluice-static-{i}://t"))
+                let url = ObjectStoreUrl::parse(format!("{URL_SCHEME}{i}://t"))
                     .map_err(|e| sql_err(e.to_string()))?;
                 ctx.register_object_store(url.as_ref(), pinned.store.clone());
                 let files = pin.files.iter().map(|f| (meta(&pinned, f), f)).collect();

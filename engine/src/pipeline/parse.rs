@@ -212,6 +212,16 @@ fn static_table(
             "{field}.uri: a static table is a folder or an s3:// prefix of files, not a topic"
         ));
     }
+    // Its files would be read as input too (or the input as its rows).
+    let (at, src) = (resolved(&location), resolved(&source.location));
+    if inside(&at, &src) || inside(&src, &at) {
+        return Err(format!(
+            "{field}.uri ({}) overlaps source.uri ({}): the static table's files would be read \
+             as input (or the input as the table). Keep them in separate folders or prefixes",
+            location.display(),
+            source.location.display()
+        ));
+    }
     let (format, delta) = match st.format.as_deref() {
         None | Some("parquet") => (SourceFormat::Parquet, false),
         Some("csv") => (SourceFormat::Csv, false),

@@ -24,9 +24,28 @@ pub(crate) async fn of(pipeline: &Arc<Pipeline>, schema: SchemaRef) -> Result<Op
         .map(|q| q.shape(partition_count(pipeline))))
 }
 
-/// The stateful shape of a stateful query `q` of `pipeline`.
-pub(crate) fn of_query(pipeline: &Pipeline, q: &crate::operators::StatefulQuery) -> String {
-    q.shape(partition_count(pipeline))
+/// The stateful shape of a stateful query `q` of `pipeline` that joins
+/// the static tables as `statics` pins them: their columns are part of
+/// it (the state's columns follow the join's).
+pub(crate) fn of_query(
+    pipeline: &Pipeline,
+    q: &crate::operators::StatefulQuery,
+    statics: &[crate::checkpoint::StaticPin],
+) -> String {
+    let shape = q.shape(partition_count(pipeline));
+    if statics.is_empty() {
+        return shape;
+    }
+    let columns: Vec<String> = statics
+        .iter()
+        .flat_map(|p| {
+            p.columns
+                .iter()
+                .map(move |c| format!("{}.{}:{}", p.table, c.name, c.data_type))
+        })
+        .collect();
+    let text = format!("{shape}|{}", columns.join(","));
+    format!("{:016x}", crate::hash::fnv1a(text.as_bytes()))
 }
 
 /// How many state partitions the pipeline's state is split into.
@@ -47,10 +66,11 @@ pub(crate) fn check(p: &Pipeline, s: &StatefulState, now: Option<&str>) -> Resul
     }
     Err(Error::Incompatible {
         pipeline: p.name.clone(),
-        message: "the query's aggregate, keys, window, watermark column, sink.mode or \
-                  limits.state_partitions changed while state built under the old ones \
-                  exists: merging it would give wrong answers. Restore them, or run \
-                  `sluice reset` on the pipeline file to start over"
+        message: "the query's aggregate, keys, window, watermark column, sink.mode, \
+                  limits.state_partitions or the columns of a static table it joins changed \
+                  while state built under the old ones exists: merging it would give wrong \
+                  answers. Restore them, or run `sluice reset` on the pipeline file to start \
+                  over"
             .into(),
     })
 }
