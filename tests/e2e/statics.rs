@@ -502,3 +502,56 @@ async fn a_static_table_that_cannot_be_read_right_is_refused_by_name() {
     assert!(e.contains("static table"), "{e}");
     assert_eq!(commit_records(root, &grouped).await.len(), 1);
 }
+
+/// However the input arrives, is split into batches and tasks, and the
+/// static table changes between runs, the committed rows are DuckDB's
+/// join of each run's new input with the version in place during that
+/// run (`versions[i]`: which of two versions run `i` sees; a LEFT join,
+/// so keys a version lacks keep their rows).
+fn join_equivalence(arrivals: Vec<u64>, versions: Vec<bool>, max_files: u64, task_bytes: u64) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let keep = root.join("versions");
+        std::fs::create_dir_all(root.join("zones")).unwrap();
+        std::fs::create_dir_all(&keep).unwrap();
+        let v = [
+            zones_csv((1..=265).filter(|i| i % 2 == 1), "Odd"),
+            zones_csv((1..=265).filter(|i| i % 3 == 0), "Third"),
+        ];
+        for (i, text) in v.iter().enumerate() {
+            std::fs::write(keep.join(format!("v{i}.csv")), text).unwrap();
+        }
+        let toml = toml("eqj", LEFT).replace(
+            "[limits]\n",
+            &format!(
+                "[limits]\nmax_files_per_batch = {max_files}\nmax_bytes_per_task = {task_bytes}\n"
+            ),
+        );
+        let mut want = Vec::new();
+        for (i, a) in arrivals.iter().enumerate() {
+            let version = usize::from(versions[i % versions.len()]);
+            std::fs::write(root.join("zones/zones.csv"), &v[version]).unwrap();
+            let files = gen_files(&root.join("input"), *a, 40);
+            run(&local_context(&pipeline(root, &toml))).await.unwrap();
+            want.extend(oracle(&files, &keep.join(format!("v{version}.csv")), LEFT).await);
+        }
+        want.sort();
+        assert_eq!(committed_rows(&root.join("eqj/sink"), "eqj").await, want);
+    });
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 6, ..Default::default() })]
+
+    #[test]
+    fn a_join_equals_duckdbs_per_run_join_however_the_input_is_split(
+        arrivals in proptest::collection::vec(1u64..4, 1..4),
+        versions in proptest::collection::vec(proptest::bool::ANY, 1..4),
+        max_files in 1u64..4,
+        task_bytes in proptest::sample::select(vec![1024u64, 1 << 30]),
+    ) {
+        join_equivalence(arrivals, versions, max_files, task_bytes);
+    }
+}

@@ -56,6 +56,9 @@ pub struct Context {
     /// A stateful query planned for merging, per input schema: planned
     /// once per context (process, warm Lambda container), not per merge.
     staged: Arc<std::sync::Mutex<StagedPlans>>,
+    /// The static tables as this invocation pinned them (a counted
+    /// context, one per invocation, starts without): listed once per plan.
+    statics_pinned: Arc<std::sync::Mutex<Option<Vec<crate::checkpoint::StaticPin>>>>,
     /// Requests made for this invocation before its context was in hand
     /// (loading contexts, the trigger's registry listing): part of
     /// [`Context::counts`].
@@ -115,6 +118,7 @@ impl Context {
             s3: None,
             schema: Arc::default(),
             staged: Arc::default(),
+            statics_pinned: Arc::default(),
             carried: RequestCounts::default(),
             others: vec![Arc::default()],
         }
@@ -202,13 +206,18 @@ impl Context {
     }
 
     /// The pipeline's static tables as they stand now: what a batch
-    /// planned now reads (one listing each, and their columns inferred).
+    /// planned now reads (one listing each, and their columns inferred;
+    /// once per invocation).
     pub(crate) async fn pin_statics(&self) -> Result<Vec<crate::checkpoint::StaticPin>> {
+        if let Some(pins) = self.statics_pinned.lock().expect("not poisoned").clone() {
+            return Ok(pins);
+        }
         let stores = self.static_stores()?;
         let mut pins = Vec::new();
         for (t, store) in self.pipeline.statics.iter().zip(&stores) {
             pins.push(crate::operators::statics::pin(&self.pipeline, t, store).await?);
         }
+        *self.statics_pinned.lock().expect("not poisoned") = Some(pins.clone());
         Ok(pins)
     }
 
@@ -284,6 +293,7 @@ impl Context {
                 .with_partition_by(self.sink.partition_by().to_vec()),
             checkpoint: Checkpoint::new(view(self.checkpoint.store()), name),
             registry: self.registry.as_ref().map(view),
+            statics_pinned: Arc::default(),
             ..self.clone()
         }
     }
