@@ -542,10 +542,7 @@ async fn another_writers_features_are_honoured_or_refused_by_name() {
     // `sluice check` and the run refuse before a batch is committed (the
     // sweep's case: check passed, and the run refused after the batch's
     // commit record, with advice that did not work).
-    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = check_error(root, &toml).await;
     assert!(
         e.contains("checkConstraints") && e.contains("new folder"),
         "{e}"
@@ -604,10 +601,7 @@ async fn another_writers_features_are_honoured_or_refused_by_name() {
     let before = delta_view(&table, &app).await;
     gen_files(&root.join("input/b"), 1, 30);
     // `sluice check` foresees it (before: only the publish refused).
-    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = check_error(root, &toml).await;
     assert!(
         e.contains("delta.appendOnly") && e.contains("complete"),
         "{e}"
@@ -666,10 +660,7 @@ async fn a_table_another_writer_created_is_refused_before_anything_is_written() 
     outside(&["create", table.to_str().unwrap(), r#"[{"x": 1}, {"x": 2}]"#]);
     let toml = delta_toml("foreign", "");
     gen_files(&root.join("input"), 1, 20);
-    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = check_error(root, &toml).await;
     assert!(e.contains("did not create"), "{e}");
     let e = run(&local_context(&pipeline(root, &toml)))
         .await

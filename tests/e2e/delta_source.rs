@@ -162,10 +162,7 @@ async fn a_version_that_removes_files_fails_unless_changes_are_ignored() {
     assert_eq!(c.last_committed, Some(0), "nothing committed");
     // `sluice check` says so too, and `sluice show` shows why nothing can
     // be read (before, check passed and show printed nothing).
-    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = check_error(root, &toml).await;
     assert!(e.contains("ignore_changes"), "{e}");
     let s = sluice_engine::admin::status(&local_context(&pipeline(root, &toml)))
         .await
@@ -398,10 +395,7 @@ async fn another_engines_tables_are_read_with_the_schema_in_their_log() {
         report.checked
     );
     let wrong = toml.replace("SELECT * FROM up", "SELECT nope FROM up");
-    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &wrong)))
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = check_error(root, &wrong).await;
     assert!(e.contains("nope"), "{e}");
     outside(&[
         "append",
@@ -424,10 +418,7 @@ async fn another_engines_tables_are_read_with_the_schema_in_their_log() {
     );
     assert_eq!(committed_rows(&root.join("mp/sink"), "mp").await.len(), 3);
     // `sluice check` foresees the refusal (before: it passed).
-    let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = check_error(root, &toml).await;
     assert!(e.contains("gained column(s) tip"), "{e}");
     // Hints type an inferred schema; a Delta table's log types its own.
     let hinted = toml.replace(
@@ -643,11 +634,7 @@ async fn a_declared_schema_is_checked_against_the_tables() {
         ),
     ] {
         let toml = declared("bad", cols);
-        let e = sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
-            .await
-            .map(|_| ())
-            .unwrap_err()
-            .to_string();
+        let e = check_error(root, &toml).await;
         assert!(e.contains(says), "{cols}: {e}");
     }
     let toml = declared(

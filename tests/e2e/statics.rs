@@ -33,6 +33,19 @@ fn zones_csv(ids: impl Iterator<Item = u64>, tag: &str) -> String {
     text
 }
 
+/// The static table's versions under `root/versions/v1.csv, v2.csv, ...`
+/// (for the oracle), the first in place as `root/zones/zones.csv`.
+fn static_versions(root: &Path, versions: &[String]) -> std::path::PathBuf {
+    let keep = root.join("versions");
+    std::fs::create_dir_all(root.join("zones")).unwrap();
+    std::fs::create_dir_all(&keep).unwrap();
+    for (i, text) in versions.iter().enumerate() {
+        std::fs::write(keep.join(format!("v{}.csv", i + 1)), text).unwrap();
+    }
+    std::fs::write(root.join("zones/zones.csv"), &versions[0]).unwrap();
+    keep
+}
+
 /// DuckDB's `sql` (over `trips` and `zones`) for `files` joined with the
 /// zones CSV at `zones`.
 async fn oracle(files: &[std::path::PathBuf], zones: &Path, sql: &str) -> Vec<String> {
@@ -56,14 +69,8 @@ async fn oracle(files: &[std::path::PathBuf], zones: &Path, sql: &str) -> Vec<St
 async fn each_batch_joins_the_static_table_as_it_stood_when_planned() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let keep = root.join("versions");
-    std::fs::create_dir_all(root.join("zones")).unwrap();
-    std::fs::create_dir_all(&keep).unwrap();
-    let v1 = zones_csv(1..=200, "Old");
     let v2 = zones_csv((1..=265).filter(|i| i % 3 != 0), "New");
-    std::fs::write(keep.join("v1.csv"), &v1).unwrap();
-    std::fs::write(keep.join("v2.csv"), &v2).unwrap();
-    std::fs::write(root.join("zones/zones.csv"), &v1).unwrap();
+    let keep = static_versions(root, &[zones_csv(1..=200, "Old"), v2.clone()]);
 
     let first = gen_files(&root.join("input"), 2, 60);
     for (name, sql) in [("inner", INNER), ("left", LEFT)] {
@@ -130,13 +137,7 @@ async fn what_a_static_join_cannot_do_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     gen_files(&root.join("input"), 1, 20);
-    let check = |toml: String| async move {
-        sluice_engine::admin::check(&local_context(&pipeline(root, &toml)))
-            .await
-            .map(|_| ())
-            .unwrap_err()
-            .to_string()
-    };
+    let check = |toml: String| async move { check_error(root, &toml).await };
     let e = check(toml("missing", INNER)).await;
     assert!(e.contains("zones") && e.contains("no file"), "{e}");
     std::fs::create_dir_all(root.join("zones")).unwrap();
@@ -205,13 +206,8 @@ async fn a_static_table_replaced_after_the_plan_gives_the_batch_up_for_the_next_
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let keep = root.join("versions");
-    std::fs::create_dir_all(root.join("zones")).unwrap();
-    std::fs::create_dir_all(&keep).unwrap();
-    let v1 = zones_csv(1..=200, "Old");
     let v2 = zones_csv(1..=265, "Newer");
-    std::fs::write(keep.join("v2.csv"), &v2).unwrap();
-    std::fs::write(root.join("zones/zones.csv"), &v1).unwrap();
+    let keep = static_versions(root, &[zones_csv(1..=200, "Old"), v2.clone()]);
     let files = gen_files(&root.join("input"), 2, 60);
     let toml = toml("swap", INNER);
     let p = pipeline(root, &toml);
@@ -363,14 +359,8 @@ async fn a_delta_static_table_is_joined_at_the_version_planned() {
 async fn a_stateful_query_joins_a_static_table_before_grouping() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let keep = root.join("versions");
-    std::fs::create_dir_all(root.join("zones")).unwrap();
-    std::fs::create_dir_all(&keep).unwrap();
-    let v1 = zones_csv(1..=265, "Old");
     let v2 = zones_csv((1..=265).filter(|i| i % 2 == 0), "New");
-    std::fs::write(keep.join("v1.csv"), &v1).unwrap();
-    std::fs::write(keep.join("v2.csv"), &v2).unwrap();
-    std::fs::write(root.join("zones/zones.csv"), &v1).unwrap();
+    let keep = static_versions(root, &[zones_csv(1..=265, "Old"), v2.clone()]);
     let sql = "SELECT window.start AS window_start, z.zone, count(*) AS trips, \
                max(t.fare_amount) AS top FROM trips t JOIN zones z ON t.\"PULocationID\" = z.id \
                GROUP BY window(tpep_pickup_datetime, '30 minutes'), z.zone";

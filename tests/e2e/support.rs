@@ -671,3 +671,12 @@ pub async fn manifest_rows(sink_dir: &Path, name: &str, cols: &str, options: &st
     ))
     .await
 }
+
+/// What `sluice check` refuses the pipeline `toml` under `root` with.
+pub async fn check_error(root: &Path, toml: &str) -> String {
+    sluice_engine::admin::check(&local_context(&pipeline(root, toml)))
+        .await
+        .map(|_| ())
+        .unwrap_err()
+        .to_string()
+}
