@@ -173,12 +173,7 @@ async fn check_schema_and_query(
                     &reading,
                     crate::paths::checkpoint::CONTROL.into(),
                 )?;
-                let new: Vec<&str> = table
-                    .fields()
-                    .iter()
-                    .filter(|f| in_force.field_with_name(f.name()).is_err())
-                    .map(|f| f.name().as_str())
-                    .collect();
+                let new = crate::pipeline::schema::lacking(&table, &in_force);
                 if !new.is_empty() {
                     return Err(Error::Incompatible {
                         pipeline: p.name.clone(),

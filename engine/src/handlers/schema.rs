@@ -209,12 +209,7 @@ pub(crate) async fn resolve_schema(
 /// a type its values read as without loss, nullable where the table's is.
 fn check_declared_against_table(p: &Pipeline, declared: &Schema, table: &Schema) -> Result<()> {
     let mut wrong = Vec::new();
-    let left_out: Vec<&str> = table
-        .fields()
-        .iter()
-        .filter(|t| declared.field_with_name(t.name()).is_err())
-        .map(|t| t.name().as_str())
-        .collect();
+    let left_out = crate::pipeline::schema::lacking(table, declared);
     if !left_out.is_empty() {
         wrong.push(format!("it leaves out {}", left_out.join(", ")));
     }

@@ -68,6 +68,15 @@ pub(crate) fn columns_of(schema: &Schema) -> Vec<ColumnSpec> {
         .collect()
 }
 
+/// The names of `of`'s columns that `other` lacks, in `of`'s order.
+pub(crate) fn lacking<'a>(of: &'a Schema, other: &Schema) -> Vec<&'a str> {
+    of.fields()
+        .iter()
+        .filter(|f| other.field_with_name(f.name()).is_err())
+        .map(|f| f.name().as_str())
+        .collect()
+}
+
 /// The first difference between a pinned schema and a declared one, if any.
 pub(crate) fn schema_change(old: &Schema, new: &Schema) -> Option<String> {
     for f in old.fields() {
