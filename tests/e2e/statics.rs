@@ -141,6 +141,10 @@ async fn what_a_static_join_cannot_do_is_refused_by_name() {
     let e = check(toml("missing", INNER)).await;
     assert!(e.contains("zones") && e.contains("no file"), "{e}");
     std::fs::create_dir_all(root.join("zones")).unwrap();
+    // (The sweep's case: a zero-byte file said "No field named z.id".)
+    std::fs::write(root.join("zones/zones.csv"), "").unwrap();
+    let e = check(toml("empty", INNER)).await;
+    assert!(e.contains("no column"), "{e}");
     std::fs::write(root.join("zones/zones.csv"), zones_csv(1..=300, "Zone")).unwrap();
     let e = check(toml("big", INNER).replace(
         "format = \"csv\"\n\n",

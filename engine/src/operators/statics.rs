@@ -153,7 +153,17 @@ pub(crate) async fn pin(
     let schema = format_of(t)
         .infer_schema(&session.state(), &access.store, &metas)
         .await
-        .map_err(|e| refuse(format!("its columns cannot be inferred: {e}")))?;
+        .map_err(|e| {
+            refuse(format!(
+                "its columns cannot be inferred: {e} (a file being written or replaced \
+                 meanwhile? the next run lists the table again)"
+            ))
+        })?;
+    if schema.fields().is_empty() {
+        return Err(refuse(
+            "its files give no column (empty files?): put the table's rows there".into(),
+        ));
+    }
     let columns = columns_of(&schema);
     schema_of(&columns).map_err(|e| refuse(format!("column{e}")))?;
     let mut text = String::new();
