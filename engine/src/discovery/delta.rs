@@ -110,7 +110,6 @@ pub(crate) async fn table_schema(
     store: &Arc<dyn Store>,
     pipeline: &str,
 ) -> Result<Option<datafusion::arrow::datatypes::SchemaRef>> {
-    use crate::pipeline::schema::{columns_of, schema_of};
     let dl = DeltaLog {
         store,
         pipeline,
@@ -120,13 +119,26 @@ pub(crate) async fn table_schema(
     let Some(latest) = segment.latest() else {
         return Ok(None);
     };
+    let meta = dl.newest_meta(&segment).await?;
+    pinned_schema(store, pipeline, latest, meta.as_ref()).map(Some)
+}
+
+/// The pinned schema of a table whose newest `metaData` at version
+/// `latest` is `meta` (see [`table_schema`]).
+fn pinned_schema(
+    store: &Arc<dyn Store>,
+    pipeline: &str,
+    latest: u64,
+    meta: Option<&Value>,
+) -> Result<datafusion::arrow::datatypes::SchemaRef> {
+    use crate::pipeline::schema::{columns_of, schema_of};
     let input = |message: String| Error::Input {
         pipeline: pipeline.to_string(),
         batch: None,
         key: format!("{}/{}", store.describe(), log::commit_key(latest)),
         message,
     };
-    let Some(meta) = dl.newest_meta(&segment).await? else {
+    let Some(meta) = meta else {
         return Err(input(
             "the Delta table's log holds no metaData (its schema): it is not a table a \
              reader can open"
@@ -140,9 +152,8 @@ pub(crate) async fn table_schema(
              declare source.schema without it, or read a table without it"
         ))
     })?;
-    let pinned = schema_of(&columns_of(&schema))
-        .map_err(|e| input(format!("the table's schema cannot be pinned: column{e}")))?;
-    Ok(Some(pinned))
+    schema_of(&columns_of(&schema))
+        .map_err(|e| input(format!("the table's schema cannot be pinned: column{e}")))
 }
 
 /// A Delta table read whole (a static table): its live files at its
@@ -175,9 +186,7 @@ pub(crate) async fn static_snapshot(
     let key = log::commit_key(latest);
     t.check_readable(&key, snap.meta.as_ref(), snap.protocol.as_ref())?;
     let files = t.snapshot_files(&key, &snap)?;
-    let Some(schema) = table_schema(store, pipeline).await? else {
-        return Ok(None);
-    };
+    let schema = pinned_schema(store, pipeline, latest, snap.meta.as_ref())?;
     let id = snap
         .meta
         .as_ref()
