@@ -238,7 +238,22 @@ impl SqlOperator {
 
     /// The error refusing batch `batch` when a static table's pinned file
     /// changed or went since the plan (one listing per table), if one did.
-    pub(super) async fn static_changed(&self, batch: u64) -> Result<Option<Error>> {
+    /// `read`, a task's read of its input joined with the static tables,
+    /// unless a static table's file was replaced since the plan: that
+    /// fails the pinned read, or (a store without entity tags) is found
+    /// after it; either way the batch is refused, and so planned again by
+    /// the next run with the table as it stands then.
+    pub(super) async fn statics_unchanged<T>(&self, batch: u64, read: Result<T>) -> Result<T> {
+        if self.pipeline.statics.is_empty() {
+            return read;
+        }
+        if let Some(changed) = self.static_changed(batch).await? {
+            return Err(changed);
+        }
+        read
+    }
+
+    async fn static_changed(&self, batch: u64) -> Result<Option<Error>> {
         let (pins, Some(stores)) = self.statics.as_ref() else {
             return Ok(None);
         };
@@ -531,20 +546,12 @@ impl SqlOperator {
             deferred,
             mut gone,
         } = self.readable(source, task).await?;
-        // A static table's file replaced since the plan fails the pinned
-        // read, or (a store without entity tags) is found changed after
-        // it: the batch is refused, and so planned again by the next run
-        // with the table as it stands then.
-        let read = match op.read_and_write(&access, sink, task, files).await {
-            Ok(read) => read,
-            Err(e) => match self.static_changed(task.id.batch).await? {
-                Some(changed) => return Err(changed),
-                None => return Err(e),
-            },
-        };
-        if let Some(changed) = self.static_changed(task.id.batch).await? {
-            return Err(changed);
-        }
+        let read = self
+            .statics_unchanged(
+                task.id.batch,
+                op.read_and_write(&access, sink, task, files).await,
+            )
+            .await?;
         gone.extend(read.gone);
         Ok(TaskResult {
             deferred,

@@ -92,16 +92,9 @@ impl SqlOperator {
         ctx.register_table(self.pipeline.source.table.as_str(), provider)
             .map_err(|e| self.sql_err(e))?;
         self.register_statics(&ctx)?;
-        let partial = match self.aggregate_partially(&ctx, id, q).await {
-            Ok(partial) => partial,
-            Err(e) => match self.static_changed(id.batch).await? {
-                Some(changed) => return Err(changed),
-                None => return Err(e),
-            },
-        };
-        if let Some(changed) = self.static_changed(id.batch).await? {
-            return Err(changed);
-        }
+        let partial = self
+            .statics_unchanged(id.batch, self.aggregate_partially(&ctx, id, q).await)
+            .await?;
         let partials = self
             .write_partials(checkpoint, id, &partial, state.partitions.max(1))
             .await?;
