@@ -122,6 +122,9 @@ enum Scenario {
     /// A Parquet sink partitioned by a nullable, escaped tag (parts in
     /// `batch=N/tag=.../` folders).
     Partitioned,
+    /// A join with a static table (`[[static]]`): each plan pins it, each
+    /// task reads it.
+    StaticJoin,
     /// [`Scenario::Delta`] with a query whose first batch keeps no row:
     /// that batch's commit creates the table (its schema from the plan).
     DeltaEmptyFirst,
@@ -140,6 +143,7 @@ impl Scenario {
             Scenario::Delta => "fenced",
             Scenario::DeltaComplete => "fencedc",
             Scenario::Partitioned => "fencep",
+            Scenario::StaticJoin => "fencesj",
             Scenario::DeltaEmptyFirst => "fencede",
         }
     }
@@ -187,6 +191,7 @@ max_files_per_batch = 2
             Scenario::Partitioned => {
                 crate::partition::partitioned_toml("fencep", "parquet", r#"["tag"]"#)
             }
+            Scenario::StaticJoin => crate::statics::join_toml("fencesj"),
             Scenario::DeltaComplete => crate::delta::complete_toml(
                 "fencedc",
                 "max_files_per_batch = 2\nstate_partitions = 2",
@@ -225,6 +230,10 @@ max_files_per_batch = 2
             | Scenario::DeltaComplete
             | Scenario::Partitioned
             | Scenario::DeltaEmptyFirst => {
+                gen_files(&root.join("input"), 3, 40);
+            }
+            Scenario::StaticJoin => {
+                crate::statics::join_setup(root);
                 gen_files(&root.join("input"), 3, 40);
             }
             Scenario::Kafka => {
@@ -272,7 +281,8 @@ max_files_per_batch = 2
             Scenario::Delta
             | Scenario::DeltaComplete
             | Scenario::Partitioned
-            | Scenario::DeltaEmptyFirst => {
+            | Scenario::DeltaEmptyFirst
+            | Scenario::StaticJoin => {
                 gen_files(&root.join("input"), 1, 40);
             }
             Scenario::Kafka => {
@@ -290,9 +300,11 @@ max_files_per_batch = 2
         let sink = root.join("out/sink");
         match self {
             Scenario::List => manifest_rows(&sink, self.name(), "id, v, twice", "").await,
-            Scenario::Notify | Scenario::Refused | Scenario::Kafka | Scenario::Partitioned => {
-                committed_rows(&sink, self.name()).await
-            }
+            Scenario::Notify
+            | Scenario::Refused
+            | Scenario::Kafka
+            | Scenario::Partitioned
+            | Scenario::StaticJoin => committed_rows(&sink, self.name()).await,
             // The table as deltalake reads it (DuckDB's delta extension
             // must agree).
             Scenario::Delta | Scenario::DeltaComplete | Scenario::DeltaEmptyFirst => {
@@ -331,6 +343,8 @@ max_files_per_batch = 2
             Scenario::Notify | Scenario::Refused | Scenario::Delta => {
                 one_shot_rows(&root.join("input")).await
             }
+            // DuckDB's join with the static table over every input file.
+            Scenario::StaticJoin => crate::statics::join_want(root).await,
             // DuckDB's partitioned query over every input file.
             Scenario::Partitioned => {
                 crate::partition::want(&crate::stateful::walk(&root.join("input"))).await
@@ -875,4 +889,14 @@ async fn a_windowed_run_let_go_while_a_reset_is_held_publishes_nothing_that_surv
 #[tokio::test(flavor = "multi_thread")]
 async fn a_delta_run_let_go_while_a_reset_is_held_publishes_nothing_that_survives() {
     each_write_held(Scenario::Delta, Stale::Run, Meanwhile::HeldReset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_static_join_run_held_at_any_write_changes_nothing_after_a_takeover() {
+    each_write_held(Scenario::StaticJoin, Stale::Run, Meanwhile::TakeOver).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_static_join_run_held_at_any_write_changes_nothing_after_a_reset() {
+    each_write_held(Scenario::StaticJoin, Stale::Run, Meanwhile::Reset).await;
 }

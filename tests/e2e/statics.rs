@@ -239,6 +239,30 @@ async fn a_static_table_replaced_after_the_plan_gives_the_batch_up_for_the_next_
     assert_eq!(committed_rows(&root.join("swap/sink"), "swap").await, want);
 }
 
+/// A join pipeline `name` over `root/input` (sink and checkpoint under
+/// `root/out`, two files a batch) with the static table `root/zones`:
+/// the crash and fencing tests' join.
+pub(crate) fn join_toml(name: &str) -> String {
+    pipeline_toml(name, "parquet", "", "max_files_per_batch = 2")
+        .replace(SQL, INNER)
+        .replace(
+            "[query]",
+            "[[static]]\ntable = \"zones\"\nuri = \"zones\"\nformat = \"csv\"\n\n[query]",
+        )
+}
+
+/// The static table of [`join_toml`].
+pub(crate) fn join_setup(root: &Path) {
+    std::fs::create_dir_all(root.join("zones")).unwrap();
+    std::fs::write(root.join("zones/zones.csv"), zones_csv(1..=200, "Zone")).unwrap();
+}
+
+/// DuckDB's answer to [`join_toml`] over every input file under `root`.
+pub(crate) async fn join_want(root: &Path) -> Vec<String> {
+    let files = crate::stateful::walk(&root.join("input"));
+    oracle(&files, &root.join("zones/zones.csv"), INNER).await
+}
+
 /// Each write of a two-batch run of a join failing in turn, then a rerun:
 /// the output is DuckDB's join of the input with the static table, each
 /// row once, nothing uncommitted left (the crash tests' common check).
@@ -246,15 +270,9 @@ async fn a_static_table_replaced_after_the_plan_gives_the_batch_up_for_the_next_
 async fn a_join_batch_failing_at_any_write_recovers_to_duckdbs_rows() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
-    let toml = pipeline_toml("crashj", "parquet", "", "max_files_per_batch = 2")
-        .replace(SQL, INNER)
-        .replace(
-            "[query]",
-            "[[static]]\ntable = \"zones\"\nuri = \"zones\"\nformat = \"csv\"\n\n[query]",
-        );
+    let toml = join_toml("crashj");
     let setup = |root: &Path| {
-        std::fs::create_dir_all(root.join("zones")).unwrap();
-        std::fs::write(root.join("zones/zones.csv"), zones_csv(1..=200, "Zone")).unwrap();
+        join_setup(root);
         gen_files(&root.join("input"), 4, 40)
     };
     let clean = tempfile::tempdir().unwrap();
