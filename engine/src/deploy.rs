@@ -72,9 +72,11 @@ fn template_memory_mb(template: &str, function: &str) -> u64 {
 /// `MergeOrCommit`, for a stateful query the `Merge` map and one `RunMerge`
 /// per state partition, `Commit` and `NextBatch`; and one per failed
 /// attempt of any of its steps (a `Retry` enters the state again).
-pub(crate) fn batch_transitions(tasks: u64, merges: u64, retries: u64) -> u64 {
+pub(crate) fn batch_transitions(tasks: u64, merges: u64, dedups: u64, retries: u64) -> u64 {
     let merge = if merges > 0 { 1 + merges } else { 0 };
-    6 + tasks + merge + retries
+    // The Dedup map, its steps and the choice after it.
+    let dedup = if dedups > 0 { 2 + dedups } else { 0 };
+    6 + tasks + merge + dedup + retries
 }
 
 /// History events an execution may spend on batches before it hands over
@@ -88,11 +90,13 @@ pub(crate) const EVENT_BUDGET: u64 = 20_000;
 /// task state, 2 per choice), the Operate map (4, plus 7 per inline
 /// iteration: its start and end and a task state's 5; a Distributed Map
 /// runs its iterations in child executions and adds about 10), and for a
-/// stateful query the Merge map (4, plus 7 per state partition).
-pub(crate) fn batch_events(tasks: u64, distributed: bool, merges: u64) -> u64 {
+/// stateful query the Merge map (4, plus 7 per state partition), for a
+/// `[deduplicate]` pipeline the Dedup map (as many) and the choice after it.
+pub(crate) fn batch_events(tasks: u64, distributed: bool, merges: u64, dedups: u64) -> u64 {
     let operate = if distributed { 10 } else { 4 + 7 * tasks };
     let merge = if merges > 0 { 4 + 7 * merges } else { 0 };
-    30 + operate + merge
+    let dedup = if dedups > 0 { 6 + 7 * dedups } else { 0 };
+    30 + operate + merge + dedup
 }
 
 #[cfg(test)]

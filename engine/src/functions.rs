@@ -94,9 +94,10 @@ impl PipelineRequest for TaskRequest {
     }
 
     fn task(&self) -> Option<String> {
-        Some(match self.merge {
-            Some(p) => format!("merge-{p}"),
-            None => self.task.to_string(),
+        Some(match (self.merge, self.dedup) {
+            (Some(p), _) => format!("merge-{p}"),
+            (_, Some(p)) => format!("dedup-{p}"),
+            _ => self.task.to_string(),
         })
     }
 }
@@ -283,6 +284,7 @@ mod tests {
             batch: 3,
             task: 2,
             merge: None,
+            dedup: None,
         };
         tracing::subscriber::with_default(subscriber, || {
             let _in = invocation_span(&req).entered();

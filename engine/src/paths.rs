@@ -164,6 +164,26 @@ pub mod checkpoint {
         format!("{}merge-{p:04}-e{epoch}.json", work_prefix(n))
     }
 
+    /// The partial states the Dedup step of partition `q` of batch `n`
+    /// wrote for state partition `p` under lease `epoch`.
+    pub(crate) fn dedup_partial(n: u64, p: u32, q: u32, epoch: u64) -> String {
+        format!(
+            "{}partials/p={p:04}/dedup-{q:04}-e{epoch}.arrow",
+            work_prefix(n)
+        )
+    }
+
+    /// The result of the Dedup step of partition `p` of batch `n`.
+    pub(crate) fn dedup(n: u64, p: u32, epoch: u64) -> String {
+        format!("{}dedup-{p:04}-e{epoch}.json", work_prefix(n))
+    }
+
+    /// The keys seen (`[deduplicate]`) of partition `p` after batch `n`,
+    /// written by its Dedup step under lease `epoch` (Arrow IPC).
+    pub(crate) fn dedup_state(p: u32, n: u64, epoch: u64) -> String {
+        format!("{STATE_PREFIX}dedup/p={p:04}/v={n:010}-e{epoch}.arrow")
+    }
+
     /// Where every state file lives.
     pub(crate) const STATE_PREFIX: &str = "state/";
 

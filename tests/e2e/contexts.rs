@@ -47,6 +47,7 @@ async fn run_through(planner: &Contexts, operator: &Contexts, committer: &Contex
                 batch: batch.batch,
                 task: *task,
                 merge: None,
+                dedup: None,
             };
             operator
                 .dispatch("warm", false, |ctx| handlers::handle_task(ctx, req.clone()))
@@ -183,6 +184,7 @@ async fn a_step_whose_run_spec_is_no_longer_registered_stops_with_a_conflict() {
         batch: batch.batch,
         task: 0,
         merge: None,
+        dedup: None,
     };
     let e = operator
         .dispatch("warm", false, |ctx| handlers::handle_task(ctx, req.clone()))

@@ -10,12 +10,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::support::*;
+use sluice_engine::checkpoint::Totals;
 
 fn golden() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/stateful")
 }
 
-/// An `expected.txt`, comments dropped: `late_rows = N`, then per batch
+/// An `expected.txt`, comments dropped: `late_rows = N` (and for a
+/// `[deduplicate]` case `duplicates = N`), then per batch
 /// with output a `[batch N]` (or `[batch N complete]`) header and its rows
 /// sorted, then `[late]` and the late rows, if any.
 fn expected(case: &Path) -> String {
@@ -30,7 +32,8 @@ fn expected(case: &Path) -> String {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        if line.starts_with('[') || line.starts_with("late_rows") {
+        if line.starts_with('[') || line.starts_with("late_rows") || line.starts_with("duplicates")
+        {
             flush(&mut out, &mut rows);
             out.push(line.to_string());
         } else {
@@ -42,9 +45,12 @@ fn expected(case: &Path) -> String {
 }
 
 /// What the case's runs committed, in the same form.
-async fn actual(root: &Path, name: &str, columns: &str, late_rows: u64) -> String {
+async fn actual(root: &Path, name: &str, columns: &str, totals: &Totals) -> String {
     let sink = root.join("out/sink");
-    let mut out = vec![format!("late_rows = {late_rows}")];
+    let mut out = vec![format!("late_rows = {}", totals.late_rows)];
+    if name.starts_with("dedup") {
+        out.push(format!("duplicates = {}", totals.duplicates));
+    }
     let mut batches = BTreeMap::new();
     for (batch, complete, files) in manifest_files(&sink, name).await {
         if files.is_empty() {
@@ -93,7 +99,7 @@ async fn stateful_golden_cases() {
         .filter(|p| p.join("pipeline.toml").exists())
         .collect();
     cases.sort();
-    assert_eq!(cases.len(), 10, "{cases:?}");
+    assert_eq!(cases.len(), 12, "{cases:?}");
     let mut failed = Vec::new();
     for case in &cases {
         let name = case.file_name().unwrap().to_str().unwrap().to_string();
@@ -113,11 +119,13 @@ async fn stateful_golden_cases() {
         }
         let columns = if name.starts_with("groupby") {
             "k, n, total"
+        } else if name == "dedup-rows" {
+            "ts, k, v"
         } else {
             "ws, we, k, n, total"
         };
-        let late = control_of(root, &toml).await.totals.late_rows;
-        let (got, want) = (actual(root, &name, columns, late).await, expected(case));
+        let totals = control_of(root, &toml).await.totals;
+        let (got, want) = (actual(root, &name, columns, &totals).await, expected(case));
         if got != want {
             failed.push(format!(
                 "{name}:\n--- expected\n{want}\n--- committed\n{got}"

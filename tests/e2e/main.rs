@@ -12,6 +12,7 @@ mod claim_model;
 mod cli;
 mod contexts;
 mod crash;
+mod dedup;
 mod delta;
 mod delta_source;
 mod equivalence;

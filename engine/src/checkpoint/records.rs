@@ -102,6 +102,9 @@ pub struct Totals {
     /// watermark).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub late_rows: u64,
+    /// Rows dropped as duplicates (`[deduplicate]`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub duplicates: u64,
     /// Runs ended (each execution's ending, also one that handed over).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub runs: u64,
@@ -250,6 +253,26 @@ pub struct StatefulState {
     /// state exists: merging the old state would give wrong answers.
     #[serde(default)]
     pub shape: String,
+    /// `[deduplicate]`: per state partition, the file of keys seen (and
+    /// when each leaves) in force.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dedup: Vec<Option<String>>,
+    /// `[deduplicate]`: rows the batch dropped as duplicates.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub duplicates: u64,
+    /// `[deduplicate]`: the earliest expiry of a key held, microseconds:
+    /// once the watermark reaches it a batch with no input has keys to
+    /// forget (Spark runs one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_expiry_us: Option<i64>,
+    /// `[deduplicate]`: keys held after the batch.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dedup_keys: u64,
+    /// `[deduplicate]`: a hash of what the keys seen depend on (the key
+    /// columns and their types, the event-time column, the partition
+    /// count); the deduplication's state is refused under another.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub dedup_shape: String,
 }
 
 /// A version of the source schema. Version 1 is the schema pinned in
@@ -370,6 +393,7 @@ impl Totals {
         self.rescued_fields += record.rescued_fields;
         if let Some(s) = &record.stateful {
             self.late_rows += s.late_rows;
+            self.duplicates += s.duplicates;
         }
     }
 }
@@ -529,6 +553,10 @@ pub struct QueryShape {
     /// row-by-row query, with no merges and no state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stateful: Option<String>,
+    /// `[deduplicate]`: its shape (as [`StatefulState::dedup_shape`]);
+    /// the batch runs a Dedup map before any merge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup: Option<String>,
     /// The spec hash of the pipeline file it was planned from: a batch
     /// resumed under another spec (the query edited while the batch was
     /// planned and not committed) runs the query as it is now, so its

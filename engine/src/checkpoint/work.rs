@@ -143,6 +143,31 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// The result the Dedup step of `partition` of `batch` recorded under
+    /// `epoch`, if it finished.
+    pub async fn dedup_result<T: DeserializeOwned>(
+        &self,
+        batch: u64,
+        partition: u32,
+        epoch: u64,
+    ) -> Result<Option<T>> {
+        let key = paths::checkpoint::dedup(batch, partition, epoch);
+        Ok(self.read(&key).await?.map(|(r, _)| r))
+    }
+
+    /// Record a Dedup step's result (overwriting an earlier attempt's).
+    pub async fn put_dedup_result<T: Serialize>(
+        &self,
+        batch: u64,
+        partition: u32,
+        epoch: u64,
+        result: &T,
+    ) -> Result<()> {
+        let key = paths::checkpoint::dedup(batch, partition, epoch);
+        self.write(&key, result, PutMode::Overwrite).await?;
+        Ok(())
+    }
+
     /// Write the task list of batch `batch` under `epoch` for the
     /// Distributed Map to read (the same list on every resume); its key.
     pub async fn put_task_list(&self, batch: u64, epoch: u64, tasks: &[u32]) -> Result<String> {

@@ -351,6 +351,7 @@ fn batch_usage(
     use super::usage::retries;
     use crate::deploy::{COMMITTER, OPERATOR, PLANNER, batch_transitions, memory_mb};
     let merges = merged.map_or(0, |m| m.invocations);
+    let dedups = merged.map_or(0, |m| m.dedups);
     // Failed attempts of the batch's steps: each an invocation and a
     // transition (their duration unknown: they left no result).
     let operator_retries =
@@ -375,7 +376,7 @@ fn batch_usage(
     }
     functions.push(FunctionUsage::new(
         OPERATOR,
-        off.tasks.len() as u64 + merges + operator_retries,
+        off.tasks.len() as u64 + merges + dedups + operator_retries,
         operator_ms,
         operator_mb,
     ));
@@ -390,6 +391,7 @@ fn batch_usage(
         transitions: batch_transitions(
             off.tasks.len() as u64,
             merges,
+            dedups,
             run.plan_retries + operator_retries + commit_retries,
         ),
     }
@@ -407,6 +409,8 @@ struct Merged {
     requests: RequestCounts,
     /// Merge invocations (one per state partition).
     invocations: u64,
+    /// Dedup step invocations (one per state partition).
+    dedups: u64,
     /// Their billed duration, ms.
     billed_ms: u64,
     /// The operator function's memory they ran with, MB.
@@ -415,9 +419,11 @@ struct Merged {
     retries: u64,
 }
 
-/// A stateful query's batch: the state and watermark after it, and the
-/// parts its merges staged; `None` for a row-by-row query. Every state
-/// partition's merge must have finished under this run.
+/// A stateful query's (or a `[deduplicate]` pipeline's) batch: the state
+/// and watermark after it, and the parts its merges (or Dedup steps)
+/// staged; `None` for a row-by-row query without `[deduplicate]`. Every
+/// state partition's merge and Dedup step must have finished under this
+/// run.
 async fn merge_results(
     ctx: &Context,
     run: &RunState,
@@ -425,67 +431,86 @@ async fn merge_results(
     control: &crate::checkpoint::Control,
     results: &[TaskResult],
 ) -> Result<Option<Merged>> {
-    let Some(shape) = super::state::stateful_shape(ctx, off).await? else {
+    let shape = super::state::stateful_shape(ctx, off).await?;
+    let dedup_shape = super::state::dedup_shape(ctx, off).await?;
+    if shape.is_none() && dedup_shape.is_none() {
         return Ok(None);
-    };
+    }
     let partitions = crate::state::shape::partitions(&ctx.pipeline);
     let before = control.stateful.clone().unwrap_or_default();
-    let mut state = Vec::with_capacity(partitions.len());
-    let mut outputs = Vec::new();
-    let mut next_close_us: Option<i64> = None;
-    let (mut millis, mut requests) = (0, RequestCounts::default());
-    let (mut invocations, mut billed_ms, mut memory_mb, mut retries) = (0, 0, 0, 0);
-    for p in partitions {
-        let Some(m) = ctx
-            .checkpoint
-            .merge_result::<super::merge::MergeResult>(off.batch, p, run.epoch)
-            .await?
-        else {
-            let key = paths::checkpoint::merge(off.batch, p, run.epoch);
-            return Err(Error::Execution {
-                pipeline: ctx.pipeline.name.clone(),
-                batch: off.batch,
-                task: None,
-                message: format!(
-                    "no merge result at {key}: the merge of state partition {p} did not finish \
-                     under this run; run again"
-                ),
-                class: ErrorClass::Fatal,
-            });
-        };
-        state.push(m.state);
-        outputs.extend(m.outputs);
-        millis = millis.max(m.millis);
-        requests = requests.plus(&m.requests);
-        invocations += 1;
-        retries += m.retries;
-        billed_ms += m.millis;
-        memory_mb = memory_mb.max(m.memory_mb);
-        next_close_us = match (next_close_us, m.next_close_us) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-    }
-    let max_event = results.iter().filter_map(|r| r.max_event_us).max();
-    let watermark_us = crate::state::watermark::after_batch(&ctx.pipeline, &before, max_event);
-    Ok(Some(Merged {
+    let mut m = Merged {
         state: crate::checkpoint::StatefulState {
-            watermark_us,
             merged_watermark_us: before.watermark_us,
-            state,
-            next_close_us,
             late_rows: results.iter().map(|r| r.late_rows).sum(),
             late_files: results.iter().filter_map(|r| r.late_file.clone()).collect(),
-            shape,
+            shape: shape.clone().unwrap_or_default(),
+            dedup_shape: dedup_shape.clone().unwrap_or_default(),
+            ..Default::default()
         },
-        outputs,
-        millis,
-        requests,
-        invocations,
-        billed_ms,
-        memory_mb,
-        retries,
-    }))
+        outputs: Vec::new(),
+        millis: 0,
+        requests: RequestCounts::default(),
+        invocations: 0,
+        dedups: 0,
+        billed_ms: 0,
+        memory_mb: 0,
+        retries: 0,
+    };
+    if dedup_shape.is_some() {
+        for p in &partitions {
+            let d = super::dedup::finished(ctx, run, off.batch, *p).await?;
+            m.state.dedup.push(d.state);
+            m.state.duplicates += d.dropped;
+            m.state.dedup_keys += d.keys;
+            m.state.next_expiry_us = match (m.state.next_expiry_us, d.next_expiry_us) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            m.outputs.extend(d.outputs);
+            m.millis = m.millis.max(d.millis);
+            m.requests = m.requests.plus(&d.requests);
+            m.dedups += 1;
+            m.retries += d.retries;
+            m.billed_ms += d.millis;
+            m.memory_mb = m.memory_mb.max(d.memory_mb);
+        }
+    }
+    if shape.is_some() {
+        for p in partitions {
+            let Some(r) = ctx
+                .checkpoint
+                .merge_result::<super::merge::MergeResult>(off.batch, p, run.epoch)
+                .await?
+            else {
+                let key = paths::checkpoint::merge(off.batch, p, run.epoch);
+                return Err(Error::Execution {
+                    pipeline: ctx.pipeline.name.clone(),
+                    batch: off.batch,
+                    task: None,
+                    message: format!(
+                        "no merge result at {key}: the merge of state partition {p} did not \
+                         finish under this run; run again"
+                    ),
+                    class: ErrorClass::Fatal,
+                });
+            };
+            m.state.state.push(r.state);
+            m.outputs.extend(r.outputs);
+            m.millis = m.millis.max(r.millis);
+            m.requests = m.requests.plus(&r.requests);
+            m.invocations += 1;
+            m.retries += r.retries;
+            m.billed_ms += r.millis;
+            m.memory_mb = m.memory_mb.max(r.memory_mb);
+            m.state.next_close_us = match (m.state.next_close_us, r.next_close_us) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+    }
+    let max_event = results.iter().filter_map(|r| r.max_event_us).max();
+    m.state.watermark_us = crate::state::watermark::after_batch(&ctx.pipeline, &before, max_event);
+    Ok(Some(m))
 }
 
 /// The results the tasks of `batch` recorded under this run, in task order;
@@ -601,7 +626,13 @@ async fn stale_state(
     Ok(listed
         .into_iter()
         .map(|m| m.key)
-        .filter(|k| !s.state.iter().flatten().any(|keep| keep == k))
+        .filter(|k| {
+            !s.state
+                .iter()
+                .chain(&s.dedup)
+                .flatten()
+                .any(|keep| keep == k)
+        })
         .filter(|k| paths::checkpoint::state_batch(k).is_some_and(|n| n <= batch))
         .collect())
 }

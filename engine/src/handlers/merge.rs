@@ -126,7 +126,7 @@ pub async fn merge(
 /// force: the last commit's, which for this batch is the one before it
 /// (batches commit in order). Fenced: a run that lost its lease merges
 /// nothing.
-async fn merging(
+pub(super) async fn merging(
     ctx: &Context,
     run: &RunState,
     batch: u64,
@@ -169,23 +169,33 @@ async fn merge_inputs(
         state = restore(ctx, store.as_ref(), staged, key).await?.0;
     }
     let mut partials = Vec::new();
-    for t in &off.tasks {
-        let id = crate::checkpoint::TaskId {
-            epoch: run.epoch,
-            batch: off.batch,
-            task: t.task,
-        };
-        let result = super::operate::finished_task(ctx, id).await?;
-        for f in result.partials.iter().filter(|f| f.partition == partition) {
-            let obj = store
-                .get(&f.key)
-                .await?
-                .ok_or_else(|| ctx.broken(f.key.clone(), "a task's partial states are missing"))?;
-            let read = staged
-                .read_state(&f.key, &obj.bytes)
-                .map_err(|message| ctx.broken(f.key.clone(), message))?;
-            partials.extend(read);
+    // A `[deduplicate]` pipeline's partial states are its Dedup steps',
+    // made from the rows they kept; otherwise the tasks'.
+    let mut files = Vec::new();
+    if ctx.pipeline.deduplicate.is_some() {
+        for q in crate::state::shape::partitions(&ctx.pipeline) {
+            let d = super::dedup::finished(ctx, run, off.batch, q).await?;
+            files.extend(d.partials);
         }
+    } else {
+        for t in &off.tasks {
+            let id = crate::checkpoint::TaskId {
+                epoch: run.epoch,
+                batch: off.batch,
+                task: t.task,
+            };
+            files.extend(super::operate::finished_task(ctx, id).await?.partials);
+        }
+    }
+    for f in files.iter().filter(|f| f.partition == partition) {
+        let obj = store
+            .get(&f.key)
+            .await?
+            .ok_or_else(|| ctx.broken(f.key.clone(), "a task's partial states are missing"))?;
+        let read = staged
+            .read_state(&f.key, &obj.bytes)
+            .map_err(|message| ctx.broken(f.key.clone(), message))?;
+        partials.extend(read);
     }
     Ok((state, partials))
 }

@@ -15,6 +15,7 @@
 
 mod commit;
 mod context;
+mod dedup;
 mod lease;
 mod merge;
 mod operate;
@@ -28,6 +29,7 @@ pub(crate) mod usage;
 pub(crate) use commit::abandon;
 pub use commit::commit;
 pub use context::{Context, Contexts};
+pub use dedup::{DedupResult, dedup};
 pub use lease::{heartbeat, release};
 pub use merge::{MergeResult, StateSize, merge, restore_state};
 pub use operate::operate;
@@ -73,6 +75,14 @@ pub fn handle_plan(ctx: &Context, req: PlanRequest) -> HandlerFuture<'_, PlanOut
 pub fn handle_task(ctx: &Context, req: TaskRequest) -> HandlerFuture<'_, TaskAck> {
     Box::pin(usage::timed(req.retries, async move {
         ctx.check_pipeline(&req.pipeline)?;
+        if let Some(partition) = req.dedup {
+            let d = dedup(ctx, &req.run, req.batch, partition).await?;
+            return Ok(TaskAck {
+                task: partition,
+                rows_out: d.rows_out,
+                files: d.outputs.len() as u64,
+            });
+        }
         if let Some(partition) = req.merge {
             let m = merge(ctx, &req.run, req.batch, partition).await?;
             return Ok(TaskAck {

@@ -69,9 +69,11 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
         inputs: &inputs,
         plan: &plan,
     };
-    let mut result = match op.stateful().await? {
-        None => op.run(source, sink, task).await?,
-        Some(q) => {
+    let q = op.stateful().await?;
+    let dedup = op.deduplicating()?.cloned();
+    let mut result = match (q, dedup) {
+        (None, None) => op.run(source, sink, task).await?,
+        (q, d) => {
             // The watermark in force is the last commit's: the batch
             // before this one (batches commit in order).
             if control.next_batch() != batch {
@@ -87,8 +89,17 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
                 watermark_us: crate::state::watermark::in_force(&control),
                 partitions: ctx.pipeline.limits.state_partitions,
             };
-            op.run_partial(source, sink, &ctx.checkpoint, task, &q, &state)
-                .await?
+            match (&q, &d) {
+                (_, Some(_)) => {
+                    op.run_dedup_partial(source, sink, &ctx.checkpoint, task, q.as_ref(), &state)
+                        .await?
+                }
+                (Some(q), None) => {
+                    op.run_partial(source, sink, &ctx.checkpoint, task, q, &state)
+                        .await?
+                }
+                (None, None) => unreachable!("matched above"),
+            }
         }
     };
     // Every request of this invocation, and the result written below.

@@ -122,6 +122,11 @@ pub struct BatchRef {
     /// (the state machine's Merge map); empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub merge: Vec<u32>,
+    /// `[deduplicate]`: the state partitions to deduplicate after the
+    /// tasks, before any merge (the state machine's Dedup map); empty
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dedup: Vec<u32>,
 }
 
 /// What the plan step decided; `kind` is what the state machine's Choice
@@ -196,6 +201,10 @@ pub struct TaskRequest {
     /// query's Merge map).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge: Option<u32>,
+    /// Deduplicate this state partition instead of running a task (the
+    /// Dedup map of a `[deduplicate]` pipeline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup: Option<u32>,
     /// The attempts of this step that failed before this one (the state
     /// machine passes `$$.State.RetryCount`): each was an invocation and a
     /// transition too.

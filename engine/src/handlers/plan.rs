@@ -11,7 +11,7 @@ use super::lease::{continue_run, release, release_idle};
 use super::ownership::{self, SinkCheck};
 use super::payloads::{BatchRef, PlanOutcome, RunState, TaskList};
 use super::schema::{evolve, in_force, resolve_schema};
-use super::state::{check_state_shape, merges, plan_query};
+use super::state::{check_state_shape, dedups, merges, plan_query};
 
 use crate::checkpoint::owner::Owner;
 use crate::checkpoint::{self, Claim, Control, Offsets, PipelineRecord, RunStatus};
@@ -88,7 +88,13 @@ async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Resul
     let tasks: Vec<u32> = off.tasks.iter().map(|t| t.task).collect();
     let distributed = tasks.len() as u64 > ctx.pipeline.limits.max_inline_tasks;
     let merge = merges(ctx, off).await?;
-    let events = batch_events(tasks.len() as u64, distributed, merge.len() as u64);
+    let dedup = dedups(ctx, off).await?;
+    let events = batch_events(
+        tasks.len() as u64,
+        distributed,
+        merge.len() as u64,
+        dedup.len() as u64,
+    );
     // The first batch of an execution always goes: one batch must fit.
     if run.batches >= ctx.pipeline.limits.max_batches_per_execution
         || (run.batches > 0 && run.events + events > EVENT_BUDGET)
@@ -118,6 +124,7 @@ async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Resul
             bytes: off.bytes(),
             resumed,
             merge,
+            dedup,
         },
     })
 }

@@ -21,9 +21,13 @@ pub(super) async fn plan_query(
     } else {
         ctx.pin_statics().await?
     };
-    let op = crate::operators::SqlOperator::new(ctx.pipeline.clone(), arrow)
+    let op = crate::operators::SqlOperator::new(ctx.pipeline.clone(), arrow.clone())
         .with_statics(pins.clone(), None);
     let query = op.stateful().await?;
+    let dedup = match op.deduplicating()? {
+        Some(_) => shape::of_dedup(&ctx.pipeline, &arrow),
+        None => None,
+    };
     let stateful = query
         .as_ref()
         .map(|q| shape::of_query(&ctx.pipeline, q, &pins));
@@ -39,6 +43,7 @@ pub(super) async fn plan_query(
     };
     Ok(QueryShape {
         stateful,
+        dedup,
         spec: ctx.pipeline.spec_hash(),
         table,
     })
@@ -70,6 +75,31 @@ pub(super) async fn stateful_shape(ctx: &Context, off: &Offsets) -> Result<Optio
         .map(|q| shape::of_query(&ctx.pipeline, &q, &off.statics)))
 }
 
+/// The shape of the `[deduplicate]` a batch runs (`None`: none), as its
+/// plan says when the plan was made from the pipeline file as it is now;
+/// otherwise from the pipeline now and the schema the plan reads with.
+pub(super) async fn dedup_shape(ctx: &Context, off: &Offsets) -> Result<Option<String>> {
+    if let Some(q) = &off.query
+        && q.spec == ctx.pipeline.spec_hash()
+    {
+        return Ok(q.dedup.clone());
+    }
+    let schema = match &off.schema {
+        Some(v) => super::schema::arrow_of(ctx, v, crate::paths::checkpoint::offsets(off.batch))?,
+        None => ctx.schema().await?,
+    };
+    Ok(shape::of_dedup(&ctx.pipeline, &schema))
+}
+
+/// The state partitions a batch's Dedup steps cover: all of them for a
+/// `[deduplicate]` pipeline, none otherwise.
+pub(super) async fn dedups(ctx: &Context, off: &Offsets) -> Result<Vec<u32>> {
+    Ok(match dedup_shape(ctx, off).await? {
+        Some(_) => shape::partitions(&ctx.pipeline),
+        None => Vec::new(),
+    })
+}
+
 /// The state partitions a batch's merges cover: all of them for a
 /// stateful query, none for a row-by-row one.
 pub(super) async fn merges(ctx: &Context, off: &Offsets) -> Result<Vec<u32>> {
@@ -85,11 +115,12 @@ pub(super) async fn check_state_shape(ctx: &Context, control: &Control) -> Resul
     let Some(s) = &control.stateful else {
         return Ok(());
     };
-    if s.state.iter().all(Option::is_none) {
+    if s.state.iter().all(Option::is_none) && s.dedup.iter().all(Option::is_none) {
         return Ok(());
     }
     let schema = ctx.schema().await?;
     let reading = in_force(&ctx.pipeline, Some(control), schema.as_ref());
     let now = plan_query(ctx, &reading, crate::paths::checkpoint::CONTROL.into()).await?;
-    shape::check(&ctx.pipeline, s, now.stateful.as_deref())
+    shape::check(&ctx.pipeline, s, now.stateful.as_deref())?;
+    shape::check_dedup(&ctx.pipeline, s, now.dedup.as_deref())
 }

@@ -364,7 +364,6 @@ pub(crate) fn to_ipc(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<
 }
 
 /// States read back from [`to_ipc`]'s bytes.
-#[cfg(test)]
 pub(crate) fn from_ipc(bytes: &[u8]) -> Result<Vec<RecordBatch>> {
     let r = StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
     Ok(r.collect::<std::result::Result<Vec<_>, _>>()?)

@@ -9,6 +9,7 @@ mod adapt;
 pub(crate) mod aggregate;
 mod attribute;
 mod classify;
+pub(crate) mod dedup;
 mod drift;
 mod event_time;
 mod freshness;
@@ -395,6 +396,9 @@ impl SqlOperator {
     /// [`Self::check`], with the schema of the rows the query writes.
     pub async fn check_output(&self) -> Result<(LogicalPlan, Option<SchemaRef>)> {
         let p = &self.pipeline;
+        if self.deduplicating()?.is_some() {
+            self.check_bad_input_policies("[deduplicate]")?;
+        }
         if let Some(q) = self.analyse_stateful().await? {
             // Planned and checked as a stateful query.
             return LogicalPlanBuilder::empty(false)
@@ -402,7 +406,15 @@ impl SqlOperator {
                 .map(|plan| (plan, Some(q.output)))
                 .map_err(|e| self.sql_err(e));
         }
-        if p.watermark.is_some() || p.output_mode != crate::pipeline::OutputMode::Append {
+        if p.deduplicate.is_some() && p.output_mode != crate::pipeline::OutputMode::Append {
+            return Err(self.sql_err(
+                "sink.mode applies to a GROUP BY query (a stateful query); this query is row \
+                 by row after [deduplicate]: each kept row is written once, so remove sink.mode",
+            ));
+        }
+        if p.deduplicate.is_none()
+            && (p.watermark.is_some() || p.output_mode != crate::pipeline::OutputMode::Append)
+        {
             return Err(self.sql_err(
                 "[watermark] and sink.mode apply to a GROUP BY query (a stateful query); this \
                  query is row by row: remove them",

@@ -30,8 +30,20 @@ pub(crate) struct TaskState {
     pub partitions: u32,
 }
 
+/// How a task reads event time.
+pub(super) struct EventTime<'a> {
+    /// The event-time column (none: rows are read as they are).
+    pub column: Option<&'a str>,
+    /// The window assigned as rows are read.
+    pub window: Option<crate::operators::window::WindowSpec>,
+    /// `[watermark]`, if any: late rows are dropped (or kept aside).
+    pub watermark: Option<&'a crate::pipeline::Watermark>,
+    /// The watermark in force.
+    pub watermark_us: Option<i64>,
+}
+
 /// A task's partial aggregation, run.
-struct Partials {
+pub(super) struct Partials {
     /// The aggregate in stages.
     staged: Staged,
     /// The partial stage's plan (its leaves count the rows read).
@@ -86,7 +98,21 @@ impl SqlOperator {
         } = self.readable(source, task).await?;
         gone.extend(self.partial_gone(&access, id.batch, &files).await?);
         let files: Vec<&InputFile> = files.iter().filter(|f| !gone.contains(&f.key)).collect();
-        let (provider, tally) = self.event_time_input(&access, &files, q, state)?;
+        let column = q
+            .watermark
+            .as_ref()
+            .map(|w| w.column.clone())
+            .or_else(|| q.window.as_ref().map(|w| w.column.clone()));
+        let (provider, tally) = self.event_time_input(
+            &access,
+            &files,
+            EventTime {
+                column: column.as_deref(),
+                window: q.window.clone(),
+                watermark: q.watermark.as_ref(),
+                watermark_us: state.watermark_us,
+            },
+        )?;
         let ctx = session(self.partitions);
         ctx.register_object_store(access.url.as_ref(), access.store.clone());
         ctx.register_table(self.pipeline.source.table.as_str(), provider)
@@ -96,7 +122,7 @@ impl SqlOperator {
             .statics_unchanged(id.batch, self.aggregate_partially(&ctx, id, q).await)
             .await?;
         let partials = self
-            .write_partials(checkpoint, id, &partial, state.partitions.max(1))
+            .write_partials(checkpoint, id, &partial, state.partitions.max(1), None)
             .await?;
         let late: Vec<RecordBatch> = tally
             .late_rows
@@ -138,7 +164,7 @@ impl SqlOperator {
     /// read: a file that does not read, or whose columns differ, refuses
     /// the task (a stateful query takes neither bad files nor drift yet);
     /// the keys of files gone since the plan.
-    async fn partial_gone(
+    pub(super) async fn partial_gone(
         &self,
         access: &ScanAccess,
         batch: u64,
@@ -166,12 +192,11 @@ impl SqlOperator {
     /// The task's files as the table its query reads: through the
     /// event-time filter (late rows dropped and counted, or kept for the
     /// side output; windows assigned) when the query has event time.
-    fn event_time_input(
+    pub(super) fn event_time_input(
         &self,
         access: &ScanAccess,
         files: &[&InputFile],
-        q: &StatefulQuery,
-        state: &TaskState,
+        event: EventTime<'_>,
     ) -> Result<(Arc<dyn TableProvider>, Arc<EventTally>)> {
         let table = BatchTable::over(
             self.schema.clone(),
@@ -184,24 +209,19 @@ impl SqlOperator {
             self.partitions,
         )
         .map_err(|e| self.sql_err(e))?;
-        let side_output = q.watermark.as_ref().is_some_and(|w| w.late_side_output);
+        let side_output = event.watermark.is_some_and(|w| w.late_side_output);
         let tally = Arc::new(if side_output {
             EventTally::keeping_late()
         } else {
             EventTally::default()
         });
-        let column = q
-            .watermark
-            .as_ref()
-            .map(|w| w.column.clone())
-            .or_else(|| q.window.as_ref().map(|w| w.column.clone()));
-        let provider: Arc<dyn TableProvider> = match &column {
+        let provider: Arc<dyn TableProvider> = match event.column {
             Some(c) => Arc::new(
                 EventTimeTable::new(
                     Arc::new(table),
                     c,
-                    q.window.clone(),
-                    q.watermark.as_ref().and(state.watermark_us),
+                    event.window,
+                    event.watermark.and(event.watermark_us),
                     tally.clone(),
                 )
                 .map_err(|e| self.sql_err(e))?,
@@ -214,7 +234,7 @@ impl SqlOperator {
     /// Plan the query in `ctx` (its table registered) and run its partial
     /// aggregate; session windows are merged within the task first, so the
     /// partials hold sessions, not rows.
-    async fn aggregate_partially(
+    pub(super) async fn aggregate_partially(
         &self,
         ctx: &SessionContext,
         id: TaskId,
@@ -254,12 +274,15 @@ impl SqlOperator {
 
     /// Split the partial states into `n` state partitions by a stable hash
     /// of the group key and write each non-empty one to the checkpoint.
-    async fn write_partials(
+    /// `dedup`: written by the Dedup step of that partition (named for it),
+    /// not by task `id.task`.
+    pub(super) async fn write_partials(
         &self,
         checkpoint: &Checkpoint,
         id: TaskId,
         partial: &Partials,
         n: u32,
+        dedup: Option<u32>,
     ) -> Result<Vec<PartialFile>> {
         let exec = self.exec_err(id);
         let keys = partial.staged.partition_columns().map_err(exec)?;
@@ -282,7 +305,18 @@ impl SqlOperator {
             }
             let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
             let bytes = partial.staged.write_state(&batches).map_err(exec)?;
-            let key = checkpoint.put_partial(id, p as u32, bytes).await?;
+            let key = match dedup {
+                None => checkpoint.put_partial(id, p as u32, bytes).await?,
+                Some(q) => {
+                    let key =
+                        crate::paths::checkpoint::dedup_partial(id.batch, p as u32, q, id.epoch);
+                    checkpoint
+                        .store()
+                        .put(&key, bytes.into(), crate::storage::PutMode::Overwrite)
+                        .await?;
+                    key
+                }
+            };
             partials.push(PartialFile {
                 partition: p as u32,
                 key,

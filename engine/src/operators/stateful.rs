@@ -152,7 +152,7 @@ impl SqlOperator {
         if let Some(reason) = staged.refusal() {
             return Err(self.sql_err(reason));
         }
-        self.check_bad_input_policies()?;
+        self.check_bad_input_policies("a stateful (GROUP BY) query")?;
         let q = StatefulQuery {
             sql: w.sql,
             window: w.window,
@@ -166,18 +166,18 @@ impl SqlOperator {
 
     /// Refuses the bad-input settings on a stateful query: they apply to
     /// row-by-row queries for now.
-    fn check_bad_input_policies(&self) -> Result<()> {
+    pub(super) fn check_bad_input_policies(&self, what: &str) -> Result<()> {
         let s = &self.pipeline.source;
         if s.on_bad_file != crate::pipeline::BadFilePolicy::Fail
             || s.on_bad_row != crate::pipeline::BadRowPolicy::Fail
             || s.on_schema_change != crate::pipeline::SchemaChangePolicy::Fail
             || s.corrupt_record
         {
-            return Err(self.sql_err(
+            return Err(self.sql_err(format!(
                 "on_bad_file, on_bad_row, on_schema_change and corrupt_record apply to \
-                 row-by-row queries for now: a stateful (GROUP BY) query fails its batch on bad \
-                 input; remove them",
-            ));
+                 row-by-row queries without [deduplicate] for now: {what} fails its batch on \
+                 bad input; remove them"
+            )));
         }
         Ok(())
     }

@@ -614,6 +614,17 @@ pub struct Watermark {
     pub late_side_output: bool,
 }
 
+/// `[deduplicate]`: drop a row whose key was already seen (Spark's
+/// `dropDuplicatesWithinWatermark`), before the query.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Deduplicate {
+    /// The columns that identify a row (source columns).
+    pub key: Vec<String>,
+    /// No `[watermark]`: keys are never forgotten (`keep = "forever"`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forever: bool,
+}
+
 /// A pipeline, parsed, validated and with its locations resolved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pipeline {
@@ -636,6 +647,9 @@ pub struct Pipeline {
     /// Event time, for a stateful query over windows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark: Option<Watermark>,
+    /// Drop rows whose key was already seen, before the query.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deduplicate: Option<Deduplicate>,
     /// How a stateful query's results reach the sink.
     #[serde(default, skip_serializing_if = "OutputMode::is_append")]
     pub output_mode: OutputMode,

@@ -114,6 +114,14 @@ struct WatermarkFile {
     late: Option<String>,
 }
 
+/// `[deduplicate]` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeduplicateFile {
+    key: Vec<String>,
+    keep: Option<String>,
+}
+
 /// A `[[static]]` table as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -138,6 +146,58 @@ struct PipelineFile {
     #[serde(default)]
     limits: LimitsFile,
     watermark: Option<WatermarkFile>,
+    deduplicate: Option<DeduplicateFile>,
+}
+
+/// `[deduplicate]`, checked against `[watermark]`: keys expire with the
+/// watermark, or are kept forever when written so.
+fn deduplicate(
+    d: &DeduplicateFile,
+    watermark: Option<&super::Watermark>,
+) -> std::result::Result<super::Deduplicate, String> {
+    if d.key.is_empty() {
+        return Err(
+            "deduplicate.key is empty: name the columns that identify a row, \
+                    e.g. key = [\"ride_id\"]"
+                .into(),
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    for k in &d.key {
+        if !seen.insert(k) {
+            return Err(format!("deduplicate.key names \"{k}\" twice"));
+        }
+    }
+    let forever = match (d.keep.as_deref(), watermark) {
+        (Some("forever"), None) => true,
+        (None, Some(_)) => false,
+        (None, None) => {
+            return Err(
+                "[deduplicate] without [watermark] keeps every key forever: its state \
+                        grows without bound. Add [watermark] (column, delay: a key is \
+                        forgotten once the watermark passes its first event time plus the \
+                        delay), or write keep = \"forever\" under [deduplicate] to accept that"
+                    .into(),
+            );
+        }
+        (Some("forever"), Some(_)) => {
+            return Err(
+                "deduplicate.keep = \"forever\" with [watermark]: the watermark \
+                        forgets keys; remove keep, or remove [watermark]"
+                    .into(),
+            );
+        }
+        (Some(other), _) => {
+            return Err(format!(
+                "deduplicate.keep = \"{other}\": the only value is \"forever\" (without \
+                 [watermark]); with [watermark] leave keep out"
+            ));
+        }
+    };
+    Ok(super::Deduplicate {
+        key: d.key.clone(),
+        forever,
+    })
 }
 
 fn toml_message(e: &toml::de::Error) -> String {
@@ -438,7 +498,12 @@ impl Pipeline {
                 },
             }),
         };
+        let deduplicate = match &raw.deduplicate {
+            None => None,
+            Some(d) => Some(deduplicate(d, watermark.as_ref()).map_err(spec_err)?),
+        };
         Ok(Pipeline {
+            deduplicate,
             watermark,
             output_mode: raw.sink.mode.unwrap_or_default(),
             sink_format,

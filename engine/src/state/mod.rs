@@ -14,6 +14,7 @@
 //! inside a task's scan. The merge handler (`handlers`) reads and writes
 //! the state files; the commit names them.
 
+pub(crate) mod dedup;
 pub(crate) mod merge;
 pub(crate) mod shape;
 pub(crate) mod watermark;

@@ -48,6 +48,51 @@ pub(crate) fn of_query(
     format!("{:016x}", crate::hash::fnv1a(text.as_bytes()))
 }
 
+/// The shape of `pipeline`'s `[deduplicate]` reading `schema` (none
+/// without one): its key columns and their types, whether keys are kept
+/// forever, the event-time column and the partition count.
+pub(crate) fn of_dedup(
+    pipeline: &Pipeline,
+    schema: &datafusion::arrow::datatypes::Schema,
+) -> Option<String> {
+    let d = pipeline.deduplicate.as_ref()?;
+    let keys: Vec<String> = d
+        .key
+        .iter()
+        .map(|k| {
+            let t = schema
+                .field_with_name(k)
+                .map(|f| f.data_type().to_string())
+                .unwrap_or_default();
+            format!("{k}:{t}")
+        })
+        .collect();
+    let text = format!(
+        "dedup|{}|{}|{:?}|{}",
+        keys.join(","),
+        d.forever,
+        pipeline.watermark.as_ref().map(|w| &w.column),
+        partition_count(pipeline)
+    );
+    Some(format!("{:016x}", crate::hash::fnv1a(text.as_bytes())))
+}
+
+/// Refuse to go on with `[deduplicate]`'s shape `now` while keys seen
+/// under another shape exist.
+pub(crate) fn check_dedup(p: &Pipeline, s: &StatefulState, now: Option<&str>) -> Result<()> {
+    if s.dedup.iter().all(Option::is_none) || now == Some(s.dedup_shape.as_str()) {
+        return Ok(());
+    }
+    Err(Error::Incompatible {
+        pipeline: p.name.clone(),
+        message: "[deduplicate]'s key columns or their types, keep, the watermark column or \
+                  limits.state_partitions changed (or [deduplicate] was removed) while keys \
+                  seen under the old ones exist: they would be looked up in the wrong place. \
+                  Restore them, or run `sluice reset` on the pipeline file to start over"
+            .into(),
+    })
+}
+
 /// How many state partitions the pipeline's state is split into.
 fn partition_count(p: &Pipeline) -> u32 {
     p.limits.state_partitions.max(1)

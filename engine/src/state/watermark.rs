@@ -42,12 +42,19 @@ pub(crate) fn after_batch(
 
 /// Whether a stateful query owes a batch with no input: the watermark
 /// (committed, or advanced by the wall clock) has reached the end of a
-/// window still in the state. Append and update modes only: complete mode
-/// keeps every window and writes them all with each batch.
+/// window still in the state (append and update modes only: complete mode
+/// keeps every window and writes them all with each batch), or the expiry
+/// of a key `[deduplicate]` holds (Spark runs that batch too: a key the
+/// next run sees again is forgotten by then).
 pub(crate) fn closing_owed(p: &Pipeline, control: &Control, now_ms: i64) -> bool {
     let Some(s) = &control.stateful else {
         return false;
     };
+    if let (Some(now), Some(expiry)) = (current(p, control, now_ms), s.next_expiry_us)
+        && now >= expiry
+    {
+        return true;
+    }
     if p.output_mode == OutputMode::Complete {
         return false;
     }
