@@ -128,6 +128,9 @@ enum Scenario {
     /// [`Scenario::Delta`] with a query whose first batch keeps no row:
     /// that batch's commit creates the table (its schema from the plan).
     DeltaEmptyFirst,
+    /// `[deduplicate]` with keys kept forever: tasks ship rows, a Dedup
+    /// map keeps each key's first row and writes the keys seen.
+    Dedup,
 }
 
 const CSV_SQL: &str = "SELECT id, v, v * 2 AS twice FROM t WHERE v > 1";
@@ -145,6 +148,7 @@ impl Scenario {
             Scenario::Partitioned => "fencep",
             Scenario::StaticJoin => "fencesj",
             Scenario::DeltaEmptyFirst => "fencede",
+            Scenario::Dedup => "fencedd",
         }
     }
 
@@ -192,6 +196,12 @@ max_files_per_batch = 2
                 crate::partition::partitioned_toml("fencep", "parquet", r#"["tag"]"#)
             }
             Scenario::StaticJoin => crate::statics::join_toml("fencesj"),
+            Scenario::Dedup => crate::dedup::dedup_toml(
+                "fencedd",
+                crate::dedup::ROWS_SQL,
+                true,
+                "max_files_per_batch = 2\nstate_partitions = 2",
+            ),
             Scenario::DeltaComplete => crate::delta::complete_toml(
                 "fencedc",
                 "max_files_per_batch = 2\nstate_partitions = 2",
@@ -235,6 +245,11 @@ max_files_per_batch = 2
             Scenario::StaticJoin => {
                 crate::statics::join_setup(root);
                 gen_files(&root.join("input"), 3, 40);
+            }
+            Scenario::Dedup => {
+                for i in 0..3 {
+                    crate::dedup::write_rides(root, i, &crate::dedup::rides(i, 20, 25));
+                }
             }
             Scenario::Kafka => {
                 let topic = crate::kafka::fresh_topic("fence", 2);
@@ -285,6 +300,9 @@ max_files_per_batch = 2
             | Scenario::StaticJoin => {
                 gen_files(&root.join("input"), 1, 40);
             }
+            Scenario::Dedup => {
+                crate::dedup::write_rides(root, 9, &crate::dedup::rides(9, 20, 25));
+            }
             Scenario::Kafka => {
                 let topic = std::fs::read_to_string(root.join("topic")).unwrap();
                 let records = root.join("produced.jsonl");
@@ -304,7 +322,8 @@ max_files_per_batch = 2
             | Scenario::Refused
             | Scenario::Kafka
             | Scenario::Partitioned
-            | Scenario::StaticJoin => committed_rows(&sink, self.name()).await,
+            | Scenario::StaticJoin
+            | Scenario::Dedup => committed_rows(&sink, self.name()).await,
             // The table as deltalake reads it (DuckDB's delta extension
             // must agree).
             Scenario::Delta | Scenario::DeltaComplete | Scenario::DeltaEmptyFirst => {
@@ -345,6 +364,14 @@ max_files_per_batch = 2
             }
             // DuckDB's join with the static table over every input file.
             Scenario::StaticJoin => crate::statics::join_want(root).await,
+            // DuckDB: each key's first row by arrival, then the query.
+            Scenario::Dedup => {
+                crate::dedup::forever_want(
+                    &crate::stateful::walk(&root.join("input")),
+                    crate::dedup::ROWS_SQL,
+                )
+                .await
+            }
             // DuckDB's partitioned query over every input file.
             Scenario::Partitioned => {
                 crate::partition::want(&crate::stateful::walk(&root.join("input"))).await
@@ -899,4 +926,14 @@ async fn a_static_join_run_held_at_any_write_changes_nothing_after_a_takeover() 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_static_join_run_held_at_any_write_changes_nothing_after_a_reset() {
     each_write_held(Scenario::StaticJoin, Stale::Run, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deduplicating_run_held_at_any_write_changes_nothing_after_a_takeover() {
+    each_write_held(Scenario::Dedup, Stale::Run, Meanwhile::TakeOver).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deduplicating_run_held_at_any_write_changes_nothing_after_a_reset() {
+    each_write_held(Scenario::Dedup, Stale::Run, Meanwhile::Reset).await;
 }
