@@ -689,6 +689,7 @@ fn batch_line(b: &runner::BatchReport, stream: bool) -> String {
             nulled: b.nulled_fields,
             rescued: b.rescued_fields,
             late: b.late_rows,
+            duplicates: b.duplicates,
             added: &b.added_columns,
             version: b.schema_version,
         }

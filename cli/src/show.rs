@@ -121,6 +121,7 @@ fn print_last_batch(lc: &sluice_engine::checkpoint::Commit) {
             nulled: lc.nulled_fields,
             rescued: lc.rescued_fields,
             late: lc.stateful.as_ref().map_or(0, |s| s.late_rows),
+            duplicates: lc.stateful.as_ref().map_or(0, |s| s.duplicates),
             added: &lc.added_columns,
             version: lc.schema_version,
         }
@@ -146,6 +147,7 @@ fn print_so_far(c: &sluice_engine::checkpoint::Control) {
             nulled: t.nulled_fields,
             rescued: t.rescued_fields,
             late: t.late_rows,
+            duplicates: t.duplicates,
             ..BadData::default()
         }
         .to_string()
@@ -153,14 +155,25 @@ fn print_so_far(c: &sluice_engine::checkpoint::Control) {
     );
     if let Some(s) = &c.stateful {
         let held = s.state.iter().filter(|k| k.is_some()).count();
-        println!(
-            "stateful     {held} of {} partitions hold state; watermark {}",
-            s.state.len(),
-            s.watermark_us
-                .and_then(chrono::DateTime::from_timestamp_micros)
-                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-                .unwrap_or_else(|| "none yet".into())
-        );
+        let watermark = s
+            .watermark_us
+            .and_then(chrono::DateTime::from_timestamp_micros)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .unwrap_or_else(|| "none yet".into());
+        if !s.state.is_empty() {
+            println!(
+                "stateful     {held} of {} partitions hold state; watermark {watermark}",
+                s.state.len(),
+            );
+        }
+        if !s.dedup.is_empty() {
+            println!(
+                "deduplicate  {} held in {} of {} partitions; watermark {watermark}",
+                count(s.dedup_keys, "key"),
+                s.dedup.iter().filter(|k| k.is_some()).count(),
+                s.dedup.len(),
+            );
+        }
     }
     if let Some(v) = &c.schema {
         let columns: Vec<String> = v
@@ -225,7 +238,7 @@ pub(crate) async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Re
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>9}  {:>10}  trigger",
+        "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>8}  {:>9}  {:>10}  trigger",
         "batch",
         "committed",
         "epoch",
@@ -238,6 +251,7 @@ pub(crate) async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Re
         "rescued",
         "schema",
         "late",
+        "dups",
         "ms",
         "cost"
     );
@@ -248,7 +262,7 @@ pub(crate) async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Re
             .unwrap_or_else(|| "-".into());
         let d = &c.durations;
         println!(
-            "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>9}  {:>10}  {}",
+            "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>8}  {:>9}  {:>10}  {}",
             c.batch,
             when,
             c.epoch,
@@ -265,6 +279,7 @@ pub(crate) async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Re
                 if c.added_columns.is_empty() { "" } else { "+" }
             ),
             c.stateful.as_ref().map_or(0, |s| s.late_rows),
+            c.stateful.as_ref().map_or(0, |s| s.duplicates),
             d.plan_ms + d.operate_ms + d.commit_ms,
             cost::dollars(sluice_engine::cost::bill(&c.usage, &c.requests, &prices).total()),
             c.trigger.as_deref().unwrap_or("-")
@@ -312,6 +327,7 @@ pub(crate) struct BadData<'a> {
     pub(crate) nulled: u64,
     pub(crate) rescued: u64,
     pub(crate) late: u64,
+    pub(crate) duplicates: u64,
     pub(crate) added: &'a [String],
     pub(crate) version: Option<u32>,
 }
@@ -334,6 +350,9 @@ impl std::fmt::Display for BadData<'_> {
         }
         if self.late > 0 {
             parts.push(format!("{} dropped", count(self.late, "late row")));
+        }
+        if self.duplicates > 0 {
+            parts.push(format!("{} dropped", count(self.duplicates, "duplicate")));
         }
         if !self.added.is_empty() {
             parts.push(format!(

@@ -103,6 +103,11 @@ pub fn batch_line(c: &crate::checkpoint::Commit, pipeline: &str) -> String {
             c.stateful.as_ref().map_or(0, |s| s.late_rows) as f64,
         ),
         (
+            "DuplicateRows",
+            "Count",
+            c.stateful.as_ref().map_or(0, |s| s.duplicates) as f64,
+        ),
+        (
             "QuarantinedRows",
             "Count",
             c.rejected.iter().map(|r| r.rows).sum::<u64>() as f64,

@@ -945,6 +945,10 @@ async fn emf_matches(stack: &Stack, ctx: &Context) {
                 "LateRows",
                 commit.stateful.as_ref().map_or(0, |s| s.late_rows),
             ),
+            (
+                "DuplicateRows",
+                commit.stateful.as_ref().map_or(0, |s| s.duplicates),
+            ),
         ] {
             assert_eq!(line[metric].as_f64(), Some(want as f64), "{metric}: {line}");
         }

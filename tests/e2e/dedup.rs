@@ -245,6 +245,116 @@ async fn forever_keeps_each_keys_first_arrival_across_runs_batches_tasks_and_par
     );
     let last = commits.last().unwrap().stateful.clone().unwrap();
     assert_eq!(last.dedup_keys, keys, "every key is held forever");
+    // What `sluice show` and `sluice history` say of it.
+    let file = root.join("dedupf.toml");
+    std::fs::write(&file, &toml).unwrap();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(args)
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let show = cli(&["show"]);
+    assert!(
+        show.contains(&format!("{} duplicates dropped", total - keys)),
+        "{show}"
+    );
+    assert!(
+        show.contains(&format!("deduplicate  {keys} keys held")),
+        "{show}"
+    );
+    let history = cli(&["history"]);
+    assert!(history.contains("dups"), "{history}");
+    for c in &commits {
+        let line = history
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&c.batch.to_string()))
+            .unwrap_or_else(|| panic!("batch {} in {history}", c.batch));
+        let dups = c.stateful.as_ref().unwrap().duplicates.to_string();
+        assert!(line.split_whitespace().any(|w| w == dups), "{line}");
+    }
+}
+
+/// What `[deduplicate]` cannot do is refused by name, before anything is
+/// written: no way to forget keys, keys that are not source columns, an
+/// event time that is not a timestamp, bad-data policies, an output mode on
+/// a row query, and a change of the key while keys seen exist.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_deduplication_cannot_do_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    write_rides(root, 0, &rides(0, 10, 5));
+    let forever = dedup_toml("dedupr", ROWS_SQL, true, "");
+    let within = dedup_toml("dedupr", ROWS_SQL, false, "");
+    let parse = |toml: &str| {
+        sluice_engine::pipeline::Pipeline::parse(toml, "t.toml", root)
+            .map(|_| String::from("parsed"))
+            .unwrap_or_else(|e| e.to_string())
+    };
+    for (toml, says) in [
+        (
+            forever.replace("keep = \"forever\"\n", ""),
+            "write keep = \"forever\"",
+        ),
+        (
+            within.replace("[deduplicate]\n", "[deduplicate]\nkeep = \"forever\"\n"),
+            "the watermark forgets keys",
+        ),
+        (
+            forever.replace("keep = \"forever\"", "keep = \"1 hour\""),
+            "the only value is \"forever\"",
+        ),
+        (
+            forever.replace("key = [\"ride_id\"]", "key = []"),
+            "deduplicate.key is empty",
+        ),
+    ] {
+        let e = parse(&toml);
+        assert!(e.contains(says), "want \"{says}\" in: {e}");
+    }
+    for (toml, says) in [
+        (
+            forever.replace("key = [\"ride_id\"]", "key = [\"rider\"]"),
+            "deduplicate.key names \"rider\", which is not a source column",
+        ),
+        (
+            within.replace("column = \"ts\"", "column = \"fare\""),
+            "not a timestamp",
+        ),
+        (
+            forever.replace(
+                "table = \"rides\"",
+                "table = \"rides\"\non_bad_row = \"quarantine\"",
+            ),
+            "[deduplicate] fails its batch on bad input",
+        ),
+        (
+            forever.replace(
+                "uri = \"out/sink\"",
+                "uri = \"out/sink\"\nmode = \"update\"",
+            ),
+            "remove sink.mode",
+        ),
+    ] {
+        let e = check_error(root, &toml).await;
+        assert!(e.contains(says), "want \"{says}\" in: {e}");
+    }
+    // Keys seen under one key are not looked up under another.
+    run(&local_context(&pipeline(root, &forever)))
+        .await
+        .unwrap();
+    write_rides(root, 1, &rides(1, 10, 5));
+    let other = forever.replace("key = [\"ride_id\"]", "key = [\"ride_id\", \"fare\"]");
+    let e = run(&local_context(&pipeline(root, &other)))
+        .await
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sluice reset"), "{e}");
+    assert!(e.contains("[deduplicate]'s key columns"), "{e}");
 }
 
 /// Within the watermark, over random arrivals and batch, task and

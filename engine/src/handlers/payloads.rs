@@ -289,6 +289,9 @@ pub struct CommitSummary {
     /// Rows dropped as late (stateful queries).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub late_rows: u64,
+    /// Rows dropped as duplicates (`[deduplicate]`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub duplicates: u64,
     /// Columns the batch added to the schema.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub added_columns: Vec<String>,
@@ -312,6 +315,7 @@ impl From<&Commit> for CommitSummary {
             nulled_fields: c.nulled_fields,
             rescued_fields: c.rescued_fields,
             late_rows: c.stateful.as_ref().map_or(0, |s| s.late_rows),
+            duplicates: c.stateful.as_ref().map_or(0, |s| s.duplicates),
             added_columns: c.added_columns.clone(),
             schema_version: c.schema_version,
         }

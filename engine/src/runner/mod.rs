@@ -62,6 +62,9 @@ pub struct BatchReport {
     /// Rows dropped as late (stateful queries).
     #[serde(default)]
     pub late_rows: u64,
+    /// Rows dropped as duplicates (`[deduplicate]`).
+    #[serde(default)]
+    pub duplicates: u64,
     /// Columns the batch added (`on_schema_change = "add-columns"`).
     #[serde(default)]
     pub added_columns: Vec<String>,
@@ -277,6 +280,7 @@ impl LocalInvoker<'_> {
                 nulled_fields: c.nulled_fields,
                 rescued_fields: c.rescued_fields,
                 late_rows: c.late_rows,
+                duplicates: c.duplicates,
                 added_columns: c.added_columns.clone(),
                 schema_version: c.schema_version,
                 millis: o.batch_started.elapsed().as_millis() as u64,
