@@ -161,6 +161,20 @@ async fn recorded_usage_adds_up_to_what_the_runner_counted() {
         "{stateful}"
     );
     check("stateful", &stateful, 2, 1, 1).await;
+    // `[deduplicate]`: a Dedup map of two steps per batch before the
+    // commit (a row query), or before the Merge map (the windowed query).
+    let dedup = "[deduplicate]\nkey = [\"PULocationID\"]\n[watermark]\ncolumn = \
+                 \"tpep_pickup_datetime\"\ndelay = \"10 minutes\"\n[checkpoint]";
+    let dedup_rows = plain.replace("[checkpoint]", dedup).replace(
+        "max_bytes_per_task = 1",
+        "max_bytes_per_task = 1\nstate_partitions = 2",
+    );
+    check("dedup", &dedup_rows, 4, 1, 2).await;
+    let dedup_windowed = stateful.replace(
+        "[watermark]",
+        "[deduplicate]\nkey = [\"PULocationID\"]\n[watermark]",
+    );
+    check("dedup windowed", &dedup_windowed, 2, 1, 1).await;
 }
 
 /// The SQL `pipeline_toml` writes.
