@@ -99,7 +99,7 @@ async fn stateful_golden_cases() {
         .filter(|p| p.join("pipeline.toml").exists())
         .collect();
     cases.sort();
-    assert_eq!(cases.len(), 12, "{cases:?}");
+    assert_eq!(cases.len(), 14, "{cases:?}");
     let mut failed = Vec::new();
     for case in &cases {
         let name = case.file_name().unwrap().to_str().unwrap().to_string();

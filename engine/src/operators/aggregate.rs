@@ -68,6 +68,9 @@ pub(crate) struct Staged {
     /// The window columns are session windows: merged per key wherever
     /// states meet ([`Self::merge_sessions`]).
     sessions: bool,
+    /// The window columns are stagger windows: cut per key in the merge
+    /// ([`Self::stagger_windows`]).
+    stagger: bool,
 }
 
 impl Staged {
@@ -106,6 +109,7 @@ impl Staged {
             top,
             first,
             sessions: false,
+            stagger: false,
         }))
     }
 
@@ -137,10 +141,29 @@ impl Staged {
         (0..self.first.group_expr().expr().len()).collect()
     }
 
-    /// Its window columns are session windows (see [`Self::merge_sessions`]).
-    pub(crate) fn with_sessions(mut self, sessions: bool) -> Staged {
-        self.sessions = sessions;
+    /// Its window columns are `window`'s kind: session windows (see
+    /// [`Self::merge_sessions`]) or stagger windows (see
+    /// [`Self::stagger_windows`]).
+    pub(crate) fn with_window(mut self, window: Option<&super::window::WindowSpec>) -> Staged {
+        self.sessions = window.is_some_and(|w| w.session);
+        self.stagger = window.is_some_and(|w| w.stagger);
         self
+    }
+
+    /// Its windows are stagger windows.
+    pub(crate) fn staggered(&self) -> bool {
+        self.stagger
+    }
+
+    /// Stagger windows: `states` (one row per key and event time) with
+    /// each row's window replaced by the stagger window it falls in (see
+    /// [`super::window::stagger_windows`]). Other queries: as they are.
+    pub(crate) fn stagger_windows(&self, states: &RecordBatch) -> Result<RecordBatch> {
+        let Some((start, end)) = self.window_columns()?.filter(|_| self.stagger) else {
+            return Ok(states.clone());
+        };
+        let keys = self.partition_columns()?;
+        Ok(super::window::stagger_windows(states, &keys, start, end)?)
     }
 
     /// The window columns' indices in the state schema, if it has them.
@@ -154,12 +177,13 @@ impl Staged {
     }
 
     /// What states are hash-partitioned by: the group keys, without the
-    /// window columns when those are session windows (a session's bounds
-    /// change as it merges, so its key alone must say where it lives).
+    /// window columns when those are session or stagger windows (their
+    /// bounds change as states meet, so the key alone must say where it
+    /// lives).
     pub(crate) fn partition_columns(&self) -> Result<Vec<usize>> {
         let keys = self.key_columns();
         match self.window_columns()? {
-            Some((start, end)) if self.sessions => Ok(keys
+            Some((start, end)) if self.sessions || self.stagger => Ok(keys
                 .into_iter()
                 .filter(|k| *k != start && *k != end)
                 .collect()),

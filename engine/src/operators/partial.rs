@@ -72,7 +72,7 @@ impl SqlOperator {
         Ok(Staged::of(plan)
             .map_err(|e| self.sql_err(e))?
             .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))?
-            .with_sessions(q.window.as_ref().is_some_and(|w| w.session)))
+            .with_window(q.window.as_ref()))
     }
 
     /// Run one task of a stateful query: read, aggregate partially, and
@@ -251,7 +251,7 @@ impl SqlOperator {
         let staged = Staged::of(plan)
             .map_err(|e| self.sql_err(e))?
             .ok_or_else(|| self.sql_err("the query's aggregate was planned away"))?
-            .with_sessions(q.window.as_ref().is_some_and(|w| w.session));
+            .with_window(q.window.as_ref());
         let partial = staged.partial().map_err(exec)?;
         let mut states = datafusion::physical_plan::collect(partial.clone(), ctx.task_ctx())
             .await

@@ -206,6 +206,12 @@ impl SqlOperator {
                  earlier row it replaces): use sink.mode = \"append\" with [watermark], or \
                  \"complete\"",
             )),
+            (Some(w), OutputMode::Update, _) if w.stagger => Err(self.sql_err(
+                "stagger_window(...) in update mode is not supported: a key's windows are \
+                 cut anew when a row with an earlier time arrives, so an update could not say \
+                 which earlier row it replaces; use sink.mode = \"append\" with [watermark], \
+                 or \"complete\"",
+            )),
             (Some(w), _, Some(m)) if m.column != w.column => Err(self.sql_err(format!(
                 "[watermark] column = \"{}\" but the window is over {}: the watermark \
                  closes windows of its own column, so name the window's",
@@ -317,6 +323,16 @@ uri = "ck"
                 "SELECT count(*) FROM trips GROUP BY session_window(tpep_pickup_datetime, '5 minutes')",
                 update,
                 "session_window(...) in update mode",
+            ),
+            (
+                "SELECT count(*) FROM trips GROUP BY stagger_window(tpep_pickup_datetime, '5 minutes')",
+                update,
+                "stagger_window(...) in update mode",
+            ),
+            (
+                "SELECT count(*) FROM trips GROUP BY stagger_window(tpep_pickup_datetime, '5 minutes', '1 minute')",
+                WM,
+                "stagger_window(<timestamp column>, '<size>')",
             ),
             (
                 r#"SELECT "PULocationID", count(DISTINCT store_and_fwd_flag) FROM trips GROUP BY "PULocationID""#,

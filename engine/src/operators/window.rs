@@ -46,6 +46,10 @@ pub(crate) struct WindowSpec {
     /// A session window: `size_us` is the gap; windows are `[t, t + gap)`
     /// per row, merged per key where they touch.
     pub session: bool,
+    /// A stagger window: `size_us` is the length; a key's window opens at
+    /// its first row's event time, and the first row of the key at or past
+    /// the window's end opens the next ([`stagger_windows`]).
+    pub stagger: bool,
 }
 
 /// A query with its window, rewritten for DataFusion.
@@ -108,7 +112,7 @@ pub(crate) fn rewrite(sql: &str) -> Result<Windowed, String> {
                 .into(),
         );
     }
-    let window = window_spec(&keys[at], kind == "session_window")?;
+    let window = window_spec(&keys[at], &kind)?;
     keys.splice(
         at..=at,
         [
@@ -146,16 +150,27 @@ fn window_call(e: &Expr) -> Option<String> {
         return None;
     };
     let name = f.name.to_string().to_ascii_lowercase();
-    matches!(name.as_str(), "window" | "session_window").then_some(name)
+    matches!(
+        name.as_str(),
+        "window" | "session_window" | "stagger_window"
+    )
+    .then_some(name)
 }
 
-/// The window a `window(col, 'size'[, 'slide'])` or
-/// `session_window(col, 'gap')` call describes.
-fn window_spec(e: &Expr, session: bool) -> Result<WindowSpec, String> {
+/// The window a `window(col, 'size'[, 'slide'])`,
+/// `session_window(col, 'gap')` or `stagger_window(col, 'size')` call
+/// describes.
+fn window_spec(e: &Expr, kind: &str) -> Result<WindowSpec, String> {
     let Expr::Function(f) = e else {
         unreachable!("a window call")
     };
-    let usage = || if session { session_usage() } else { usage() };
+    let session = kind == "session_window";
+    let stagger = kind == "stagger_window";
+    let usage = || match kind {
+        "session_window" => session_usage(),
+        "stagger_window" => stagger_usage(),
+        _ => usage(),
+    };
     let FunctionArguments::List(list) = &f.args else {
         return Err(usage());
     };
@@ -180,7 +195,7 @@ fn window_spec(e: &Expr, session: bool) -> Result<WindowSpec, String> {
         _ => Err(usage()),
     };
     let (size, slide) = match args.as_slice() {
-        [_, _, _] if session => return Err(usage()),
+        [_, _, _] if session || stagger => return Err(usage()),
         [_, size] => {
             let size = duration_us(&text(size)?).map_err(|e| format!("{e}; {}", usage()))?;
             (size, size)
@@ -202,7 +217,12 @@ fn window_spec(e: &Expr, session: bool) -> Result<WindowSpec, String> {
         size_us: size,
         slide_us: slide,
         session,
+        stagger,
     })
+}
+
+fn stagger_usage() -> String {
+    "write stagger_window(<timestamp column>, '<size>'), a size such as '10 minutes'".into()
 }
 
 fn session_usage() -> String {
@@ -228,6 +248,8 @@ pub(crate) fn check_unit(spec: &WindowSpec, unit: &TimeUnit) -> Result<(), Strin
     };
     let name = if spec.session {
         "session_window"
+    } else if spec.stagger {
+        "stagger_window"
     } else {
         "window"
     };
@@ -287,8 +309,9 @@ pub(crate) fn assign(batch: &RecordBatch, spec: &WindowSpec) -> Result<RecordBat
             continue;
         }
         let t = ts.value(r);
-        if spec.session {
-            // `[t, t + gap)`, merged into sessions where states meet.
+        if spec.session || spec.stagger {
+            // `[t, t + gap)`, merged into sessions where states meet; or
+            // `[t, t + size)`, cut into stagger windows where states meet.
             rows.push(r as u32);
             starts.push(t);
             continue;
@@ -307,7 +330,8 @@ pub(crate) fn assign(batch: &RecordBatch, spec: &WindowSpec) -> Result<RecordBat
         }
     }
     // One window per row and no null event time: the rows as they are.
-    let taken = if rows.len() == batch.num_rows() && (spec.session || slide == size) {
+    let taken = if rows.len() == batch.num_rows() && (spec.session || spec.stagger || slide == size)
+    {
         batch.clone()
     } else {
         take_record_batch(batch, &UInt32Array::from(rows))?
@@ -340,6 +364,47 @@ pub(crate) fn merge_sessions(
     start: usize,
     end: usize,
 ) -> Result<RecordBatch, ArrowError> {
+    cut_windows(batch, keys, start, end, Cut::Sessions)
+}
+
+/// `batch` (states, one row per key and event time: windows `[t, t +
+/// size)`) with each row's window replaced by its stagger window: sorted by
+/// key (the `keys` columns, the window's own excluded) and start, a key's
+/// first row opens `[t, t + size)`, every row of the key that starts
+/// before that end falls in it, and the first that starts at or past it
+/// opens the next. The rows themselves are not merged: a row arriving
+/// later with an earlier time cuts the key's windows anew, so the state
+/// keeps one row per event time until its window is emitted.
+pub(crate) fn stagger_windows(
+    batch: &RecordBatch,
+    keys: &[usize],
+    start: usize,
+    end: usize,
+) -> Result<RecordBatch, ArrowError> {
+    cut_windows(batch, keys, start, end, Cut::Stagger)
+}
+
+/// How [`cut_windows`] groups a key's windows, in order of start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// A window starting at or before the running session's end joins it
+    /// and extends it to its own end.
+    Sessions,
+    /// A window starting before the open window's end falls in it; the
+    /// open window keeps its bounds.
+    Stagger,
+}
+
+/// `batch` with each row's window (columns `start`, `end`) replaced by the
+/// window `cut` groups it into with the other windows of its key (the
+/// `keys` columns), rows in their order.
+fn cut_windows(
+    batch: &RecordBatch,
+    keys: &[usize],
+    start: usize,
+    end: usize,
+    cut: Cut,
+) -> Result<RecordBatch, ArrowError> {
     use datafusion::arrow::row::{RowConverter, SortField};
     let n = batch.num_rows();
     if n == 0 {
@@ -369,8 +434,13 @@ pub(crate) fn merge_sessions(
         let first = order[i];
         let (from, mut to) = (s.value(first), e.value(first));
         let mut j = i + 1;
-        while j < n && rows.row(order[j]) == rows.row(first) && s.value(order[j]) <= to {
-            to = to.max(e.value(order[j]));
+        while j < n && rows.row(order[j]) == rows.row(first) {
+            let next = s.value(order[j]);
+            match cut {
+                Cut::Sessions if next <= to => to = to.max(e.value(order[j])),
+                Cut::Stagger if next < to => {}
+                _ => break,
+            }
             j += 1;
         }
         for &r in &order[i..j] {
@@ -402,6 +472,7 @@ mod tests {
                 size_us: 15 * 60_000_000,
                 slide_us: 15 * 60_000_000,
                 session: false,
+                stagger: false,
             })
         );
         assert!(
@@ -519,6 +590,7 @@ mod tests {
             size_us: m(15),
             slide_us: m(15),
             session: false,
+            stagger: false,
         };
         assert_eq!(
             windows(&tumbling),
@@ -535,6 +607,7 @@ mod tests {
             size_us: m(10),
             slide_us: m(5),
             session: false,
+            stagger: false,
         };
         assert_eq!(
             windows(&sliding),
@@ -624,10 +697,7 @@ mod tests {
         ) {
             let spec = w.window.clone().unwrap();
             let (ctx, plan) = run(assign(&batch(rows), &spec).unwrap(), &w.sql).await;
-            let staged = Staged::of(plan)
-                .unwrap()
-                .unwrap()
-                .with_sessions(spec.session);
+            let staged = Staged::of(plan).unwrap().unwrap().with_window(Some(&spec));
             let partial = collect(staged.partial().unwrap(), ctx.task_ctx())
                 .await
                 .unwrap();

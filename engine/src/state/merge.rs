@@ -64,6 +64,9 @@ pub(crate) async fn merge(
     }
     let merged = collect(staged.reduce(staged.merge_sessions(all)?)?, ctx.task_ctx()).await?;
     let merged = concat_batches(&schema, &merged)?;
+    if staged.staggered() {
+        return stagger(ctx, staged, merged, mode, watermark).await;
+    }
     let n = merged.num_rows();
     let closed: BooleanArray = match (schema.index_of(WINDOW_END).ok(), watermark) {
         (Some(end), Some(wm)) => {
@@ -108,6 +111,60 @@ pub(crate) async fn merge(
         }
         _ => None,
     };
+    Ok(Merged {
+        emit,
+        state: vec![keep],
+        next_close_us,
+    })
+}
+
+/// The merge of stagger windows: `merged` holds one row per key and event
+/// time (each a window `[t, t + size)`); cut into each key's stagger
+/// windows, a window is emitted (append) once the watermark reaches its
+/// end, and its rows leave the state, while the rows of open windows stay
+/// as they are (a row with an earlier time may still cut them anew).
+/// Complete mode emits every window and keeps every row.
+async fn stagger(
+    ctx: &SessionContext,
+    staged: &Staged,
+    merged: RecordBatch,
+    mode: OutputMode,
+    watermark: Option<i64>,
+) -> Result<Merged> {
+    let end = merged.schema().index_of(WINDOW_END)?;
+    let cut = staged.stagger_windows(&merged)?;
+    let ends = window_ends_us(&cut, end)?;
+    let closed: BooleanArray = match watermark {
+        Some(wm) => lt_eq(&ends, &datafusion::arrow::array::Int64Array::new_scalar(wm))?,
+        None => BooleanArray::from(vec![false; cut.num_rows()]),
+    };
+    let open = datafusion::arrow::compute::not(&closed)?;
+    let (emit_rows, keep) = match mode {
+        OutputMode::Append => (
+            filter_record_batch(&cut, &closed)?,
+            filter_record_batch(&merged, &open)?,
+        ),
+        OutputMode::Complete => (cut, merged),
+        OutputMode::Update => {
+            return Err(DataFusionError::Plan(
+                "stagger_window(...) in update mode is not supported: use mode = \"append\" \
+                 or \"complete\""
+                    .into(),
+            ));
+        }
+    };
+    let emit = if emit_rows.num_rows() == 0 {
+        Vec::new()
+    } else {
+        collect(staged.finish(vec![emit_rows])?, ctx.task_ctx()).await?
+    };
+    let open_ends = datafusion::arrow::compute::filter(&ends, &open)?;
+    let next_close_us = datafusion::arrow::compute::min(
+        open_ends
+            .as_any()
+            .downcast_ref::<datafusion::arrow::array::Int64Array>()
+            .expect("Int64"),
+    );
     Ok(Merged {
         emit,
         state: vec![keep],
@@ -255,7 +312,10 @@ mod tests {
                 .create_physical_plan()
                 .await
                 .unwrap();
-            let s = Staged::of(plan).unwrap().unwrap();
+            let s = Staged::of(plan)
+                .unwrap()
+                .unwrap()
+                .with_window(w.window.as_ref());
             let partials = collect(s.partial().unwrap(), ctx.task_ctx()).await.unwrap();
             let m = merge(
                 &ctx,
@@ -306,6 +366,69 @@ mod tests {
         render(&ctx.sql(&sql).await.unwrap().collect().await.unwrap())
     }
 
+    /// Stagger windows of `size` computed from their definition, without
+    /// Sluice's code: the rows not late on arrival, per zone in time
+    /// order, a window opened by a zone's first row and by its first row at
+    /// or past the open window's end; then a one-shot DataFusion GROUP BY
+    /// over the rows labelled with their window. Append: the windows that
+    /// end at or before the final watermark; complete (`all`): every one.
+    async fn expected_stagger(
+        arrivals: &[Vec<Row>],
+        delay: i64,
+        size: i64,
+        all: bool,
+    ) -> Vec<String> {
+        let mut wm: Option<i64> = None;
+        let mut kept: Vec<Row> = Vec::new();
+        for rows in arrivals {
+            kept.extend(rows.iter().filter(|r| wm.is_none_or(|w| r.0 > w)).cloned());
+            if let Some(max) = rows.iter().map(|r| r.0).max() {
+                wm = Some(wm.map_or(max - delay, |w| w.max(max - delay)));
+            }
+        }
+        let zone = |r: &Row| r.1 % 3;
+        kept.sort_by_key(|r| (zone(r), r.0));
+        let mut starts = Vec::with_capacity(kept.len());
+        let mut open: Option<(u8, i64)> = None;
+        for r in &kept {
+            let start = match open {
+                Some((z, s)) if z == zone(r) && r.0 < s + size => s,
+                _ => r.0,
+            };
+            open = Some((zone(r), start));
+            starts.push(start);
+        }
+        let labelled = batch(&kept);
+        let mut fields: Vec<Field> = labelled
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.push(Field::new(
+            "ws",
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            false,
+        ));
+        let mut columns = labelled.columns().to_vec();
+        columns.push(Arc::new(TimestampMicrosecondArray::from(starts)));
+        let labelled = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+        let ctx = SessionContext::new();
+        let table = MemTable::try_new(labelled.schema(), vec![vec![labelled]]).unwrap();
+        ctx.register_table("t", Arc::new(table)).unwrap();
+        let close = match (all, wm) {
+            (true, _) => String::new(),
+            (false, Some(wm)) => format!("WHERE CAST(we AS BIGINT) <= {wm}"),
+            (false, None) => "WHERE false".into(),
+        };
+        let sql = format!(
+            "SELECT ws, we, zone, n, s FROM (SELECT ws, ws + INTERVAL '{} minutes' AS we, zone, \
+             count(*) AS n, sum(amount) AS s FROM t GROUP BY 1, 2, 3) {close}",
+            size / MIN
+        );
+        render(&ctx.sql(&sql).await.unwrap().collect().await.unwrap())
+    }
+
     fn arrivals(rows: Vec<Row>, cuts: Vec<usize>) -> Vec<Vec<Row>> {
         let mut out = Vec::new();
         let mut rest = rows.as_slice();
@@ -341,6 +464,35 @@ mod tests {
             union.sort();
             let want = rt.block_on(expected_append(&arrivals, delay, 15 * MIN));
             prop_assert_eq!(union, want);
+        }
+
+        /// Stagger windows, append: the union of every batch's output is
+        /// each closed window exactly once; complete: the last batch's
+        /// output is every window; both equal to the windows computed from
+        /// the definition, whatever the arrival order and batch split (a
+        /// row arriving after others of its zone with an earlier time cuts
+        /// the zone's windows anew).
+        #[test]
+        fn stagger_windows_equal_their_definition_however_rows_arrive(
+            rows in proptest::collection::vec((0i64..180 * MIN, 0u8..3, -20i8..20), 0..60),
+            cuts in proptest::collection::vec(0usize..20, 0..6),
+            delay_min in 0i64..40,
+        ) {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            let arrivals = arrivals(rows, cuts);
+            let delay = delay_min * MIN;
+            let sql = "SELECT stagger_window.start AS ws, stagger_window.end AS we, zone, \
+                       count(*) AS n, sum(amount) AS s FROM t \
+                       GROUP BY stagger_window(ts, '10 minutes'), zone";
+            let out = rt.block_on(pipeline(sql, &arrivals, OutputMode::Append, delay));
+            let mut union: Vec<String> = out.into_iter().flatten().collect();
+            union.sort();
+            let want = rt.block_on(expected_stagger(&arrivals, delay, 10 * MIN, false));
+            prop_assert_eq!(union, want);
+            let complete = rt.block_on(pipeline(sql, &arrivals, OutputMode::Complete, delay));
+            let last = complete.last().cloned().unwrap_or_default();
+            let want = rt.block_on(expected_stagger(&arrivals, delay, 10 * MIN, true));
+            prop_assert_eq!(last, want);
         }
 
         /// Complete without a window: the last batch's output is the
