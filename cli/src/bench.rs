@@ -29,8 +29,9 @@ pub struct BenchArgs {
     /// Work folder (default: a temporary folder, removed afterwards).
     #[arg(long)]
     dir: Option<std::path::PathBuf>,
-    /// Which query: a row-by-row filter and projection, or a windowed
-    /// GROUP BY (tumbling 15 minutes x zone, count/sum/avg).
+    /// Which query: a row-by-row filter and projection, a windowed
+    /// GROUP BY (tumbling 15 minutes x zone, count/sum/avg), a join with a
+    /// static zones table, or deduplication within the watermark.
     #[arg(long, value_enum, default_value_t = BenchQuery::Filter)]
     query: BenchQuery,
     /// Where the input comes from: generated files, or records produced
@@ -77,6 +78,10 @@ pub enum BenchQuery {
     Filter,
     /// A windowed GROUP BY through the merge stage.
     Window,
+    /// A join of the input with a static table (`[[static]]`).
+    Join,
+    /// `[deduplicate]` within the watermark, 100 batches.
+    Dedup,
 }
 
 const SQL: &str = "SELECT \"VendorID\", tpep_pickup_datetime, \"PULocationID\", \"DOLocationID\", \
@@ -208,6 +213,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         };
         std::fs::create_dir_all(&dir)?;
         return crate::bench_kafka::run(&dir, b, args.records, args.partitions, args.rounds).await;
+    }
+    if args.query == BenchQuery::Join {
+        return crate::bench_breadth::join(&dir, args.files, args.rows, args.rounds).await;
+    }
+    if args.query == BenchQuery::Dedup {
+        return crate::bench_breadth::dedup(&dir, args.files, args.rows).await;
     }
     if args.query == BenchQuery::Window {
         return crate::bench_window::run(&dir, args.files, args.rows, args.rounds).await;

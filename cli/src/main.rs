@@ -3,6 +3,7 @@
 
 mod aws;
 mod bench;
+mod bench_breadth;
 mod bench_delta;
 mod bench_kafka;
 mod bench_planning;

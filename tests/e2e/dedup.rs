@@ -78,10 +78,10 @@ uri = "out/checkpoint"
 /// 2024-01-01T00:00) and fare.
 #[derive(Debug, Clone)]
 pub(crate) struct Ride {
-    seq: i64,
-    id: u32,
-    minute: i64,
-    fare: f64,
+    pub(crate) seq: i64,
+    pub(crate) id: u32,
+    pub(crate) minute: i64,
+    pub(crate) fare: f64,
 }
 
 /// `rows` rides of file number `file`: keys from a small set (so keys
@@ -183,7 +183,7 @@ async fn duckdb_over(rows: &[Ride], sql: &str) -> Vec<String> {
 }
 
 /// The rows of the last complete snapshot of the local sink.
-async fn last_snapshot(sink: &Path, name: &str) -> Vec<String> {
+pub(crate) async fn last_snapshot(sink: &Path, name: &str) -> Vec<String> {
     let Some((_, complete, files)) = manifest_files(sink, name).await.pop() else {
         return Vec::new();
     };

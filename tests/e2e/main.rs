@@ -29,6 +29,7 @@ mod s3;
 mod schema;
 mod schema_change;
 mod sink;
+mod stagger;
 mod stateful;
 mod statics;
 mod storage_contract;

@@ -227,3 +227,30 @@ pub async fn dedup(
     tracing::debug!(pipeline = %p.name, batch, partition, kept, dropped = result.dropped, keys, "deduplicated");
     Ok(result)
 }
+
+/// Read and decode every partition's keys seen in force, as the Dedup
+/// steps of the next batch would (`sluice bench --query dedup` times this
+/// as the restore). A pipeline without them gives zeros.
+pub async fn restore_dedup_state(ctx: &Context) -> Result<super::StateSize> {
+    let Some((control, _)) = ctx.checkpoint.control().await? else {
+        return Ok(super::StateSize::default());
+    };
+    let Some(st) = control.stateful else {
+        return Ok(super::StateSize::default());
+    };
+    let mut size = super::StateSize::default();
+    for key in st.dedup.into_iter().flatten() {
+        let obj = ctx
+            .checkpoint
+            .store()
+            .get(&key)
+            .await?
+            .ok_or_else(|| ctx.broken(key.clone(), "the keys seen in force are missing"))?;
+        let batches = crate::operators::aggregate::from_ipc(&obj.bytes)
+            .map_err(|e| ctx.broken(key.clone(), e.to_string()))?;
+        size.bytes += obj.bytes.len() as u64;
+        size.partitions += 1;
+        size.groups += batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
+    }
+    Ok(size)
+}

@@ -29,7 +29,7 @@ pub(crate) mod usage;
 pub(crate) use commit::abandon;
 pub use commit::commit;
 pub use context::{Context, Contexts};
-pub use dedup::{DedupResult, dedup};
+pub use dedup::{DedupResult, dedup, restore_dedup_state};
 pub use lease::{heartbeat, release};
 pub use merge::{MergeResult, StateSize, merge, restore_state};
 pub use operate::operate;
