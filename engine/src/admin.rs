@@ -194,6 +194,11 @@ async fn check_schema_and_query(
             if let (_, Some(output)) = ctx.checking_operator(reading).await?.check_output().await? {
                 ctx.sink.delta_schema_check(&output).await?;
             }
+            // State built under another shape (the aggregate, its keys,
+            // the window, [deduplicate]'s key...) is refused by a run.
+            if let Some(c) = control {
+                crate::handlers::check_state_shape(ctx, c).await?;
+            }
             report
                 .checked
                 .push(format!("source schema ({} columns)", schema.fields().len()));

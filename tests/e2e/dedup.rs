@@ -348,6 +348,9 @@ async fn what_deduplication_cannot_do_is_refused_by_name() {
         .unwrap();
     write_rides(root, 1, &rides(1, 10, 5));
     let other = forever.replace("key = [\"ride_id\"]", "key = [\"ride_id\", \"fare\"]");
+    // `sluice check` says so before a run does.
+    let e = check_error(root, &other).await;
+    assert!(e.contains("[deduplicate]'s key columns"), "{e}");
     let e = run(&local_context(&pipeline(root, &other)))
         .await
         .map(|_| ())
@@ -537,4 +540,77 @@ async fn a_deduplicating_row_query_failing_at_any_write_recovers_to_the_rules_ro
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deduplicating_group_by_failing_at_any_write_recovers_to_the_rules_rows() {
     each_write_failing("crashdg", GROUPED_SQL).await;
+}
+
+/// The sweep's cases: a row with no event time is counted late and
+/// dropped before deduplication (it has no expiry: kept, its key was held
+/// forever and a row a month later was dropped); -0.0 and 0.0 are one key
+/// (Spark's and DuckDB's rule). Hand-worked.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_without_event_time_are_late_and_signed_zeros_are_one_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = r#"name = "nullts"
+[source]
+uri = "input"
+format = "csv"
+table = "ev"
+schema = [{ name = "k", type = "Utf8" }, { name = "x", type = "Float64" }, { name = "ts", type = "Timestamp(Microsecond, None)" }]
+[query]
+sql = "SELECT k, x, ts FROM ev"
+[deduplicate]
+key = ["k"]
+[watermark]
+column = "ts"
+delay = "10 minutes"
+[sink]
+uri = "out/sink"
+[checkpoint]
+uri = "out/checkpoint"
+"#;
+    let input = root.join("input");
+    std::fs::create_dir_all(&input).unwrap();
+    for (i, text) in [
+        "k,x,ts\nb,1,\nb,2,2024-01-01T00:01:00\n",
+        "k,x,ts\nb,3,2024-01-05T00:00:00\nx,4,2024-01-05T00:00:00\n",
+        "k,x,ts\nb,5,2024-02-01T00:00:00\n",
+    ]
+    .iter()
+    .enumerate()
+    {
+        std::fs::write(input.join(format!("{i}.csv")), text).unwrap();
+        run(&local_context(&pipeline(root, toml))).await.unwrap();
+    }
+    // Run 1: b without a time is late; b@00:01 kept (held until 00:11);
+    // watermark after: Dec 31 23:51. Run 2 (watermark Dec 31 23:51): b is
+    // still held, so b@Jan 5 is a duplicate; x kept; watermark after Jan 4
+    // 23:50 passes b's expiry: the run's no-input batch lets b go. Run 3:
+    // b@Feb 1 kept.
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "nullts").await,
+        [
+            "b|2.0|2024-01-01T00:01:00",
+            "b|5.0|2024-02-01T00:00:00",
+            "x|4.0|2024-01-05T00:00:00"
+        ]
+    );
+    let totals = control_of(root, toml).await.totals;
+    assert_eq!((totals.late_rows, totals.duplicates), (1, 1));
+
+    let zeros = toml
+        .replace("\"nullts\"", "\"zeros\"")
+        .replace("key = [\"k\"]", "key = [\"x\"]")
+        .replace("out/", "zeros/");
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("input")).unwrap();
+    std::fs::write(
+        root.join("input/z.csv"),
+        "k,x,ts\na,0.0,2024-01-01T00:01:00\nb,-0.0,2024-01-01T00:02:00\nc,NaN,2024-01-01T00:03:00\nd,NaN,2024-01-01T00:04:00\n",
+    )
+    .unwrap();
+    run(&local_context(&pipeline(root, &zeros))).await.unwrap();
+    let got = committed_rows(&root.join("zeros/sink"), "zeros").await;
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(control_of(root, &zeros).await.totals.duplicates, 2);
 }

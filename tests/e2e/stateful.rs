@@ -494,6 +494,9 @@ async fn changing_what_the_state_is_of_is_refused_until_reset() {
         toml.replace("state_partitions = 3", "state_partitions = 4"),
         toml.replace("max(trip_distance)", "min(trip_distance)"),
     ] {
+        // `sluice check` foresees it (it passed before the sweep's fix).
+        let e = check_error(root, &changed).await;
+        assert!(e.contains("sluice reset") && e.contains("state"), "{e}");
         let e = run(&local_context(&pipeline(root, &changed)))
             .await
             .unwrap_err()

@@ -40,6 +40,7 @@ pub use payloads::{
 };
 pub use plan::plan;
 pub(crate) use schema::{HintCheck, arrow_of, check_against_hints, in_force, resolve_schema};
+pub(crate) use state::check_state_shape;
 
 use crate::error::{ErrorClass, Result};
 use commit::settle;

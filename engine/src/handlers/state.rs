@@ -111,7 +111,7 @@ pub(super) async fn merges(ctx: &Context, off: &Offsets) -> Result<Vec<u32>> {
 
 /// A stateful query whose shape is not the one its state was built under
 /// is refused while that state exists.
-pub(super) async fn check_state_shape(ctx: &Context, control: &Control) -> Result<()> {
+pub(crate) async fn check_state_shape(ctx: &Context, control: &Control) -> Result<()> {
     let Some(s) = &control.stateful else {
         return Ok(());
     };

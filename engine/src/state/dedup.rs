@@ -99,6 +99,9 @@ pub(crate) fn dedup(
             .map(|k| Ok(b.column(schema.index_of(k)?).clone()))
             .collect()
     };
+    let compared = |b: &RecordBatch, schema: &Schema| -> Result<Vec<ArrayRef>, ArrowError> {
+        key_of(b, schema)?.iter().map(comparable).collect()
+    };
     let converter = RowConverter::new(
         key.iter()
             .map(|k| {
@@ -108,9 +111,9 @@ pub(crate) fn dedup(
             })
             .collect::<Result<Vec<_>, ArrowError>>()?,
     )?;
-    let held = converter.convert_columns(&key_of(&old, &state_schema)?)?;
+    let held = converter.convert_columns(&compared(&old, &state_schema)?)?;
     let mut seen: HashSet<&[u8]> = held.iter().map(|r| r.data()).collect();
-    let incoming = converter.convert_columns(&key_of(&rows, &tagged)?)?;
+    let incoming = converter.convert_columns(&compared(&rows, &tagged)?)?;
     let mut kept_rows: Vec<u32> = Vec::new();
     for (i, r) in incoming.iter().enumerate() {
         if seen.insert(r.data()) {
@@ -164,6 +167,39 @@ pub(crate) fn dedup(
         state,
         dropped,
         next_expiry_us,
+    })
+}
+
+/// A key column as keys compare: floats with -0.0 made 0.0 and every NaN
+/// one NaN (Spark's and SQL's equality; the row format orders them apart).
+fn comparable(col: &ArrayRef) -> Result<ArrayRef, ArrowError> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::{Float32Type, Float64Type};
+    Ok(match col.data_type() {
+        DataType::Float64 => Arc::new(col.as_primitive::<Float64Type>().unary::<_, Float64Type>(
+            |v| {
+                if v == 0.0 {
+                    0.0
+                } else if v.is_nan() {
+                    f64::NAN
+                } else {
+                    v
+                }
+            },
+        )),
+        DataType::Float32 => Arc::new(col.as_primitive::<Float32Type>().unary::<_, Float32Type>(
+            |v| {
+                if v == 0.0 {
+                    0.0
+                } else if v.is_nan() {
+                    f32::NAN
+                } else {
+                    v
+                }
+            },
+        )),
+        DataType::Float16 => comparable(&cast(col, &DataType::Float64)?)?,
+        _ => col.clone(),
     })
 }
 
