@@ -106,3 +106,68 @@ async fn stagger_windows_through_the_engine_equal_their_definition() {
         (all.len() - kept.len()) as u64
     );
 }
+
+/// The sweep's engine cases: stagger and session windows over the whole
+/// stream (no key) run (every run panicked); `sluice check` refuses a size
+/// the column's unit cannot hold, as a run does. Hand-worked.
+#[tokio::test(flavor = "multi_thread")]
+async fn keyless_windows_run_and_check_refuses_what_a_run_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("input")).unwrap();
+    std::fs::write(
+        root.join("input/e.csv"),
+        "ts,k,v\n2024-01-01T00:01:00,a,1\n2024-01-01T00:03:00,b,2\n2024-01-01T00:12:00,a,4\n",
+    )
+    .unwrap();
+    let toml = |name: &str, kind: &str, unit: &str| {
+        format!(
+            r#"name = "{name}"
+[source]
+uri = "input"
+format = "csv"
+table = "events"
+schema = [{{ name = "ts", type = "Timestamp({unit}, None)" }}, {{ name = "k", type = "Utf8" }}, {{ name = "v", type = "Int64" }}]
+[query]
+sql = "SELECT {kind}.start AS ws, {kind}.end AS we, count(*) AS n, sum(v) AS total FROM events GROUP BY {kind}(ts, '10 minutes')"
+[sink]
+uri = "{name}/sink"
+mode = "complete"
+[checkpoint]
+uri = "{name}/checkpoint"
+[limits]
+state_partitions = 2
+"#
+        )
+    };
+    for (name, kind, want) in [
+        (
+            "stagger",
+            "stagger_window",
+            // 00:01 opens [00:01, 00:11) with 00:03; 00:12 opens the next.
+            [
+                "2024-01-01T00:01:00|2024-01-01T00:11:00|2|3",
+                "2024-01-01T00:12:00|2024-01-01T00:22:00|1|4",
+            ]
+            .as_slice(),
+        ),
+        (
+            "session",
+            "session_window",
+            // Each row within 10 minutes of the last: one session.
+            ["2024-01-01T00:01:00|2024-01-01T00:22:00|3|7"].as_slice(),
+        ),
+    ] {
+        let t = toml(name, kind, "Microsecond");
+        run(&local_context(&pipeline(root, &t)))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut got = last_snapshot(&root.join(format!("{name}/sink")), name).await;
+        got.sort();
+        assert_eq!(got, want, "{name}");
+    }
+    let seconds =
+        toml("secs", "stagger_window", "Second").replace("'10 minutes'", "'1500 milliseconds'");
+    let e = check_error(root, &seconds).await;
+    assert!(e.contains("not a whole number of seconds"), "{e}");
+}

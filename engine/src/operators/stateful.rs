@@ -59,23 +59,29 @@ impl SqlOperator {
         // table or inside window(...), is not seen there).
         let field = self.schema.field_with_name(&w.column).map_err(|_| {
             self.sql_err(format!(
-                "window({}, ...): the source has no column {}: window(...) takes a timestamp \
+                "{name}({}, ...): the source has no column {}: {name}(...) takes a timestamp \
                  column of the source by name (a cast or an expression there, or a column of \
                  a derived table, is not supported); type the source column as timestamp with \
                  source.schema_hints (or in source.schema)",
-                w.column, w.column
+                w.column,
+                w.column,
+                name = w.name()
             ))
         })?;
-        let DataType::Timestamp(_, _) = field.data_type() else {
+        let DataType::Timestamp(unit, _) = field.data_type() else {
             return Err(self.sql_err(format!(
-                "window({}, ...): the column is {}, not a timestamp: type it as timestamp \
+                "{}({}, ...): the column is {}, not a timestamp: type it as timestamp \
                  with source.schema_hints = {{ {} = \"timestamp\" }} (or in source.schema; \
                  a cast in the query is not seen where windows are assigned)",
+                w.name(),
                 w.column,
                 crate::pipeline::types::type_name(field.data_type()),
                 w.column
             )));
         };
+        // A duration the column's unit cannot hold is refused here, by
+        // `sluice check`, not first by a run.
+        super::window::check_unit(w, unit).map_err(|e| self.sql_err(e))?;
         let mut fields: Vec<Field> = self
             .schema
             .fields()
@@ -196,9 +202,11 @@ impl SqlOperator {
                  whole result per batch)",
             )),
             (Some(w), OutputMode::Append, None) => Err(self.sql_err(format!(
-                "window({}, ...) in append mode needs [watermark] (column = \"{}\", delay = \
+                "{}({}, ...) in append mode needs [watermark] (column = \"{}\", delay = \
                  \"10 minutes\"): without it no window ever closes",
-                w.column, w.column
+                w.name(),
+                w.column,
+                w.column
             ))),
             (Some(w), OutputMode::Update, _) if w.session => Err(self.sql_err(
                 "session_window(...) in update mode is not supported (as in Spark: a \

@@ -52,6 +52,20 @@ pub(crate) struct WindowSpec {
     pub stagger: bool,
 }
 
+impl WindowSpec {
+    /// The function the query calls: `window`, `session_window` or
+    /// `stagger_window`.
+    pub(crate) fn name(&self) -> &'static str {
+        if self.session {
+            "session_window"
+        } else if self.stagger {
+            "stagger_window"
+        } else {
+            "window"
+        }
+    }
+}
+
 /// A query with its window, rewritten for DataFusion.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Windowed {
@@ -113,6 +127,32 @@ pub(crate) fn rewrite(sql: &str) -> Result<Windowed, String> {
         );
     }
     let window = window_spec(&keys[at], &kind)?;
+    // A session or stagger window's bounds are known only once its key's
+    // windows are merged or cut, after the rows are grouped: a filter on
+    // them would be pushed down to each row's own window and keep or drop
+    // the wrong rows.
+    if window.session || window.stagger {
+        let mut filtered = false;
+        for e in select.selection.iter().chain(select.having.iter()) {
+            let _ = datafusion::sql::sqlparser::ast::visit_expressions(e, |e| {
+                if let Expr::CompoundIdentifier(parts) = e
+                    && parts.len() == 2
+                    && parts[0].value.eq_ignore_ascii_case(&kind)
+                {
+                    filtered = true;
+                }
+                ControlFlow::<()>::Continue(())
+            });
+        }
+        if filtered {
+            return Err(format!(
+                "{kind}.start and {kind}.end cannot be filtered on in WHERE or HAVING: a \
+                 {kind}'s bounds are known only once its key's rows are grouped, and the \
+                 filter would apply to each row's own window; select them and filter \
+                 downstream"
+            ));
+        }
+    }
     keys.splice(
         at..=at,
         [
@@ -246,13 +286,7 @@ pub(crate) fn check_unit(spec: &WindowSpec, unit: &TimeUnit) -> Result<(), Strin
         TimeUnit::Millisecond => 1_000,
         TimeUnit::Microsecond | TimeUnit::Nanosecond => 1,
     };
-    let name = if spec.session {
-        "session_window"
-    } else if spec.stagger {
-        "stagger_window"
-    } else {
-        "window"
-    };
+    let name = spec.name();
     for (what, us) in [("duration", spec.size_us), ("slide", spec.slide_us)] {
         if us <= 0 || us % unit_us != 0 {
             let unit_name = match unit {
@@ -339,7 +373,14 @@ pub(crate) fn assign(batch: &RecordBatch, spec: &WindowSpec) -> Result<RecordBat
     let ts_type = DataType::Timestamp(*unit, tz.clone());
     let start: ArrayRef = cast(&Int64Array::from(starts.clone()), &ts_type)?;
     let end: ArrayRef = cast(
-        &Int64Array::from(starts.iter().map(|s| s + size).collect::<Vec<_>>()),
+        // (Saturating: a window past the last representable time ends
+        // there rather than wrapping to the first.)
+        &Int64Array::from(
+            starts
+                .iter()
+                .map(|s| s.saturating_add(size))
+                .collect::<Vec<_>>(),
+        ),
         &ts_type,
     )?;
     let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
@@ -417,24 +458,29 @@ fn cut_windows(
     )?;
     let columns: Vec<ArrayRef> = keys.iter().map(|i| batch.column(*i).clone()).collect();
     let rows = converter.convert_columns(&columns)?;
+    // Without a key (a window over the whole stream) every row is of one
+    // key: the row format holds no row then.
+    let key = |r: usize| {
+        if keys.is_empty() {
+            &[][..]
+        } else {
+            rows.row(r).data()
+        }
+    };
     let ty = batch.column(start).data_type().clone();
     let s = cast(batch.column(start), &DataType::Int64)?;
     let s = s.as_primitive::<Int64Type>();
     let e = cast(batch.column(end), &DataType::Int64)?;
     let e = e.as_primitive::<Int64Type>();
     let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| {
-        rows.row(a)
-            .cmp(&rows.row(b))
-            .then(s.value(a).cmp(&s.value(b)))
-    });
+    order.sort_by(|&a, &b| key(a).cmp(key(b)).then(s.value(a).cmp(&s.value(b))));
     let (mut new_start, mut new_end) = (vec![0i64; n], vec![0i64; n]);
     let mut i = 0;
     while i < n {
         let first = order[i];
         let (from, mut to) = (s.value(first), e.value(first));
         let mut j = i + 1;
-        while j < n && rows.row(order[j]) == rows.row(first) {
+        while j < n && key(order[j]) == key(first) {
             let next = s.value(order[j]);
             match cut {
                 Cut::Sessions if next <= to => to = to.max(e.value(order[j])),
@@ -461,6 +507,96 @@ mod tests {
     use datafusion::arrow::array::TimestampMicrosecondArray;
 
     const TUMBLING: &str = r#"SELECT window.start AS window_start, window.end AS window_end, "PULocationID", count(*) AS trips, sum(total_amount) AS revenue, avg(trip_distance) AS avg_distance FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes'), "PULocationID""#;
+
+    /// The sweep's cases: a stagger or session window without a key (over
+    /// the whole stream) is cut as one key's (it panicked); a filter on
+    /// its bounds in WHERE or HAVING is refused (it was applied to each
+    /// row's own window, before the cut, and kept a window that does not
+    /// exist); a window ending past the last representable time ends there.
+    #[test]
+    fn keyless_cuts_filters_on_merged_bounds_and_the_last_time() {
+        let m = |minutes: i64| minutes * 60_000_000;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new(WINDOW_START, DataType::Int64, false),
+            Field::new(WINDOW_END, DataType::Int64, false),
+        ]));
+        let b = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(vec![m(3), m(1), m(12)])),
+                Arc::new(Int64Array::from(vec![m(13), m(11), m(22)])),
+            ],
+        )
+        .unwrap();
+        let bounds = |b: &RecordBatch| -> Vec<(i64, i64)> {
+            let s = b.column(0).as_primitive::<Int64Type>();
+            let e = b.column(1).as_primitive::<Int64Type>();
+            (0..b.num_rows())
+                .map(|i| (s.value(i) / m(1), e.value(i) / m(1)))
+                .collect()
+        };
+        assert_eq!(
+            bounds(&stagger_windows(&b, &[], 0, 1).unwrap()),
+            [(1, 11), (1, 11), (12, 22)]
+        );
+        assert_eq!(
+            bounds(&merge_sessions(&b, &[], 0, 1).unwrap()),
+            [(1, 22), (1, 22), (1, 22)]
+        );
+        for (kind, clause) in [
+            (
+                "stagger_window",
+                "HAVING stagger_window.end > TIMESTAMP '2024-01-01 00:21:00'",
+            ),
+            (
+                "session_window",
+                "HAVING session_window.start >= TIMESTAMP '2024-01-01 00:10:00'",
+            ),
+        ] {
+            let sql = format!(
+                "SELECT {kind}.start, count(*) FROM t GROUP BY {kind}(ts, '10 minutes'), k {clause}"
+            );
+            let e = rewrite(&sql).unwrap_err();
+            assert!(
+                e.contains("cannot be filtered on in WHERE or HAVING"),
+                "{e}"
+            );
+            let sql = format!(
+                "SELECT count(*) FROM t WHERE {kind}.start > TIMESTAMP '2024-01-01 00:10:00' \
+                 GROUP BY {kind}(ts, '10 minutes')"
+            );
+            assert!(rewrite(&sql).is_err(), "{sql}");
+        }
+        // Tumbling windows' bounds are each row's: a filter on them stays.
+        assert!(
+            rewrite(
+                "SELECT count(*) FROM t GROUP BY window(ts, '10 minutes') \
+                 HAVING window.start > TIMESTAMP '2024-01-01 00:10:00'"
+            )
+            .is_ok()
+        );
+        let spec = WindowSpec {
+            column: "ts".into(),
+            size_us: 10,
+            slide_us: 10,
+            session: false,
+            stagger: true,
+        };
+        let near = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new(
+                "ts",
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                true,
+            )])),
+            vec![Arc::new(TimestampMicrosecondArray::from(vec![
+                i64::MAX - 5,
+            ]))],
+        )
+        .unwrap();
+        let out = assign(&near, &spec).unwrap();
+        let end = cast(out.column(2), &DataType::Int64).unwrap();
+        assert_eq!(end.as_primitive::<Int64Type>().value(0), i64::MAX);
+    }
 
     #[test]
     fn the_issues_tumbling_query_is_rewritten_to_group_by_window_columns() {
