@@ -132,6 +132,16 @@ pub(crate) async fn raw_datafusion(
     out: &Path,
     sql: &str,
 ) -> anyhow::Result<(f64, u64)> {
+    raw_datafusion_with(input, None, out, sql).await
+}
+
+/// [`raw_datafusion`], with the CSV files under `zones` as table `zones`.
+pub(crate) async fn raw_datafusion_with(
+    input: &Path,
+    zones: Option<&Path>,
+    out: &Path,
+    sql: &str,
+) -> anyhow::Result<(f64, u64)> {
     let started = Instant::now();
     let parts = std::thread::available_parallelism().map_or(2, |n| n.get());
     let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(parts));
@@ -141,6 +151,14 @@ pub(crate) async fn raw_datafusion(
         ParquetReadOptions::default().file_extension(".parquet"),
     )
     .await?;
+    if let Some(zones) = zones {
+        ctx.register_csv(
+            "zones",
+            zones.to_str().expect("utf-8 path"),
+            datafusion::prelude::CsvReadOptions::new().has_header(true),
+        )
+        .await?;
+    }
     let written = ctx
         .sql(sql)
         .await?

@@ -8,11 +8,9 @@
 use std::path::Path;
 use std::time::Instant;
 
-use datafusion::dataframe::DataFrameWriteOptions;
-use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionConfig, SessionContext};
-use sluice_engine::handlers::{self, Context};
-use sluice_engine::pipeline::{Pipeline, SourceFormat};
-use sluice_engine::runner::{self, RunEnd, RunSummary};
+use crate::bench_window::{open, run_to_end};
+use sluice_engine::handlers;
+use sluice_engine::pipeline::SourceFormat;
 
 /// Each trip with its pickup zone's name and borough.
 const JOIN_SQL: &str = "SELECT t.\"PULocationID\", t.tpep_pickup_datetime, t.fare_amount, \
@@ -55,64 +53,6 @@ max_bytes_per_task = "100 GiB"
     )
 }
 
-fn open(dir: &Path, toml: &str) -> anyhow::Result<Context> {
-    let pipeline = Pipeline::parse(toml, "bench.toml", dir)?;
-    Ok(Context::open(pipeline, None)?)
-}
-
-async fn run_to_end(ctx: &Context) -> anyhow::Result<(RunSummary, f64)> {
-    let started = Instant::now();
-    let summary = runner::run(ctx, |_| {}).await?;
-    let secs = started.elapsed().as_secs_f64();
-    anyhow::ensure!(
-        summary.end == RunEnd::Done,
-        "bench run ended {:?}",
-        summary.end
-    );
-    Ok((summary, secs))
-}
-
-/// Raw DataFusion: the join over the same files, written as Parquet under
-/// `out`, in one session with as many partitions as cores. Returns the
-/// seconds and the rows written.
-async fn raw_join(dir: &Path, out: &Path) -> anyhow::Result<(f64, u64)> {
-    let started = Instant::now();
-    let parts = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(parts));
-    ctx.register_parquet(
-        "trips",
-        dir.join("input").to_str().expect("utf-8 path"),
-        ParquetReadOptions::default().file_extension(".parquet"),
-    )
-    .await?;
-    ctx.register_csv(
-        "zones",
-        dir.join("zones").to_str().expect("utf-8 path"),
-        CsvReadOptions::new().has_header(true),
-    )
-    .await?;
-    let written = ctx
-        .sql(JOIN_SQL)
-        .await?
-        .write_parquet(
-            out.to_str().expect("utf-8 path"),
-            DataFrameWriteOptions::new(),
-            None,
-        )
-        .await?;
-    let secs = started.elapsed().as_secs_f64();
-    let rows = written
-        .first()
-        .and_then(|b| {
-            b.column(0)
-                .as_any()
-                .downcast_ref::<datafusion::arrow::array::UInt64Array>()
-                .map(|a| a.value(0))
-        })
-        .unwrap_or(0);
-    Ok((secs, rows))
-}
-
 /// `sluice bench --query join`.
 pub async fn join(dir: &Path, files: u64, rows: usize, rounds: usize) -> anyhow::Result<()> {
     let (input, out, zones) = (dir.join("input"), dir.join("out"), dir.join("zones"));
@@ -133,7 +73,13 @@ pub async fn join(dir: &Path, files: u64, rows: usize, rounds: usize) -> anyhow:
     let (mut raw, mut ours) = (Vec::new(), Vec::new());
     let (mut raw_rows, mut our_rows, mut requests) = (0, 0, 0);
     for round in 0..rounds.max(1) {
-        let (secs, written) = raw_join(dir, &out.join(format!("raw-{round}"))).await?;
+        let (secs, written) = crate::bench::raw_datafusion_with(
+            &input,
+            Some(&zones),
+            &out.join(format!("raw-{round}")),
+            JOIN_SQL,
+        )
+        .await?;
         raw.push(secs);
         raw_rows = written;
         let ctx = open(dir, &join_toml(&format!("join{round}")))?;

@@ -56,12 +56,12 @@ max_batches_per_execution = 1000
     )
 }
 
-fn open(dir: &Path, toml: &str) -> anyhow::Result<Context> {
+pub(crate) fn open(dir: &Path, toml: &str) -> anyhow::Result<Context> {
     let pipeline = Pipeline::parse(toml, "bench.toml", dir)?;
     Ok(Context::open(pipeline, None)?)
 }
 
-async fn run_to_end(ctx: &Context) -> anyhow::Result<(RunSummary, f64)> {
+pub(crate) async fn run_to_end(ctx: &Context) -> anyhow::Result<(RunSummary, f64)> {
     let started = Instant::now();
     let summary = runner::run(ctx, |_| {}).await?;
     let secs = started.elapsed().as_secs_f64();

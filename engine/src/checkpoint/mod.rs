@@ -23,7 +23,7 @@ mod lease;
 pub mod owner;
 mod records;
 mod work;
-pub use work::TaskId;
+pub use work::{PartitionStep, TaskId};
 
 pub use control::{Attempts, CONTROL_TRIES, ControlRead};
 pub use index::{Index, IndexKeep, KeyClaim};

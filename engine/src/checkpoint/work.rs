@@ -118,52 +118,29 @@ impl Checkpoint {
         delete_all(self.store(), keys).await
     }
 
-    /// The result of the merge of state partition `partition` of batch
-    /// `batch` under `epoch` (`None`: it did not finish under that run).
-    pub async fn merge_result<T: DeserializeOwned>(
+    /// The result `step` of state partition `partition` of batch `batch`
+    /// recorded under `epoch` (`None`: it did not finish under that run).
+    pub async fn step_result<T: DeserializeOwned>(
         &self,
+        step: PartitionStep,
         batch: u64,
         partition: u32,
         epoch: u64,
     ) -> Result<Option<T>> {
-        let key = paths::checkpoint::merge(batch, partition, epoch);
+        let key = step.key(batch, partition, epoch);
         Ok(self.read(&key).await?.map(|(r, _)| r))
     }
 
-    /// Record a merge's result (overwriting an earlier attempt's).
-    pub async fn put_merge_result<T: Serialize>(
+    /// Record the result of `step` (overwriting an earlier attempt's).
+    pub async fn put_step_result<T: Serialize>(
         &self,
+        step: PartitionStep,
         batch: u64,
         partition: u32,
         epoch: u64,
         result: &T,
     ) -> Result<()> {
-        let key = paths::checkpoint::merge(batch, partition, epoch);
-        self.write(&key, result, PutMode::Overwrite).await?;
-        Ok(())
-    }
-
-    /// The result the Dedup step of `partition` of `batch` recorded under
-    /// `epoch`, if it finished.
-    pub async fn dedup_result<T: DeserializeOwned>(
-        &self,
-        batch: u64,
-        partition: u32,
-        epoch: u64,
-    ) -> Result<Option<T>> {
-        let key = paths::checkpoint::dedup(batch, partition, epoch);
-        Ok(self.read(&key).await?.map(|(r, _)| r))
-    }
-
-    /// Record a Dedup step's result (overwriting an earlier attempt's).
-    pub async fn put_dedup_result<T: Serialize>(
-        &self,
-        batch: u64,
-        partition: u32,
-        epoch: u64,
-        result: &T,
-    ) -> Result<()> {
-        let key = paths::checkpoint::dedup(batch, partition, epoch);
+        let key = step.key(batch, partition, epoch);
         self.write(&key, result, PutMode::Overwrite).await?;
         Ok(())
     }
@@ -174,5 +151,24 @@ impl Checkpoint {
         let key = paths::checkpoint::task_list(batch, epoch);
         self.write(&key, &tasks, PutMode::Overwrite).await?;
         Ok(key)
+    }
+}
+
+/// A step that runs once per state partition of a batch, after its tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartitionStep {
+    /// A stateful query's merge.
+    Merge,
+    /// A `[deduplicate]` pipeline's Dedup step.
+    Dedup,
+}
+
+impl PartitionStep {
+    /// Where its result for partition `p` of batch `n` under `epoch` is.
+    fn key(self, n: u64, p: u32, epoch: u64) -> String {
+        match self {
+            PartitionStep::Merge => paths::checkpoint::merge(n, p, epoch),
+            PartitionStep::Dedup => paths::checkpoint::dedup(n, p, epoch),
+        }
     }
 }

@@ -419,6 +419,18 @@ struct Merged {
     retries: u64,
 }
 
+impl Merged {
+    /// Count one merge or Dedup step: its duration, requests, failed
+    /// attempts and memory.
+    fn took(&mut self, millis: u64, requests: &RequestCounts, retries: u64, memory_mb: u64) {
+        self.millis = self.millis.max(millis);
+        self.requests = self.requests.plus(requests);
+        self.retries += retries;
+        self.billed_ms += millis;
+        self.memory_mb = self.memory_mb.max(memory_mb);
+    }
+}
+
 /// A stateful query's (or a `[deduplicate]` pipeline's) batch: the state
 /// and watermark after it, and the parts its merges (or Dedup steps)
 /// staged; `None` for a row-by-row query without `[deduplicate]`. Every
@@ -467,19 +479,20 @@ async fn merge_results(
                 (a, b) => a.or(b),
             };
             m.outputs.extend(d.outputs);
-            m.millis = m.millis.max(d.millis);
-            m.requests = m.requests.plus(&d.requests);
             m.dedups += 1;
-            m.retries += d.retries;
-            m.billed_ms += d.millis;
-            m.memory_mb = m.memory_mb.max(d.memory_mb);
+            m.took(d.millis, &d.requests, d.retries, d.memory_mb);
         }
     }
     if shape.is_some() {
         for p in partitions {
             let Some(r) = ctx
                 .checkpoint
-                .merge_result::<super::merge::MergeResult>(off.batch, p, run.epoch)
+                .step_result::<super::merge::MergeResult>(
+                    checkpoint::PartitionStep::Merge,
+                    off.batch,
+                    p,
+                    run.epoch,
+                )
                 .await?
             else {
                 let key = paths::checkpoint::merge(off.batch, p, run.epoch);
@@ -496,12 +509,8 @@ async fn merge_results(
             };
             m.state.state.push(r.state);
             m.outputs.extend(r.outputs);
-            m.millis = m.millis.max(r.millis);
-            m.requests = m.requests.plus(&r.requests);
             m.invocations += 1;
-            m.retries += r.retries;
-            m.billed_ms += r.millis;
-            m.memory_mb = m.memory_mb.max(r.memory_mb);
+            m.took(r.millis, &r.requests, r.retries, r.memory_mb);
             m.state.next_close_us = match (m.state.next_close_us, r.next_close_us) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::context::Context;
 use super::payloads::RunState;
-use crate::checkpoint::{OutputFile, TaskId};
+use crate::checkpoint::{OutputFile, PartitionStep, TaskId};
 use crate::error::{Error, ErrorClass, Result};
 use crate::operators::PartialFile;
 use crate::paths;
@@ -68,7 +68,7 @@ pub(super) async fn finished(
 ) -> Result<DedupResult> {
     match ctx
         .checkpoint
-        .dedup_result::<DedupResult>(batch, partition, run.epoch)
+        .step_result::<DedupResult>(PartitionStep::Dedup, batch, partition, run.epoch)
         .await?
     {
         Some(r) => Ok(r),
@@ -222,7 +222,7 @@ pub async fn dedup(
         requests,
     };
     ctx.checkpoint
-        .put_dedup_result(batch, partition, run.epoch, &result)
+        .put_step_result(PartitionStep::Dedup, batch, partition, run.epoch, &result)
         .await?;
     tracing::debug!(pipeline = %p.name, batch, partition, kept, dropped = result.dropped, keys, "deduplicated");
     Ok(result)

@@ -116,7 +116,13 @@ pub async fn merge(
         requests,
     };
     ctx.checkpoint
-        .put_merge_result(batch, partition, run.epoch, &result)
+        .put_step_result(
+            crate::checkpoint::PartitionStep::Merge,
+            batch,
+            partition,
+            run.epoch,
+            &result,
+        )
         .await?;
     tracing::debug!(pipeline = %p.name, batch, partition, rows_out = result.rows_out, state_rows = result.state_rows, "merged");
     Ok(result)
