@@ -1393,3 +1393,43 @@ async fn a_topics_metric_lines_count_its_records() {
     assert_eq!(lost, 0.0);
     assert!(docs.iter().all(|d| d.get("FilesWaiting").is_none()));
 }
+
+/// `[deduplicate]` over a topic: arrival order is offset order within a
+/// partition, so over one partition read in several batches and tasks the
+/// rows kept are each key's first record by offset (DuckDB's
+/// `row_number()` over the records as produced), and the query's filter
+/// applies after the deduplication.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topic_is_deduplicated_by_offset_order() {
+    let topic = fresh_topic("dedup", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = root.join("produced.jsonl");
+    produce(&topic, 0, &rides(0, 14), &records);
+    let toml = kafka_toml(
+        "ddk",
+        &topic,
+        "",
+        "max_records_per_batch = 5\nmax_records_per_task = 2\nstate_partitions = 2",
+    )
+    .replace(
+        "[sink]",
+        "[deduplicate]\nkey = [\"zone\"]\nkeep = \"forever\"\n[sink]",
+    );
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    produce(&topic, 0, &rides(100, 9), &records);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let want = duckdb_sql(&format!(
+        "SELECT {COLS} FROM (SELECT *, row_number() OVER (PARTITION BY zone ORDER BY _offset) \
+         AS rn FROM read_json('{}', format = 'newline_delimited')) WHERE rn = 1 AND fare > 3",
+        records.display()
+    ))
+    .await;
+    let got = committed_rows(&root.join("out/sink"), "ddk").await;
+    assert_eq!(got, want);
+    assert!(
+        commit_records(root, &toml).await.len() >= 4,
+        "several batches"
+    );
+    assert_eq!(control_of(root, &toml).await.totals.duplicates, 14 + 9 - 4);
+}

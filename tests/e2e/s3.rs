@@ -271,3 +271,50 @@ uri = "s3://{bucket}/ck/"
         committed_rows(out.path(), &self.name).await
     }
 }
+
+/// `[deduplicate]` over an S3 source: the tasks read the bucket through
+/// its own store (a local folder needs none, so only an S3 or record
+/// stream source showed they did not register it); each key's first row by
+/// arrival, against DuckDB over the same files.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_s3_source_is_deduplicated() {
+    let cfg = S3Config::from_env().await;
+    let bucket = fresh_bucket(&cfg, "dedup").await;
+    let dir = tempfile::tempdir().unwrap();
+    let source = S3Store::new(&cfg, &bucket, "landing/rides");
+    let mut files = Vec::new();
+    for i in 0..3 {
+        let f = crate::dedup::write_rides(dir.path(), i, &crate::dedup::rides(i, 20, 15));
+        let key = f.file_name().unwrap().to_str().unwrap().to_string();
+        source
+            .put(
+                &key,
+                Bytes::from(std::fs::read(&f).unwrap()),
+                PutMode::Overwrite,
+            )
+            .await
+            .unwrap();
+        files.push(f);
+    }
+    let toml = crate::dedup::dedup_toml(
+        "s3dedup",
+        crate::dedup::ROWS_SQL,
+        true,
+        "max_files_per_batch = 2\nstate_partitions = 2",
+    )
+    .replace(
+        "uri = \"input\"",
+        &format!("uri = \"s3://{bucket}/landing/rides/\"\ndiscovery = \"ordered\""),
+    );
+    let p = Pipeline::parse(&toml, "s3.toml", dir.path()).unwrap();
+    let mut ctx = Context::open(p, Some(&cfg)).unwrap();
+    test_mode(&mut ctx);
+    let summary = run(&ctx).await.unwrap();
+    assert_eq!(summary.batches.len(), 2);
+    let want = crate::dedup::forever_want(&files, crate::dedup::ROWS_SQL).await;
+    assert!(!want.is_empty());
+    assert_eq!(
+        committed_rows(&dir.path().join("out/sink"), "s3dedup").await,
+        want
+    );
+}

@@ -168,6 +168,9 @@ impl SqlOperator {
         let (mut rows_in, mut late, mut max_event_us) = (0u64, 0u64, None::<i64>);
         let mut late_rows: Vec<RecordBatch> = Vec::new();
         let session = one.session();
+        // The source's store (an S3 bucket, a record stream's memory):
+        // only local files are known to a session without it.
+        session.register_object_store(access.url.as_ref(), access.store.clone());
         for f in &files {
             let ordinal = task
                 .inputs
