@@ -125,7 +125,26 @@ impl SqlOperator {
             .state()
             .create_logical_plan(&w.sql)
             .await
-            .map_err(|e| self.sql_err(format!("{e}\nfix query.sql in the pipeline file")))?;
+            .map_err(|e| match &w.window {
+                // The window's columns are added to the source's rows: a
+                // query that groups a derived table by a window cannot see
+                // them (the message would name the internal column).
+                Some(win)
+                    if e.to_string().contains(WINDOW_START)
+                        || e.to_string().contains(WINDOW_END) =>
+                {
+                    self.sql_err(format!(
+                        "{}({}, ...) groups a derived table or subquery: windows are assigned \
+                         as the source is read, so group the source table itself by \
+                         {}(<source timestamp column>, ...) (type the column with \
+                         source.schema_hints instead of a cast)",
+                        win.name(),
+                        win.column,
+                        win.name()
+                    ))
+                }
+                _ => self.sql_err(format!("{e}\nfix query.sql in the pipeline file")),
+            })?;
         // Aggregations of the stream (one over a subquery that does not
         // read the input, or over a static table before a join, is the
         // same in every batch).
@@ -193,6 +212,18 @@ impl SqlOperator {
     /// window in update mode; a watermark on another column than the
     /// window's.
     fn check_output_mode(&self, q: &StatefulQuery) -> Result<()> {
+        if q.mode == OutputMode::Complete
+            && self.pipeline.deduplicate.is_none()
+            && q.watermark
+                .as_ref()
+                .is_some_and(|w| w.wallclock_bound_us.is_some())
+        {
+            return Err(self.sql_err(
+                "[watermark] wallclock_bound closes windows by the wall clock, and complete \
+                 mode never closes one (it keeps every group and writes them all each batch): \
+                 remove wallclock_bound, or use sink.mode = \"append\"",
+            ));
+        }
         match (&q.window, q.mode, &q.watermark) {
             (None, OutputMode::Append, _) => Err(self.sql_err(
                 "sink.mode = \"append\" emits each group once, when it can no longer \
@@ -370,6 +401,25 @@ uri = "ck"
                 .unwrap_or_else(|e| e.to_string());
             assert!(e.contains(says), "{sql}: want \"{says}\" in: {e}");
         }
+        let bound = format!(
+            "{WM}\nwallclock_bound = \"2 hours\"\n[sink]\nuri = \"out\"\nmode = \"complete\""
+        );
+        let e = op(pipeline(window, &bound))
+            .analyse_stateful()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("complete mode never closes one"), "{e}");
+        let derived = "SELECT stagger_window.start, count(*) FROM (SELECT CAST(tpep_pickup_datetime AS TIMESTAMP) AS tpep_pickup_datetime FROM trips) GROUP BY stagger_window(tpep_pickup_datetime, '5 minutes')";
+        let e = op(pipeline(derived, WM))
+            .analyse_stateful()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("groups a derived table") && !e.contains("__window"),
+            "{e}"
+        );
         let other = "[watermark]\ncolumn = \"other\"\ndelay = \"1 minute\"";
         let e = op(pipeline(window, other))
             .analyse_stateful()
