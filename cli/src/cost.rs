@@ -16,9 +16,17 @@ pub fn prices(file: Option<&Path>) -> anyhow::Result<(Prices, String)> {
             "engine/prices/us-east-1.toml (built in)".into(),
         )),
         Some(f) => {
-            let text = std::fs::read_to_string(f)
-                .map_err(|e| anyhow::anyhow!("--prices {}: {e}", f.display()))?;
-            let p = Prices::parse(&text, &f.display().to_string()).map_err(anyhow::Error::msg)?;
+            // A price table that cannot be read is bad input (exit 4),
+            // named, with what to do.
+            let bad = |message: String| sluice_engine::Error::Spec {
+                file: format!("--prices {}", f.display()),
+                message: format!(
+                    "{message}; fix the price table (see engine/prices/us-east-1.toml), or \
+                     leave --prices out for the built-in us-east-1 prices"
+                ),
+            };
+            let text = std::fs::read_to_string(f).map_err(|e| bad(e.to_string()))?;
+            let p = Prices::parse(&text, &f.display().to_string()).map_err(bad)?;
             Ok((p, f.display().to_string()))
         }
     }

@@ -113,9 +113,9 @@ enum Command {
     History {
         /// The pipeline file.
         pipeline: PathBuf,
-        /// How many batches at most.
-        #[arg(long, default_value_t = 20)]
-        limit: usize,
+        /// How many batches at most (1 or more).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+        limit: u64,
     },
     /// What the last batches cost on AWS (Lambda, Step Functions, S3), per batch and per run, the month at an arrival rate, and the always-on Spark job it replaces.
     Cost {
@@ -342,7 +342,7 @@ async fn dispatch(command: Command, json: bool) -> anyhow::Result<ExitCode> {
             state_machine_arn,
         } => cancel(&pipeline, &state_machine_arn, json).await,
         Command::Reset { pipeline, yes } => reset(&pipeline, yes, json).await,
-        Command::History { pipeline, limit } => history(&pipeline, limit, json).await,
+        Command::History { pipeline, limit } => history(&pipeline, limit as usize, json).await,
         Command::Register { pipeline } => register(&pipeline, json).await,
         Command::Check { pipeline } => check(&pipeline, json).await,
         Command::Cost {

@@ -564,10 +564,20 @@ fn cost_prices_the_recorded_usage() {
     );
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "[lambda]\n").unwrap();
-    let refused = sluice(&["cost", file, "--prices", bad.to_str().unwrap()]);
-    assert!(!refused.status.success());
-    let e = String::from_utf8_lossy(&refused.stderr);
-    assert!(e.contains("bad.toml"), "{e}");
+    // A table that does not parse, or is not there, is bad input (exit
+    // 4), named, with what to do (a missing one exited 1).
+    let missing = dir.path().join("missing.toml");
+    for table in [&bad, &missing] {
+        let refused = sluice(&["cost", file, "--prices", table.to_str().unwrap()]);
+        assert_eq!(refused.status.code(), Some(4), "{refused:?}");
+        let e = String::from_utf8_lossy(&refused.stderr);
+        let name = table.file_name().unwrap().to_str().unwrap();
+        assert!(e.contains(name) && e.contains("leave --prices out"), "{e}");
+    }
+    // `history --limit 0` is a wrong command line, not "no committed
+    // batches".
+    let zero = sluice(&["history", file, "--limit", "0"]);
+    assert_eq!(zero.status.code(), Some(2), "{zero:?}");
 }
 
 /// `sluice gen` and `sluice run` at a terminal (a pseudo-terminal) draw a
