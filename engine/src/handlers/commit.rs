@@ -457,6 +457,8 @@ async fn merge_results(
             late_files: results.iter().filter_map(|r| r.late_file.clone()).collect(),
             shape: shape.clone().unwrap_or_default(),
             dedup_shape: dedup_shape.clone().unwrap_or_default(),
+            // Each key's later rows within a task, dropped there.
+            duplicates: results.iter().map(|r| r.duplicates).sum(),
             ..Default::default()
         },
         outputs: Vec::new(),

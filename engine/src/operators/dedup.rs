@@ -14,7 +14,8 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use datafusion::arrow::array::UInt32Array;
+use datafusion::arrow::array::{ArrayRef, UInt32Array};
+use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -58,6 +59,39 @@ pub(crate) fn tag(
         (first_row..first_row + n as u64).collect::<datafusion::arrow::array::UInt64Array>(),
     ));
     RecordBatch::try_new(tagged_schema(&batch.schema()), columns)
+}
+
+/// A key column as keys compare: floats with -0.0 made 0.0 and every NaN
+/// one NaN (Spark's and SQL's equality; the row format orders them apart).
+pub(crate) fn comparable(col: &ArrayRef) -> Result<ArrayRef, ArrowError> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::{Float32Type, Float64Type};
+    Ok(match col.data_type() {
+        DataType::Float64 => Arc::new(col.as_primitive::<Float64Type>().unary::<_, Float64Type>(
+            |v| {
+                if v == 0.0 {
+                    0.0
+                } else if v.is_nan() {
+                    f64::NAN
+                } else {
+                    v
+                }
+            },
+        )),
+        DataType::Float32 => Arc::new(col.as_primitive::<Float32Type>().unary::<_, Float32Type>(
+            |v| {
+                if v == 0.0 {
+                    0.0
+                } else if v.is_nan() {
+                    f32::NAN
+                } else {
+                    v
+                }
+            },
+        )),
+        DataType::Float16 => comparable(&cast(col, &DataType::Float64)?)?,
+        _ => col.clone(),
+    })
 }
 
 impl SqlOperator {
@@ -165,6 +199,22 @@ impl SqlOperator {
             .map(|k| self.schema.index_of(k).map_err(|e| self.sql_err(e)))
             .collect::<Result<_>>()?;
         let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); n as usize];
+        // A key's later rows in this task are duplicates whatever the
+        // Dedup step decides of its first (kept, or dropped as held): they
+        // are dropped and counted here, and only each key's first row in
+        // the task is shipped.
+        let converter = datafusion::arrow::row::RowConverter::new(
+            key.iter()
+                .map(|i| {
+                    datafusion::arrow::row::SortField::new(
+                        self.schema.field(*i).data_type().clone(),
+                    )
+                })
+                .collect(),
+        )
+        .map_err(|e| exec(e.into()))?;
+        let mut seen: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
+        let mut duplicates = 0u64;
         let (mut rows_in, mut late, mut max_event_us) = (0u64, 0u64, None::<i64>);
         let mut late_rows: Vec<RecordBatch> = Vec::new();
         let session = one.session();
@@ -236,6 +286,21 @@ impl SqlOperator {
             for b in read.into_iter().flatten() {
                 let tagged = tag(&b, ordinal, row).map_err(|e| exec(e.into()))?;
                 row += b.num_rows() as u64;
+                let columns = key
+                    .iter()
+                    .map(|i| comparable(tagged.column(*i)))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| exec(e.into()))?;
+                let rows = converter
+                    .convert_columns(&columns)
+                    .map_err(|e| exec(e.into()))?;
+                let firsts: datafusion::arrow::array::BooleanArray = rows
+                    .iter()
+                    .map(|r| Some(seen.insert(r.as_ref().to_vec())))
+                    .collect();
+                let tagged = datafusion::arrow::compute::filter_record_batch(&tagged, &firsts)
+                    .map_err(|e| exec(e.into()))?;
+                duplicates += (b.num_rows() - tagged.num_rows()) as u64;
                 for (p, piece) in super::partition::split(&tagged, &key, n)
                     .map_err(|e| self.sql_err(e))?
                     .into_iter()
@@ -283,6 +348,7 @@ impl SqlOperator {
             partials,
             late_rows: late,
             max_event_us,
+            duplicates,
             ..TaskResult::default()
         })
     }

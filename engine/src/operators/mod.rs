@@ -121,6 +121,10 @@ pub struct TaskResult {
     /// A stateful query: the largest event time read (none if no row).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_event_us: Option<i64>,
+    /// `[deduplicate]`: a key's later rows within the task, dropped as
+    /// duplicates before the Dedup step (which counts the rest).
+    #[serde(default)]
+    pub duplicates: u64,
     /// A stateful query with `late = "side-output"`: the late rows the task
     /// wrote under the sink's `_late/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -586,6 +590,7 @@ impl SqlOperator {
             late_rows: 0,
             max_event_us: None,
             late_file: None,
+            duplicates: 0,
         })
     }
 

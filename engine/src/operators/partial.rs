@@ -157,6 +157,7 @@ impl SqlOperator {
             partials,
             late_rows: tally.late.load(Ordering::Relaxed),
             max_event_us: tally.max_event_us(),
+            duplicates: 0,
         })
     }
 

@@ -24,7 +24,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit}
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::RecordBatch;
 
-use crate::operators::dedup::{FILE, ROW, tagged_schema};
+use crate::operators::dedup::{FILE, ROW, comparable, tagged_schema};
 use datafusion::arrow::row::{RowConverter, SortField};
 
 /// The state's column: when a key leaves it, microseconds (null: never).
@@ -167,39 +167,6 @@ pub(crate) fn dedup(
         state,
         dropped,
         next_expiry_us,
-    })
-}
-
-/// A key column as keys compare: floats with -0.0 made 0.0 and every NaN
-/// one NaN (Spark's and SQL's equality; the row format orders them apart).
-fn comparable(col: &ArrayRef) -> Result<ArrayRef, ArrowError> {
-    use datafusion::arrow::array::AsArray;
-    use datafusion::arrow::datatypes::{Float32Type, Float64Type};
-    Ok(match col.data_type() {
-        DataType::Float64 => Arc::new(col.as_primitive::<Float64Type>().unary::<_, Float64Type>(
-            |v| {
-                if v == 0.0 {
-                    0.0
-                } else if v.is_nan() {
-                    f64::NAN
-                } else {
-                    v
-                }
-            },
-        )),
-        DataType::Float32 => Arc::new(col.as_primitive::<Float32Type>().unary::<_, Float32Type>(
-            |v| {
-                if v == 0.0 {
-                    0.0
-                } else if v.is_nan() {
-                    f32::NAN
-                } else {
-                    v
-                }
-            },
-        )),
-        DataType::Float16 => comparable(&cast(col, &DataType::Float64)?)?,
-        _ => col.clone(),
     })
 }
 
