@@ -221,30 +221,43 @@ impl SqlOperator {
         // The source's store (an S3 bucket, a record stream's memory):
         // only local files are known to a session without it.
         session.register_object_store(access.url.as_ref(), access.store.clone());
-        for f in &files {
-            let ordinal = task
-                .inputs
-                .iter()
-                .position(|i| i.key == f.key)
-                .unwrap_or(usize::MAX) as u32;
-            let (provider, tally) = one.event_time_input(
-                &access,
-                &[*f],
-                EventTime {
-                    column,
-                    window: None,
-                    watermark,
-                    watermark_us: state.watermark_us,
-                },
-            )?;
-            let plan = provider
-                .scan(&session.state(), None, &[], None)
-                .await
-                .map_err(exec)?;
-            let read =
-                datafusion::physical_plan::collect_partitioned(plan.clone(), session.task_ctx())
+        // The files are read at once, each in its own scan (one partition:
+        // its rows in order), then taken in the batch's order.
+        let scans = futures::future::try_join_all(files.iter().map(|f| {
+            let (one, access, session) = (&one, &access, &session);
+            async move {
+                let ordinal = task
+                    .inputs
+                    .iter()
+                    .position(|i| i.key == f.key)
+                    .unwrap_or(usize::MAX) as u32;
+                let (provider, tally) = one.event_time_input(
+                    access,
+                    &[*f],
+                    EventTime {
+                        column,
+                        window: None,
+                        watermark,
+                        watermark_us: state.watermark_us,
+                    },
+                )?;
+                let plan = provider
+                    .scan(&session.state(), None, &[], None)
                     .await
                     .map_err(exec)?;
+                let read = datafusion::physical_plan::collect_partitioned(
+                    plan.clone(),
+                    session.task_ctx(),
+                )
+                .await
+                .map_err(exec)?;
+                Ok::<_, crate::error::Error>((ordinal, plan, read, tally))
+            }
+        }))
+        .await?;
+        let mut scans = scans;
+        scans.sort_by_key(|(ordinal, ..)| *ordinal);
+        for (ordinal, plan, read, tally) in scans {
             rows_in += super::leaf_rows(&plan);
             // A row with no event time has no expiry: counted and set
             // aside with the late rows, as a window query does with it.
@@ -296,7 +309,8 @@ impl SqlOperator {
                     .map_err(|e| exec(e.into()))?;
                 let firsts: datafusion::arrow::array::BooleanArray = rows
                     .iter()
-                    .map(|r| Some(seen.insert(r.as_ref().to_vec())))
+                    // (Looked up borrowed: only a new key is copied.)
+                    .map(|r| Some(!seen.contains(r.as_ref()) && seen.insert(r.as_ref().to_vec())))
                     .collect();
                 let tagged = datafusion::arrow::compute::filter_record_batch(&tagged, &firsts)
                     .map_err(|e| exec(e.into()))?;
