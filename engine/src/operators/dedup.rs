@@ -239,6 +239,9 @@ impl SqlOperator {
                         window: None,
                         watermark,
                         watermark_us: state.watermark_us,
+                        // A row with no event time has no expiry: late,
+                        // as a window query counts it.
+                        untimed_late: true,
                     },
                 )?;
                 let plan = provider
@@ -259,37 +262,6 @@ impl SqlOperator {
         scans.sort_by_key(|(ordinal, ..)| *ordinal);
         for (ordinal, plan, read, tally) in scans {
             rows_in += super::leaf_rows(&plan);
-            // A row with no event time has no expiry: counted and set
-            // aside with the late rows, as a window query does with it.
-            let read = match column {
-                Some(c) => {
-                    let mut on_time = Vec::with_capacity(read.len());
-                    for b in read.into_iter().flatten() {
-                        let ts = b.column(b.schema().index_of(c).map_err(|e| exec(e.into()))?);
-                        if ts.null_count() == 0 {
-                            on_time.push(b);
-                            continue;
-                        }
-                        let timed = datafusion::arrow::compute::is_not_null(ts)
-                            .map_err(|e| exec(e.into()))?;
-                        let untimed =
-                            datafusion::arrow::compute::not(&timed).map_err(|e| exec(e.into()))?;
-                        late += ts.null_count() as u64;
-                        if tally.late_rows.is_some() {
-                            late_rows.push(
-                                datafusion::arrow::compute::filter_record_batch(&b, &untimed)
-                                    .map_err(|e| exec(e.into()))?,
-                            );
-                        }
-                        on_time.push(
-                            datafusion::arrow::compute::filter_record_batch(&b, &timed)
-                                .map_err(|e| exec(e.into()))?,
-                        );
-                    }
-                    vec![on_time]
-                }
-                None => read,
-            };
             late += tally.late.load(Ordering::Relaxed);
             max_event_us = max_event_us.max(tally.max_event_us());
             if let Some(m) = tally.late_rows.as_ref() {

@@ -77,6 +77,9 @@ pub(crate) struct EventTimeTable {
     watermark_us: Option<i64>,
     schema: SchemaRef,
     tally: Arc<EventTally>,
+    /// A row without an event time is late even with no window to fall
+    /// in ([`Self::untimed_late`]).
+    untimed_late: bool,
 }
 
 impl EventTimeTable {
@@ -122,7 +125,16 @@ impl EventTimeTable {
             watermark_us,
             schema: Arc::new(Schema::new(fields)),
             tally,
+            untimed_late: false,
         })
+    }
+
+    /// A row without an event time is counted (and set aside) with the
+    /// late rows even without a window: `[deduplicate]` needs its event
+    /// time for the key's expiry.
+    pub(crate) fn untimed_late(mut self, untimed_late: bool) -> Self {
+        self.untimed_late = untimed_late;
+        self
     }
 }
 
@@ -186,6 +198,7 @@ impl TableProvider for EventTimeTable {
             projection: exec_projection,
             properties,
             tally: self.tally.clone(),
+            untimed_late: self.untimed_late,
         }))
     }
 }
@@ -200,6 +213,7 @@ struct EventTimeExec {
     projection: Option<Vec<usize>>,
     properties: Arc<PlanProperties>,
     tally: Arc<EventTally>,
+    untimed_late: bool,
 }
 
 impl DisplayAs for EventTimeExec {
@@ -244,6 +258,7 @@ impl ExecutionPlan for EventTimeExec {
             projection: self.projection.clone(),
             properties: self.properties.clone(),
             tally: self.tally.clone(),
+            untimed_late: self.untimed_late,
         }))
     }
 
@@ -260,10 +275,18 @@ impl ExecutionPlan for EventTimeExec {
             self.projection.clone(),
             self.tally.clone(),
         );
+        let untimed_late = self.untimed_late;
         let stream = input.map(move |b| {
             let b = b?;
-            let kept = apply(&b, &column, watermark, window.as_ref(), &tally)
-                .map_err(|e| DataFusionError::ArrowError(Box::new(e), None))?;
+            let kept = apply(
+                &b,
+                &column,
+                watermark,
+                window.as_ref(),
+                untimed_late,
+                &tally,
+            )
+            .map_err(|e| DataFusionError::ArrowError(Box::new(e), None))?;
             match &projection {
                 Some(p) => Ok(kept.project(p)?),
                 None => Ok(kept),
@@ -282,6 +305,7 @@ fn apply(
     column: &str,
     watermark_us: Option<i64>,
     window: Option<&WindowSpec>,
+    untimed_late: bool,
     tally: &EventTally,
 ) -> std::result::Result<RecordBatch, datafusion::arrow::error::ArrowError> {
     let ts = batch.column_by_name(column).ok_or_else(|| {
@@ -289,13 +313,14 @@ fn apply(
     })?;
     let us = cast(ts, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
     let us = cast(&us, &DataType::Int64)?;
-    let windowed = window.is_some();
+    // Without a window a row with no event time is kept, unless told.
+    let windowed = window.is_some() || untimed_late;
     let kept = match watermark_us {
         None if !windowed || us.null_count() == 0 => batch.clone(),
         wm => {
             // A row with no event time falls in no window: counted with
             // the late rows (and kept with them under side-output), not
-            // dropped unseen. Without a window it is kept.
+            // dropped unseen.
             let v = us.as_primitive::<Int64Type>();
             let on_time: BooleanArray = (0..v.len())
                 .map(|i| {

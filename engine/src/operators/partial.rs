@@ -40,6 +40,8 @@ pub(super) struct EventTime<'a> {
     pub watermark: Option<&'a crate::pipeline::Watermark>,
     /// The watermark in force.
     pub watermark_us: Option<i64>,
+    /// A row without an event time is late even without a window.
+    pub untimed_late: bool,
 }
 
 /// A task's partial aggregation, run.
@@ -111,6 +113,7 @@ impl SqlOperator {
                 window: q.window.clone(),
                 watermark: q.watermark.as_ref(),
                 watermark_us: state.watermark_us,
+                untimed_late: false,
             },
         )?;
         let ctx = session(self.partitions);
@@ -225,7 +228,8 @@ impl SqlOperator {
                     event.watermark.and(event.watermark_us),
                     tally.clone(),
                 )
-                .map_err(|e| self.sql_err(e))?,
+                .map_err(|e| self.sql_err(e))?
+                .untimed_late(event.untimed_late),
             ),
             None => Arc::new(table),
         };
