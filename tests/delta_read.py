@@ -309,6 +309,13 @@ def main():
     if len(sys.argv) < 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)
     commands[sys.argv[1]](sys.argv[2:])
+    # Done and written: leave without the interpreter's teardown, where the
+    # native runtimes' threads (deltalake's, DuckDB's) were once seen to
+    # abort the process under load ("terminate called without an active
+    # exception") after the command had finished.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
