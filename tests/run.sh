@@ -38,8 +38,12 @@ export SLUICE_PYTHON="$VENV/bin/python"
 
 # A free port on loopback for moto.
 PORT="$("$SLUICE_PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-"$VENV/bin/moto_server" -H 127.0.0.1 -p "$PORT" >"$CACHE/moto.log" 2>&1 &
+# moto's server, its Kinesis patched to reshard as Kinesis does, with a
+# control port for throttling and trimming (tests/kinesis_stand.py).
+KINESIS_CONTROL_PORT="$("$SLUICE_PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+"$SLUICE_PYTHON" tests/kinesis_stand.py "$PORT" "$KINESIS_CONTROL_PORT" >"$CACHE/moto.log" 2>&1 &
 MOTO_PID=$!
+export SLUICE_KINESIS_CONTROL="http://127.0.0.1:$KINESIS_CONTROL_PORT"
 trap 'kill $MOTO_PID 2>/dev/null || true; wait $MOTO_PID 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do
   if "$SLUICE_PYTHON" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/moto-api/')" 2>/dev/null; then
@@ -97,8 +101,10 @@ SLUICE_KAFKA_SASL="$("$SLUICE_KAFKA_PYTHON" tests/kafka_stand.py start --port 0 
   --pidfile "$KAFKA_SASL_PIDFILE" --log "$CACHE/kafka-sasl.log" \
   --sasl-plain sluice:stand-secret)"
 export SLUICE_KAFKA_SASL
-# A broker that does not answer fails a step in 5 s here, not 30.
+# A broker that does not answer fails a step in 5 s here, not 30; so does
+# a Kinesis call refused for throughput.
 export SLUICE_KAFKA_TIMEOUT_S=5
+export SLUICE_KINESIS_TIMEOUT_S=5
 export AWS_ENDPOINT_URL="$SLUICE_S3_ENDPOINT"
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
 export AWS_EC2_METADATA_DISABLED=true

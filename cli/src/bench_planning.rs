@@ -128,7 +128,10 @@ async fn build(mode: DiscoveryMode, history: u64, new: u64, warm: bool) -> anyho
             control.listing = index.listing();
             ctx.checkpoint.swap_index(0, &index, None).await?;
         }
-        DiscoveryMode::Manifests | DiscoveryMode::Kafka | DiscoveryMode::Delta => {
+        DiscoveryMode::Manifests
+        | DiscoveryMode::Kafka
+        | DiscoveryMode::Kinesis
+        | DiscoveryMode::Delta => {
             anyhow::bail!("the planning benchmark covers list, ordered and notify discovery")
         }
         DiscoveryMode::Notify => {

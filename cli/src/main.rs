@@ -594,10 +594,7 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
     ctx.reconcile = reconcile;
     let name = ctx.pipeline.name.clone();
     // A topic's batches read partition ranges of records, not files.
-    let stream = matches!(
-        ctx.pipeline.source.location,
-        sluice_engine::storage::Location::Kafka { .. }
-    );
+    let stream = ctx.pipeline.source.location.is_stream();
     // On a terminal, a bar over the files (records) waiting now (one
     // listing, or the topic's offsets).
     let progress = if !json && progress::Progress::wanted() {

@@ -102,6 +102,14 @@ pub async fn check(ctx: &Context) -> Result<CheckReport> {
             p.source.location.display(),
             discovery::topic_partitions(&p.source).await?
         ),
+        // The stream answers (one ListShards request a thousand shards).
+        crate::storage::Location::Kinesis { .. } => {
+            let (all, open) = discovery::stream_shards(&p.source).await?;
+            format!(
+                "source {}: the stream answers, it has {all} shards ({open} open)",
+                p.source.location.display()
+            )
+        }
         _ => format!(
             "source {} (its objects are first listed by a run)",
             p.source.location.display()

@@ -130,7 +130,7 @@ pub(crate) async fn contexts_from_env() -> std::result::Result<Contexts, String>
         .map_err(|e| format!("{CHECKPOINT_ENV}: {e}"))?;
     let s3 = match root {
         Location::S3 { .. } => Some(S3Config::from_env().await),
-        Location::Local(_) | Location::Kafka { .. } => None,
+        Location::Local(_) | Location::Kafka { .. } | Location::Kinesis { .. } => None,
     };
     Ok(Contexts::new(root, s3))
 }

@@ -488,6 +488,12 @@ pub mod stream {
         format!("partition={partition}/offsets={start:020}-{end:020}.jsonl")
     }
 
+    /// A Kinesis shard's records after `after` (`None`: from its start) as
+    /// one JSON Lines file.
+    pub fn shard_unit(shard: &str, after: Option<&str>) -> String {
+        format!("shard={shard}/after={}.jsonl", after.unwrap_or("start"))
+    }
+
     /// One line of each shape the unit `unit`'s lines have: what the
     /// drift check infers the unit's columns from.
     pub fn shapes(unit: &str) -> String {

@@ -158,6 +158,32 @@ pub(crate) fn split_record_batches(
     }
 }
 
+/// Pack a Kinesis batch's shard units (one per shard, at most `limit`
+/// records each) into tasks of at most `max_records_per_task` records by
+/// their limits (a unit is never split: where its records end is known
+/// only by reading them). A task's `bytes` is its units' limits.
+pub(crate) fn split_shard_tasks(
+    units: &[crate::checkpoint::ShardUnit],
+    max_records_per_task: u64,
+) -> Vec<TaskPlan> {
+    let max = max_records_per_task.max(1);
+    let mut tasks: Vec<TaskPlan> = Vec::new();
+    for (i, u) in units.iter().enumerate() {
+        let fits = tasks.last().is_some_and(|t| t.bytes + u.limit <= max);
+        if !fits {
+            tasks.push(TaskPlan {
+                task: tasks.len() as u32,
+                inputs: Vec::new(),
+                bytes: 0,
+            });
+        }
+        let t = tasks.last_mut().expect("a task was pushed");
+        t.inputs.push(i as u32);
+        t.bytes += u.limit;
+    }
+    tasks
+}
+
 /// Cut a batch's ranges into units of at most `max_records_per_task`
 /// records and pack consecutive units into tasks of at most that many
 /// records (a unit never spans two tasks): the units, in order, and the

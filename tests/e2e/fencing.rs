@@ -131,6 +131,10 @@ enum Scenario {
     /// `[deduplicate]` with keys kept forever: tasks ship rows, a Dedup
     /// map keeps each key's first row and writes the keys seen.
     Dedup,
+    /// A Kinesis stream of two shards: shard units planned one batch a
+    /// plan, where the run stops in each shard recorded in control, the
+    /// cursors moved by what the tasks read; records arrive meanwhile.
+    Kinesis,
 }
 
 const CSV_SQL: &str = "SELECT id, v, v * 2 AS twice FROM t WHERE v > 1";
@@ -149,11 +153,18 @@ impl Scenario {
             Scenario::StaticJoin => "fencesj",
             Scenario::DeltaEmptyFirst => "fencede",
             Scenario::Dedup => "fencedd",
+            Scenario::Kinesis => "fenceki",
         }
     }
 
     fn toml(self, root: &Path) -> String {
         match self {
+            Scenario::Kinesis => crate::kinesis::kinesis_toml(
+                self.name(),
+                &std::fs::read_to_string(root.join("stream")).unwrap(),
+                "",
+                "max_records_per_batch = 6\nmax_records_per_task = 3",
+            ),
             Scenario::Kafka => crate::kafka::kafka_toml(
                 self.name(),
                 &std::fs::read_to_string(root.join("topic")).unwrap(),
@@ -251,6 +262,18 @@ max_files_per_batch = 2
                     crate::dedup::write_rides(root, i, &crate::dedup::rides(i, 20, 25));
                 }
             }
+            Scenario::Kinesis => {
+                let stream = crate::kinesis::fresh_stream("fence", 2).await;
+                std::fs::write(root.join("stream"), &stream).unwrap();
+                let records = root.join("produced.jsonl");
+                crate::kinesis::put(
+                    &stream,
+                    &["a", "b", "c"],
+                    &crate::kafka::rides(0, 14),
+                    &records,
+                )
+                .await;
+            }
             Scenario::Kafka => {
                 let topic = crate::kafka::fresh_topic("fence", 2);
                 std::fs::write(root.join("topic"), &topic).unwrap();
@@ -308,6 +331,12 @@ max_files_per_batch = 2
                 let records = root.join("produced.jsonl");
                 crate::kafka::produce(&topic, 1, &crate::kafka::rides(500, 4), &records);
             }
+            Scenario::Kinesis => {
+                let stream = std::fs::read_to_string(root.join("stream")).unwrap();
+                let records = root.join("produced.jsonl");
+                crate::kinesis::put(&stream, &["d", "e"], &crate::kafka::rides(500, 4), &records)
+                    .await;
+            }
             Scenario::Windowed | Scenario::Refused => {}
         }
     }
@@ -321,6 +350,7 @@ max_files_per_batch = 2
             Scenario::Notify
             | Scenario::Refused
             | Scenario::Kafka
+            | Scenario::Kinesis
             | Scenario::Partitioned
             | Scenario::StaticJoin
             | Scenario::Dedup => committed_rows(&sink, self.name()).await,
@@ -389,6 +419,7 @@ max_files_per_batch = 2
             }
             // DuckDB over the records as produced, kept by the test.
             Scenario::Kafka => crate::kafka::expected(&root.join("produced.jsonl")).await,
+            Scenario::Kinesis => crate::kinesis::expected(&root.join("produced.jsonl")).await,
             Scenario::Windowed => {
                 let (_, mut want) = crate::stateful::windowed_output(root, self.name(), true).await;
                 let (_, late) = crate::stateful::windowed_late(root, true).await;
@@ -531,6 +562,20 @@ async fn assert_consistent(root: &Path, s: Scenario, inputs: u64, what: &str) {
         }
         assert_eq!(c.stream_offsets, ends, "{what}: control's offsets");
     }
+    if s == Scenario::Kinesis {
+        // Every record put was read, and control's cursors say so: the
+        // last record put to each shard, from what the test kept.
+        let cursors: std::collections::BTreeMap<String, String> = c
+            .stream_shards
+            .iter()
+            .filter_map(|(id, k)| k.after.clone().map(|a| (id.clone(), a)))
+            .collect();
+        assert_eq!(
+            cursors,
+            crate::kinesis::last_put(&root.join("produced.jsonl")),
+            "{what}: control's cursors"
+        );
+    }
     if matches!(
         s,
         Scenario::Delta | Scenario::DeltaComplete | Scenario::DeltaEmptyFirst
@@ -576,7 +621,7 @@ async fn assert_consistent(root: &Path, s: Scenario, inputs: u64, what: &str) {
 /// Input files of the scenario under `root` now (a topic has none).
 fn input_files(s: Scenario, root: &Path) -> u64 {
     match s {
-        Scenario::Kafka => 0,
+        Scenario::Kafka | Scenario::Kinesis => 0,
         _ => snapshot(&root.join("input")).len() as u64,
     }
 }
@@ -755,8 +800,9 @@ async fn check_end(
     expected: &mut Option<Vec<String>>,
 ) {
     let want = match expected {
-        Some(w) => w.clone(),
-        None => {
+        // A stream's sequence numbers are new in each setup's stream.
+        Some(w) if s != Scenario::Kinesis => w.clone(),
+        _ => {
             let w = s.want(root).await;
             assert!(!w.is_empty());
             *expected = Some(w.clone());
@@ -851,6 +897,16 @@ async fn a_kafka_run_held_at_any_write_changes_nothing_after_a_takeover() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_kafka_run_held_at_any_write_changes_nothing_after_a_reset() {
     each_write_held(Scenario::Kafka, Stale::Run, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kinesis_run_held_at_any_write_changes_nothing_after_a_takeover() {
+    each_write_held(Scenario::Kinesis, Stale::Run, Meanwhile::TakeOver).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kinesis_run_held_at_any_write_changes_nothing_after_a_reset() {
+    each_write_held(Scenario::Kinesis, Stale::Run, Meanwhile::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

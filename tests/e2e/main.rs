@@ -20,6 +20,7 @@ mod fencing;
 mod golden;
 mod idle;
 mod kafka;
+mod kinesis;
 mod lease_model;
 mod metrics;
 mod notify;

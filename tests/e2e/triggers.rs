@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::kafka::KafkaEvent;
+use aws_lambda_events::event::kinesis::KinesisEvent;
 use aws_lambda_events::event::s3::S3Event;
 use aws_lambda_events::event::sns::SnsEvent;
 use serde_json::Value;
@@ -68,6 +69,7 @@ fn every_sample_event_parses_with_the_aws_types_and_routes_to_its_pipeline() {
         [
             "eventbridge-s3-object-created.json",
             "eventbridge-schedule.json",
+            "kinesis-records.json",
             "manual-refresh.json",
             "msk-records.json",
             "s3-object-created.json",
@@ -105,11 +107,17 @@ fn every_sample_event_parses_with_the_aws_types_and_routes_to_its_pipeline() {
     let own: KafkaEvent =
         serde_json::from_slice(&sample("self-managed-kafka-records.json")).unwrap();
     assert_eq!(own.event_source.as_deref(), Some("SelfManagedKafka"));
+    let kinesis: KinesisEvent = serde_json::from_slice(&sample("kinesis-records.json")).unwrap();
+    assert_eq!(kinesis.records.len(), 3);
+    assert_eq!(
+        kinesis.records[2].event_source_arn.as_deref(),
+        Some("arn:aws:kinesis:us-east-1:123456789012:stream/rides")
+    );
 
     // The trigger's reading: source, decoded keys, skipped records, routing.
     // (file, source, decoded keys, skipped records, objects for taxi, ignored)
     type Case = (&'static str, &'static str, Vec<&'static str>, u64, u64, u64);
-    let cases: [Case; 8] = [
+    let cases: [Case; 9] = [
         (
             "s3-object-created.json",
             "s3",
@@ -148,6 +156,7 @@ fn every_sample_event_parses_with_the_aws_types_and_routes_to_its_pipeline() {
         // every record is outside the taxi pipeline's source.
         ("msk-records.json", "msk", vec![], 0, 0, 4),
         ("self-managed-kafka-records.json", "kafka", vec![], 0, 0, 1),
+        ("kinesis-records.json", "kinesis", vec![], 0, 0, 3),
     ];
     for (file, source, want_keys, want_skipped, want_taxi, want_ignored) in cases {
         let e = triggers::parse_event(&sample(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
@@ -905,6 +914,7 @@ async fn every_sample_event_leads_to_its_decision() {
         ("manual-refresh.json", Some(1)),
         ("msk-records.json", None),
         ("self-managed-kafka-records.json", None),
+        ("kinesis-records.json", None),
     ];
     for (file, want_epoch) in cases {
         let dir = tempfile::tempdir().unwrap();
@@ -1023,6 +1033,53 @@ async fn a_kafka_mappings_records_wake_the_pipelines_reading_their_topics() {
     let again = triggers::trigger(&event, &registered, &rec).await.unwrap();
     assert_eq!(again.woken["rides"], WakeOutcome::Requested { epoch: 1 });
     assert_eq!(rec.started.lock().unwrap().len(), 2);
+}
+
+/// A Kinesis event source mapping's records wake the pipelines reading
+/// their stream, named by name or by ARN, and only those.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kinesis_mappings_records_wake_the_pipelines_reading_their_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let on_stream = |name: &str, uri: &str| {
+        let toml = format!(
+            "name = \"{name}\"\n[source]\nuri = \"{uri}\"\nformat = \"jsonl\"\ntable = \
+             \"rides\"\n[query]\nsql = 'SELECT * FROM rides'\n[sink]\nuri = \"{name}/sink\"\n\
+             [checkpoint]\nuri = \"{name}/checkpoint\"\n"
+        );
+        let p = Pipeline::parse(&toml, &format!("{name}.toml"), dir.path()).unwrap();
+        Context::new(
+            p,
+            Arc::new(sluice_engine::storage::MemoryStore::new()),
+            Arc::new(sluice_engine::storage::MemoryStore::new()),
+            Arc::new(LocalStore::new(dir.path().join(name).join("cp"))),
+        )
+    };
+    let registered = [
+        on_stream("by-name", "kinesis://rides"),
+        on_stream(
+            "by-arn",
+            "kinesis://arn:aws:kinesis:us-east-1:123456789012:stream/rides",
+        ),
+        on_stream("other", "kinesis://payments"),
+    ];
+    let event = triggers::parse_event(&sample("kinesis-records.json")).unwrap();
+    assert_eq!(event.source(), "kinesis");
+    let pipelines: Vec<Pipeline> = registered.iter().map(|c| (*c.pipeline).clone()).collect();
+    let r = triggers::route(&event, &pipelines).unwrap();
+    assert_eq!(
+        r.pipelines.into_iter().collect::<Vec<_>>(),
+        [("by-arn".to_string(), 3), ("by-name".to_string(), 3)]
+    );
+    assert_eq!(r.ignored, 0);
+    let rec = Recorder::default();
+    let report = triggers::trigger(&event, &registered, &rec).await.unwrap();
+    assert_eq!(
+        report.woken.keys().collect::<Vec<_>>(),
+        ["by-arn", "by-name"]
+    );
+    let started = rec.started.lock().unwrap().clone();
+    assert!(started.iter().all(|s| s.1["run"]["trigger"] == "kinesis"));
+    assert!(registered[2].checkpoint.control().await.unwrap().is_none());
 }
 
 /// Your own bucket (`CreateBucket = false`): the template's EventBridge

@@ -31,8 +31,9 @@ pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};
 pub use records::{
     Commit, Control, DeltaPart, Durations, FORMAT_VERSION, FunctionUsage, InputFile, ListingState,
     Manifest, Offsets, OutputFile, PipelineRecord, Quarantined, QueryShape, RecordRange, RunStatus,
-    SchemaVersion, SinkOwner, SourceCursor, StatefulState, StaticPin, StaticUsed, StreamPlan,
-    TaskPlan, Totals, Usage,
+    SchemaVersion, ShardCursor, ShardLoss, ShardRead, ShardUnit, ShardUntil, SinkOwner,
+    SourceCursor, StatefulState, StaticPin, StaticUsed, StreamPlan, StreamUntil, TaskPlan, Totals,
+    Usage, seq_cmp,
 };
 
 /// Whether a record of history `found` is not of history `ours`: both

@@ -217,9 +217,67 @@ pub struct Control {
     /// starts).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stream_offsets: BTreeMap<i32, i64>,
-    /// The topic whose offsets [`Self::stream_offsets`] are.
+    /// The topic whose offsets [`Self::stream_offsets`] are (a Kinesis
+    /// source: the stream whose shards [`Self::stream_shards`] are).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub stream_topic: String,
+    /// A Kinesis source: each shard's cursor (the last sequence number
+    /// committed), lineage and whether it was read to its end.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stream_shards: BTreeMap<String, ShardCursor>,
+    /// A Kinesis source: where the run of `epoch` stops in each shard,
+    /// captured once by its first plan (Spark's `Trigger.AvailableNow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_until: Option<StreamUntil>,
+}
+
+/// A Kinesis shard's place in the checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ShardCursor {
+    /// The last sequence number committed (`None`: nothing read yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// Nothing read yet: start at the first record that arrived at or
+    /// after this time (ms; `starting_position` as a date), else at the
+    /// shard's trim horizon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_ms: Option<i64>,
+    /// The shards it was split or merged from (ListShards' lineage).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parents: Vec<String>,
+    /// Closed, and read to its end: its children may be read.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drained: bool,
+}
+
+/// Where one run stops in each shard of a Kinesis stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StreamUntil {
+    /// The run that captured it.
+    pub epoch: u64,
+    /// The shards listed when it was captured.
+    pub shards: BTreeMap<String, ShardUntil>,
+}
+
+/// Where a run stops in one shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ShardUntil {
+    /// The sequence number of the last record the shard held when the
+    /// run looked (`None`: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<String>,
+    /// Closed when the run looked: it is read to its end.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub closed: bool,
+    /// Its parents (ListShards' lineage).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parents: Vec<String>,
+}
+
+/// Compare two Kinesis sequence numbers (decimal, no leading zeros, up to
+/// 129 digits: longer is larger, then by digits).
+pub fn seq_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    a.len().cmp(&b.len()).then_with(|| a.cmp(b))
 }
 
 /// A stateful query's state after a batch: what the next batch's tasks
@@ -315,6 +373,8 @@ impl Control {
             first_batch: 0,
             stream_offsets: BTreeMap::new(),
             stream_topic: String::new(),
+            stream_shards: BTreeMap::new(),
+            stream_until: None,
         }
     }
 
@@ -327,6 +387,12 @@ impl Control {
     /// committed.
     pub fn records(&self, batch: u64) -> bool {
         self.last_committed.is_some_and(|l| l >= batch)
+    }
+
+    /// Whether a record-stream source has recorded where it starts (a
+    /// Kafka topic's offsets, a Kinesis stream's shards).
+    pub fn stream_started(&self) -> bool {
+        !self.stream_offsets.is_empty() || !self.stream_shards.is_empty()
     }
 
     /// Record the commit `record` (its source settled into `listing`, for
@@ -354,7 +420,20 @@ impl Control {
             self.source_history = cursor.history.clone();
         }
         if let Some(s) = &record.stream {
-            self.stream_offsets = s.next.clone();
+            if s.shards.is_empty() {
+                self.stream_offsets = s.next.clone();
+            }
+            // A Kinesis batch: each shard's cursor moves to the last
+            // record its unit read; a closed shard read to its end is
+            // drained.
+            for read in &s.read {
+                let cursor = self.stream_shards.entry(read.shard.clone()).or_default();
+                if read.last.is_some() {
+                    cursor.after = read.last.clone();
+                    cursor.from_ms = None;
+                }
+                cursor.drained |= read.ended;
+            }
         }
         self.retry.retain(|k| !record.input_keys.contains(k));
         self.quarantined
@@ -498,11 +577,94 @@ pub struct StreamPlan {
     /// under `on_data_loss = "skip"`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lost: Vec<RecordRange>,
+    /// A Kinesis batch: the shard units it reads (its tasks index these,
+    /// not `ranges`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardUnit>,
+    /// A Kinesis batch's commit: where each unit's read ended, from its
+    /// task's result (the plan cannot know: a shard's records are counted
+    /// only by reading them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read: Vec<ShardRead>,
+    /// Kinesis shards whose unread records were gone (retention) when the
+    /// batch was planned, passed over under `on_data_loss = "skip"`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_shards: Vec<ShardLoss>,
+    /// A Kinesis batch: calls its Plan step made that the stream refused
+    /// for throughput, retried (its tasks' are in [`Self::read`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub throttled: u64,
+}
+
+/// The records of one Kinesis shard a batch reads: those after `after`
+/// (else from `from_ms`, else the shard's trim horizon) through `until`
+/// (else to the closed shard's end), at most `limit` of them. Records
+/// never change, so a retried task reads exactly these again.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ShardUnit {
+    /// The shard.
+    pub shard: String,
+    /// Read after this sequence number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// Nothing read yet: from the first record at or after this time, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_ms: Option<i64>,
+    /// The last sequence number to read (the run's end in an open shard);
+    /// `None`: to the end of the closed shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+    /// At most this many records.
+    pub limit: u64,
+}
+
+/// What a task read of one [`ShardUnit`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ShardRead {
+    /// The shard.
+    pub shard: String,
+    /// The last record's sequence number (`None`: it read none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<String>,
+    /// Records read.
+    pub records: u64,
+    /// Bytes of their data.
+    pub bytes: u64,
+    /// It reached the end of the closed shard.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ended: bool,
+    /// Calls the stream refused for throughput, retried.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub throttled: u64,
+    /// Calls made (GetShardIterator and GetRecords).
+    #[serde(default)]
+    pub requests: u64,
+}
+
+/// Records of a Kinesis shard lost to retention before they were read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ShardLoss {
+    /// The shard.
+    pub shard: String,
+    /// The cursor that was no longer in the stream (`None`: a shard gone
+    /// before anything of it was read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// What was found instead.
+    pub message: String,
 }
 
 impl StreamPlan {
-    /// Records it reads (offsets it spans: transaction markers included).
+    /// Records it reads (offsets it spans: transaction markers included; a
+    /// Kinesis batch: the records its units read, once committed, else at
+    /// most their limits).
     pub fn records(&self) -> u64 {
+        if !self.read.is_empty() {
+            return self.read.iter().map(|r| r.records).sum();
+        }
+        if !self.shards.is_empty() {
+            return self.shards.iter().map(|u| u.limit).sum();
+        }
         self.ranges.iter().map(RecordRange::len).sum()
     }
 }

@@ -33,6 +33,8 @@ pub(crate) struct LogRecord {
     pub key: Option<Vec<u8>>,
     /// Its value (`None`: a tombstone).
     pub value: Option<Vec<u8>>,
+    /// A Kinesis record's sequence number (its `offset` is then unused).
+    pub seq: Option<String>,
 }
 
 /// Which offset of each partition to ask for.
@@ -438,6 +440,7 @@ impl RecordLog for KafkaLog {
                     timestamp_ms: r.record.timestamp.timestamp_millis(),
                     key: r.record.key,
                     value: r.record.value,
+                    seq: None,
                 });
             }
             match next {
@@ -542,6 +545,7 @@ pub(crate) fn json_line(topic: &str, partition: i32, r: &LogRecord) -> Vec<u8> {
         partition,
         timestamp_unit: Some(TimeUnit::Microsecond),
         raw: false,
+        shard: None,
     };
     write_json_line(&mut line, &meta, r);
     line
@@ -568,6 +572,7 @@ pub(crate) fn sample_line(
         partition,
         timestamp_unit: Some(TimeUnit::Microsecond),
         raw,
+        shard: None,
     };
     let mut line = Vec::new();
     write_raw_line(&mut line, &meta, r);
@@ -575,7 +580,7 @@ pub(crate) fn sample_line(
 }
 
 /// What every line of one partition's range shares.
-struct Meta {
+pub(crate) struct Meta {
     /// The topic, quoted as a JSON string.
     topic: String,
     partition: i32,
@@ -587,6 +592,23 @@ struct Meta {
     /// Spark's Kafka columns ([`crate::pipeline::RAW_COLUMNS`]), the key
     /// and value as hex (the JSON reader's binary), not the value's fields.
     raw: bool,
+    /// A Kinesis shard's records (its id quoted as a JSON string): their
+    /// metadata is `_shard_id`, `_sequence_number`, `_arrival_timestamp`
+    /// and `_partition_key` ([`crate::pipeline::KINESIS_RAW_COLUMNS`] raw).
+    shard: Option<String>,
+}
+
+impl Meta {
+    /// The lines of a Kinesis shard's records.
+    pub(crate) fn shard(shard: &str, timestamp_unit: Option<TimeUnit>, raw: bool) -> Meta {
+        Meta {
+            topic: String::new(),
+            partition: 0,
+            timestamp_unit,
+            raw,
+            shard: Some(quoted(shard)),
+        }
+    }
 }
 
 use datafusion::arrow::datatypes::TimeUnit;
@@ -663,6 +685,21 @@ fn write_raw_line(out: &mut Vec<u8>, meta: &Meta, r: &LogRecord) {
             out.push(b'"');
         }
     };
+    if let Some(shard) = &meta.shard {
+        // A Kinesis record as GetRecords gives it.
+        out.extend_from_slice(b"{\"data\":");
+        hex(out, &r.value);
+        out.extend_from_slice(b",\"partition_key\":");
+        write_text(out, &r.key);
+        let _ = write!(
+            out,
+            ",\"sequence_number\":\"{}\",\"shard_id\":{shard},\"approximate_arrival_timestamp\":",
+            r.seq.as_deref().unwrap_or_default()
+        );
+        write_timestamp(out, r.timestamp_ms, meta.timestamp_unit);
+        out.push(b'}');
+        return;
+    }
     out.extend_from_slice(b"{\"key\":");
     hex(out, &r.key);
     out.extend_from_slice(b",\"value\":");
@@ -680,6 +717,19 @@ fn write_raw_line(out: &mut Vec<u8>, meta: &Meta, r: &LogRecord) {
 /// (`"` text, `n` null, else a number).
 fn write_meta(out: &mut Vec<u8>, meta: &Meta, r: &LogRecord) -> u8 {
     use std::io::Write;
+    if let Some(shard) = &meta.shard {
+        let _ = write!(
+            out,
+            "\"_shard_id\":{shard},\"_sequence_number\":\"{}\",\"_arrival_timestamp\":",
+            r.seq.as_deref().unwrap_or_default()
+        );
+        let at = out.len();
+        write_timestamp(out, r.timestamp_ms, meta.timestamp_unit);
+        let timestamp_kind = out[at];
+        out.extend_from_slice(b",\"_partition_key\":");
+        write_text(out, &r.key);
+        return timestamp_kind;
+    }
     let _ = write!(
         out,
         "\"_topic\":{},\"_partition\":{},\"_offset\":{},\"_timestamp\":",
@@ -694,6 +744,14 @@ fn write_meta(out: &mut Vec<u8>, meta: &Meta, r: &LogRecord) -> u8 {
         None => out.extend_from_slice(b"null"),
     }
     timestamp_kind
+}
+
+/// Bytes as a JSON string (lossy UTF-8), or `null`.
+fn write_text(out: &mut Vec<u8>, bytes: &Option<Vec<u8>>) {
+    match bytes {
+        Some(k) => out.extend_from_slice(quoted(&String::from_utf8_lossy(k)).as_bytes()),
+        None => out.extend_from_slice(b"null"),
+    }
 }
 
 /// A record's timestamp (ms since the epoch) as `"YYYY-MM-DDTHH:MM:SS.mmm"`
@@ -886,7 +944,7 @@ impl<'de> serde::de::Visitor<'de> for Key<'_> {
 
 /// `records` as lines ([`write_json_line`]), and the first line of each
 /// [`Shape`] among them.
-fn shaped_lines(meta: &Meta, records: &[LogRecord]) -> (Vec<u8>, Vec<u8>) {
+pub(crate) fn shaped_lines(meta: &Meta, records: &[LogRecord]) -> (Vec<u8>, Vec<u8>) {
     let mut body = Vec::with_capacity(records.len() * 160);
     let (mut shapes, mut seen, mut shape) = (Vec::new(), HashSet::new(), Vec::new());
     for r in records {
@@ -961,6 +1019,7 @@ pub(crate) async fn read_units(
                 partition: u.partition,
                 timestamp_unit,
                 raw,
+                shard: None,
             };
             let (body, shapes) = shaped_lines(&meta, &records);
             Ok::<_, Error>((u, body, shapes))
@@ -1012,6 +1071,7 @@ mod tests {
             timestamp_ms: 1_764_680_400_123,
             key: Some(b"k1".to_vec()),
             value: value.map(|v| v.as_bytes().to_vec()),
+            seq: None,
         }
     }
 
@@ -1212,6 +1272,7 @@ mod tests {
             partition: 0,
             timestamp_unit: Some(TimeUnit::Microsecond),
             raw: false,
+            shard: None,
         };
         let (all, shapes) = shaped_lines(&meta, &records);
         let infer = |text: &[u8]| {

@@ -22,6 +22,7 @@
 
 mod delta;
 mod kafka;
+mod kinesis;
 mod listing;
 mod manifests;
 mod notify;
@@ -35,6 +36,15 @@ pub(crate) use manifests::{Upstream, check_history, read_upstream};
 pub use notify::{ClaimStep, InboxEntry, decide_key_claim, read_inbox, record_notified};
 pub(crate) use notify::{claim_key, inbox_files, reconcile_due, settle_claims, unnotified};
 pub(crate) use source::{Fresh, Freshness, Look, Planned, Scope, Seen, Source};
+
+/// How many shards a `kinesis://` source's stream lists, and how many are
+/// open (one ListShards request a thousand shards): `sluice check`'s look
+/// at the stream.
+pub(crate) async fn stream_shards(
+    source: &crate::pipeline::Source,
+) -> crate::error::Result<(usize, usize)> {
+    kinesis::shard_counts(source).await
+}
 
 /// How many partitions a `kafka://` source's topic has now (one metadata
 /// request): `sluice check`'s look at the brokers and the topic.

@@ -76,6 +76,9 @@ pub(crate) enum Source {
     Manifests,
     /// A Kafka topic: each partition's offset is the cursor.
     Kafka,
+    /// A Kinesis stream: each shard's last sequence number read is the
+    /// cursor.
+    Kinesis,
     /// A Delta table: its log position is the cursor.
     Delta { ignore_changes: bool },
 }
@@ -198,6 +201,7 @@ impl Source {
             },
             DiscoveryMode::Manifests => Source::Manifests,
             DiscoveryMode::Kafka => Source::Kafka,
+            DiscoveryMode::Kinesis => Source::Kinesis,
             DiscoveryMode::Delta => Source::Delta {
                 ignore_changes: p.source.ignore_changes,
             },
@@ -218,6 +222,7 @@ impl Source {
         let p = &ctx.pipeline;
         match self {
             Source::Kafka => super::stream::look(ctx, control, settled).await,
+            Source::Kinesis => super::kinesis::look(ctx, control, settled).await,
             Source::Notify { reconcile_every } => {
                 let entries = super::read_inbox(ctx.checkpoint.store().as_ref()).await?;
                 let epoch = control.map_or(1, |c| c.epoch + 1);
@@ -303,6 +308,9 @@ impl Source {
         if self == Source::Kafka {
             return Ok(super::stream::pending(control, &looked, recover, owed));
         }
+        if self == Source::Kinesis {
+            return Ok(super::kinesis::pending(control, &looked, recover, owed));
+        }
         if recover || looked.inbox.is_some() {
             return Ok(Some(match looked.inbox {
                 Some(entries) => {
@@ -329,6 +337,7 @@ impl Source {
             Source::Notify { .. } => DiscoveryMode::Notify,
             Source::Manifests => DiscoveryMode::Manifests,
             Source::Kafka => DiscoveryMode::Kafka,
+            Source::Kinesis => DiscoveryMode::Kinesis,
             Source::Delta { .. } => DiscoveryMode::Delta,
         }
     }
@@ -425,6 +434,18 @@ impl Source {
                     more: false,
                     upstream: None,
                     stream: Some(super::stream::find_new(ctx, epoch, control).await?),
+                });
+            }
+            Source::Kinesis => {
+                let waiting = super::kinesis::find_new(ctx, epoch, control).await?;
+                return Ok(Fresh {
+                    inputs: Vec::new(),
+                    entries: Default::default(),
+                    // One batch a plan (a shard's records are counted only
+                    // by reading them): discover again after it commits.
+                    more: !waiting.is_empty(),
+                    upstream: None,
+                    stream: Some(waiting),
                 });
             }
             Source::List | Source::Ordered { .. } => {
@@ -548,7 +569,9 @@ impl Source {
             Source::Notify { .. } => Freshness::Notified,
             // A source sink's published parts never change: no check; nor
             // do a topic's records.
-            Source::Manifests | Source::Kafka | Source::Delta { .. } => Freshness::Immutable,
+            Source::Manifests | Source::Kafka | Source::Kinesis | Source::Delta { .. } => {
+                Freshness::Immutable
+            }
             Source::List => Freshness::Listed { strict: false },
             Source::Ordered { .. } => Freshness::Listed { strict: true },
         }
@@ -568,7 +591,7 @@ impl Source {
         let first = control.first_batch;
         let keep = match self {
             // The cursor is the commit record's, recorded in control.
-            Source::Kafka => return Ok(None),
+            Source::Kafka | Source::Kinesis => return Ok(None),
             Source::Notify { .. } => {
                 super::settle_claims(ctx.checkpoint.store(), first, record).await?;
                 return Ok(None);
@@ -610,6 +633,7 @@ impl Source {
     ) -> Result<(Vec<ObjectMeta>, Vec<String>)> {
         match self {
             Source::Kafka => Ok((super::stream::waiting(ctx, control).await?, Vec::new())),
+            Source::Kinesis => Ok((super::kinesis::waiting(ctx, control).await?, Vec::new())),
             Source::Manifests | Source::Delta { .. } => {
                 // The files of the source sink's manifests (the table's
                 // versions) after the cursor.
@@ -665,6 +689,9 @@ impl Source {
         task: &checkpoint::TaskPlan,
         schema: &datafusion::arrow::datatypes::Schema,
     ) -> Result<ReadUnits> {
+        if self == Source::Kinesis {
+            return super::kinesis::read_task(p, stream, task, schema).await;
+        }
         let units: Vec<checkpoint::RecordRange> = task
             .inputs
             .iter()
@@ -699,13 +726,14 @@ impl Source {
             shapes: files.iter().map(|f| f.key.clone()).zip(shapes).collect(),
             files,
             plan,
+            shard_reads: Vec::new(),
         })
     }
 
     /// Whether it is a record stream (its waiting input counts records,
     /// not files and bytes).
     pub(crate) fn is_stream(self) -> bool {
-        self == Source::Kafka
+        matches!(self, Source::Kafka | Source::Kinesis)
     }
 
     /// Whether a trigger records `p`'s notified objects in its inbox.
@@ -731,12 +759,12 @@ impl Source {
     /// one claim per key under `index/keys/`. Only `list` -> `ordered`
     /// keeps what the new mode needs.
     pub(crate) fn change_from(self, old: DiscoveryMode) -> Option<String> {
-        use DiscoveryMode::{Delta, Kafka, List, Manifests, Notify, Ordered};
+        use DiscoveryMode::{Delta, Kafka, Kinesis, List, Manifests, Notify, Ordered};
         let new = self.mode();
         let why = match (old, new) {
             (a, b) if a == b => return None,
-            (Kafka, _) | (_, Kafka) => {
-                "a topic's offsets and a folder's files are different cursors"
+            (Kafka, _) | (_, Kafka) | (Kinesis, _) | (_, Kinesis) => {
+                "a stream's positions and a folder's files are different cursors"
             }
             (Delta, _) | (_, Delta) => {
                 "a Delta table's log position and processed files are different cursors"
@@ -908,4 +936,6 @@ pub(crate) struct ReadUnits {
     /// For each file's key, a file of one line of each of its shapes in
     /// the same store: the drift check infers from it.
     pub shapes: std::collections::HashMap<String, InputFile>,
+    /// A Kinesis task: what it read of each of its shard units.
+    pub shard_reads: Vec<checkpoint::ShardRead>,
 }

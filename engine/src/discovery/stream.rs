@@ -19,7 +19,7 @@ const SAMPLE: i64 = 100;
 
 /// What waits in each partition when a run plans: from each partition's
 /// cursor up to the end offsets the plan captured.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Waiting {
     /// Where each partition starts.
     pub from: BTreeMap<i32, i64>,
@@ -27,19 +27,36 @@ pub(crate) struct Waiting {
     pub until: BTreeMap<i32, i64>,
     /// Records lost to retention, passed over (`on_data_loss = "skip"`).
     pub lost: Vec<RecordRange>,
+    /// A Kinesis stream: the next batch's shard units (one batch a plan).
+    pub shards: Vec<crate::checkpoint::ShardUnit>,
+    /// A Kinesis stream: shards whose unread records were lost, passed
+    /// over (`on_data_loss = "skip"`).
+    pub shard_losses: Vec<crate::checkpoint::ShardLoss>,
+    /// A Kinesis stream: calls of the Plan step refused for throughput.
+    pub throttled: u64,
 }
 
 impl Waiting {
     /// Whether no record waits.
     pub(crate) fn is_empty(&self) -> bool {
-        self.until
-            .iter()
-            .all(|(p, end)| self.from.get(p).is_none_or(|s| s >= end))
+        self.shards.is_empty()
+            && self
+                .until
+                .iter()
+                .all(|(p, end)| self.from.get(p).is_none_or(|s| s >= end))
     }
 
     /// The run's batches of about `max_records` records each, each with
     /// every partition's offset after it; the first names the loss.
     pub(crate) fn batches(&self, max_records: u64) -> Vec<StreamPlan> {
+        if !self.shards.is_empty() {
+            return vec![StreamPlan {
+                shards: self.shards.clone(),
+                lost_shards: self.shard_losses.clone(),
+                throttled: self.throttled,
+                ..Default::default()
+            }];
+        }
         let mut next = self.from.clone();
         let mut lost = self.lost.clone();
         planning::split_record_batches(&self.from, &self.until, max_records)
@@ -52,6 +69,7 @@ impl Waiting {
                     next: next.clone(),
                     ranges,
                     lost: std::mem::take(&mut lost),
+                    ..Default::default()
                 }
             })
             .collect()
@@ -261,7 +279,12 @@ async fn where_to_start(
         }
         tracing::warn!(pipeline = %ctx.pipeline.name, lost = %losses.join("; "), "records lost; going on from the earliest left (on_data_loss = \"skip\")");
     }
-    Ok(Waiting { from, until, lost })
+    Ok(Waiting {
+        from,
+        until,
+        lost,
+        ..Default::default()
+    })
 }
 
 /// What waits (`sluice show`): one entry per partition with records after
@@ -325,6 +348,7 @@ mod tests {
                 start: 0,
                 end: 5,
             }],
+            ..Default::default()
         };
         assert!(!w.is_empty());
         let b = w.batches(15);

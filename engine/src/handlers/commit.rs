@@ -317,7 +317,14 @@ fn build_record(
         deferred: inputs.deferred,
         gone: inputs.gone,
         source: off.source.clone(),
-        stream: off.stream.clone(),
+        stream: off.stream.clone().map(|mut s| {
+            // A Kinesis batch: where each unit's read ended.
+            s.read = results
+                .iter()
+                .flat_map(|r| r.shard_reads.iter().cloned())
+                .collect();
+            s
+        }),
         quarantined: inputs.quarantined,
         rejected: results.iter().filter_map(|r| r.rejected.clone()).collect(),
         nulled_fields: results.iter().map(|r| r.nulled_fields).sum(),

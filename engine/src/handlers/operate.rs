@@ -53,12 +53,14 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     };
     // A record stream's planned units, read into memory as the files the
     // operator scans (`discovery::Source::read_units`).
+    let mut shard_reads = Vec::new();
     let (source, inputs, plan) = match &off.stream {
         Some(s) => {
             let read = crate::discovery::Source::of(&ctx.pipeline)
                 .read_units(&ctx.pipeline, s, plan, &schema)
                 .await?;
             op = op.with_shapes(read.shapes);
+            shard_reads = read.shard_reads;
             (read.store, read.files, read.plan)
         }
         None => (ctx.source.clone(), off.inputs.clone(), plan.clone()),
@@ -102,6 +104,7 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
             }
         }
     };
+    result.shard_reads = shard_reads;
     // Every request of this invocation, and the result written below.
     result.requests = ctx.counts();
     result.requests.put += 1;

@@ -72,7 +72,7 @@ impl TaskList {
                     format!("{prefix}/{key}")
                 },
             },
-            Location::Local(_) | Location::Kafka { .. } => TaskList {
+            Location::Local(_) | Location::Kafka { .. } | Location::Kinesis { .. } => TaskList {
                 bucket: String::new(),
                 key: key.to_string(),
             },

@@ -240,7 +240,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         if !recover
             && source.is_stream()
             && p.source.starting_offsets == crate::pipeline::StartingOffsets::Latest
-            && control.is_none_or(|c| c.stream_offsets.is_empty())
+            && control.is_none_or(|c| !c.stream_started())
         {
             let etag = read.as_ref().map(|(_, e)| e.as_str());
             let (run, next) = match claim_run(ctx, control, etag, epoch, now, recover).await? {
@@ -602,6 +602,9 @@ async fn plan_batches(
         schema = read_with;
         let tasks = match &mut stream {
             // A record stream's ranges, cut into the units its tasks read.
+            Some(s) if !s.shards.is_empty() => {
+                planning::split_shard_tasks(&s.shards, p.limits.max_records_per_task)
+            }
             Some(s) => {
                 let (units, tasks) =
                     planning::split_record_tasks(&s.ranges, p.limits.max_records_per_task);

@@ -96,10 +96,7 @@ impl SqlOperator {
     /// replaced; a topic's records cannot be changed, so the row policy
     /// must set them aside.
     pub(super) fn fix_advice(&self) -> &'static str {
-        if matches!(
-            self.pipeline.source.location,
-            crate::storage::Location::Kafka { .. }
-        ) {
+        if self.pipeline.source.location.is_stream() {
             "a topic's records cannot be changed: set source.on_bad_row = \"quarantine\" (kept \
              under the sink's _quarantine/, named by partition and offset) or \"null\", then run \
              again"

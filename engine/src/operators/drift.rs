@@ -239,10 +239,7 @@ impl SqlOperator {
 
     /// Whether the source is a topic (whose records cannot be fixed).
     fn reads_topic(&self) -> bool {
-        matches!(
-            self.pipeline.source.location,
-            crate::storage::Location::Kafka { .. }
-        )
+        self.pipeline.source.location.is_stream()
     }
 
     /// The schema of a JSON Lines file's good lines (those that are JSON

@@ -129,6 +129,10 @@ pub struct TaskResult {
     /// wrote under the sink's `_late/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub late_file: Option<OutputFile>,
+    /// A Kinesis task: what it read of each of its shard units (the
+    /// commit moves the shards' cursors by them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shard_reads: Vec<crate::checkpoint::ShardRead>,
 }
 
 /// Partial states a task wrote for one state partition.
@@ -591,6 +595,7 @@ impl SqlOperator {
             max_event_us: None,
             late_file: None,
             duplicates: 0,
+            shard_reads: Vec::new(),
         })
     }
 

@@ -161,6 +161,7 @@ impl SqlOperator {
             late_rows: tally.late.load(Ordering::Relaxed),
             max_event_us: tally.max_event_us(),
             duplicates: 0,
+            shard_reads: Vec::new(),
         })
     }
 

@@ -66,6 +66,10 @@ pub enum DiscoveryMode {
     /// A Kafka topic (`kafka://...`): each partition's offsets are the
     /// cursor; a run reads up to the end offsets its first plan found.
     Kafka,
+    /// A Kinesis data stream (`kinesis://...`): each shard's last sequence
+    /// number read is the cursor; a run reads up to the last record each
+    /// shard held when its first plan looked, parents before children.
+    Kinesis,
     /// A Delta table (`format = "delta"`): its snapshot, then the files
     /// each new version adds, with the log position as the cursor.
     Delta,
@@ -80,6 +84,7 @@ impl DiscoveryMode {
             DiscoveryMode::Notify => "notify",
             DiscoveryMode::Manifests => "manifests",
             DiscoveryMode::Kafka => "kafka",
+            DiscoveryMode::Kinesis => "kinesis",
             DiscoveryMode::Delta => "delta",
         }
     }
@@ -246,6 +251,11 @@ pub struct Source {
     /// A record stream: where a new pipeline starts.
     #[serde(default, skip_serializing_if = "StartingOffsets::is_earliest")]
     pub starting_offsets: StartingOffsets,
+    /// A Kinesis source's `starting_position` as a date: a new pipeline
+    /// reads the shards it finds from the first record that arrived at or
+    /// after it (ms since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub starting_at_ms: Option<i64>,
     /// A record stream: what to do when records were removed (retention)
     /// before they were read.
     #[serde(default, skip_serializing_if = "DataLossPolicy::is_fail")]
@@ -277,6 +287,16 @@ pub const RAW_COLUMNS: [(&str, &str); 6] = [
     ("partition", "int"),
     ("offset", "bigint"),
     ("timestamp", "timestamp"),
+];
+
+/// The columns of a Kinesis stream read raw (`format = "raw"`): each
+/// record as GetRecords gives it.
+pub const KINESIS_RAW_COLUMNS: [(&str, &str); 5] = [
+    ("data", "binary"),
+    ("partition_key", "string"),
+    ("sequence_number", "string"),
+    ("shard_id", "string"),
+    ("approximate_arrival_timestamp", "timestamp"),
 ];
 
 /// How a Kafka source reaches its brokers, by Kafka's names.

@@ -40,6 +40,7 @@ struct SourceFile {
     on_schema_change: Option<SchemaChangePolicy>,
     corrupt_record: Option<bool>,
     starting_offsets: Option<super::StartingOffsets>,
+    starting_position: Option<String>,
     on_data_loss: Option<super::DataLossPolicy>,
     security_protocol: Option<super::SecurityProtocol>,
     sasl_mechanism: Option<super::SaslMechanism>,
@@ -267,9 +268,9 @@ fn static_table(
             st.table
         ));
     }
-    if matches!(location, Location::Kafka { .. }) {
+    if location.is_stream() {
         return Err(format!(
-            "{field}.uri: a static table is a folder or an s3:// prefix of files, not a topic"
+            "{field}.uri: a static table is a folder or an s3:// prefix of files, not a stream"
         ));
     }
     // Its files would be read as input too (or the input as its rows).
@@ -422,7 +423,7 @@ impl Pipeline {
         let limits = limits(&raw.limits).map_err(spec_err)?;
         // A limit that does not apply to the source would be a silent no-op.
         let l = &raw.limits;
-        let topic = matches!(source.location, Location::Kafka { .. });
+        let topic = source.location.is_stream();
         let not_here: Vec<&str> = if topic {
             [
                 ("max_files_per_batch", l.max_files_per_batch.is_some()),
@@ -446,9 +447,9 @@ impl Pipeline {
                 "limits.{} {} not apply to a {} source: {}",
                 not_here.join(", limits."),
                 if not_here.len() == 1 { "does" } else { "do" },
-                if topic { "kafka://" } else { "file" },
+                if topic { "record-stream" } else { "file" },
                 if topic {
-                    "a topic's batches and tasks are sized by limits.max_records_per_batch and \
+                    "a stream's batches and tasks are sized by limits.max_records_per_batch and \
                      max_records_per_task"
                 } else {
                     "a folder's batches and tasks are sized by limits.max_files_per_batch, \
@@ -551,10 +552,11 @@ fn read_file(text: &str) -> std::result::Result<(PipelineFile, bool), String> {
 /// [`super::RAW_COLUMNS`]; every record reads, so no schema, hints or
 /// bad-row and schema-change policies apply.
 fn raw_source(src: &SourceFile, source: &mut Source) -> std::result::Result<(), String> {
-    if source.discovery != DiscoveryMode::Kafka {
+    let kinesis = source.discovery == DiscoveryMode::Kinesis;
+    if source.discovery != DiscoveryMode::Kafka && !kinesis {
         return Err(
-            "source.format = \"raw\" reads a kafka:// source's records as they are; for \
-             files use parquet, csv or jsonl"
+            "source.format = \"raw\" reads a kafka:// or kinesis:// source's records as they \
+             are; for files use parquet, csv or jsonl"
                 .to_string(),
         );
     }
@@ -567,15 +569,25 @@ fn raw_source(src: &SourceFile, source: &mut Source) -> std::result::Result<(), 
     ];
     if let Some((name, _)) = given.iter().find(|(_, set)| *set) {
         return Err(format!(
-            "source.{name} does not apply to format = \"raw\": its columns are always key, \
-             value (binary), topic, partition, offset and timestamp, and every record reads \
-             (use format = \"jsonl\" to read values as JSON objects)"
+            "source.{name} does not apply to format = \"raw\": its columns are always {}, \
+             and every record reads (use format = \"jsonl\" to read values as JSON objects)",
+            if kinesis {
+                "data (binary), partition_key, sequence_number, shard_id and \
+                 approximate_arrival_timestamp"
+            } else {
+                "key, value (binary), topic, partition, offset and timestamp"
+            }
         ));
     }
     source.raw = true;
     source.schema_hints = Default::default();
+    let columns: &[(&str, &str)] = if kinesis {
+        &super::KINESIS_RAW_COLUMNS
+    } else {
+        &super::RAW_COLUMNS
+    };
     source.schema = Some(
-        super::RAW_COLUMNS
+        columns
             .iter()
             .map(|(name, ty)| ColumnSpec {
                 name: name.to_string(),
@@ -649,7 +661,9 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
     }
     check_schema_hints(&hints, src.file_format())?;
     let (schema, hints) = if discovery == DiscoveryMode::Kafka {
-        with_record_metadata(src.schema.clone(), hints)
+        with_record_metadata(src.schema.clone(), hints, &RECORD_METADATA)
+    } else if discovery == DiscoveryMode::Kinesis {
+        with_record_metadata(src.schema.clone(), hints, &KINESIS_METADATA)
     } else {
         (src.schema.clone(), hints)
     };
@@ -671,7 +685,11 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
         on_bad_row: src.on_bad_row.unwrap_or_default(),
         on_schema_change: src.on_schema_change.unwrap_or_default(),
         corrupt_record: src.corrupt_record.unwrap_or(false),
-        starting_offsets: src.starting_offsets.unwrap_or_default(),
+        starting_offsets: match (src.starting_position.as_deref(), src.starting_offsets) {
+            (Some("latest"), _) => super::StartingOffsets::Latest,
+            (_, o) => o.unwrap_or_default(),
+        },
+        starting_at_ms: starting_at_ms(src.starting_position.as_deref())?,
         security_protocol: src.security_protocol.unwrap_or_default(),
         sasl_mechanism: src.sasl_mechanism,
         raw: false,
@@ -690,20 +708,29 @@ const RECORD_METADATA: [(&str, &str); 5] = [
     ("_key", "string"),
 ];
 
+/// A Kinesis record's metadata columns and their types.
+const KINESIS_METADATA: [(&str, &str); 4] = [
+    ("_shard_id", "string"),
+    ("_sequence_number", "string"),
+    ("_arrival_timestamp", "timestamp"),
+    ("_partition_key", "string"),
+];
+
 /// A record stream's schema with its metadata columns: appended to a
 /// declared schema (unless declared), or typed by hints of an inferred
 /// one (unless hinted).
 fn with_record_metadata(
     schema: Option<Vec<ColumnSpec>>,
     mut hints: std::collections::BTreeMap<String, String>,
+    metadata: &[(&str, &str)],
 ) -> (
     Option<Vec<ColumnSpec>>,
     std::collections::BTreeMap<String, String>,
 ) {
     match schema {
         Some(mut cols) => {
-            for (name, ty) in RECORD_METADATA {
-                if !cols.iter().any(|c| c.name == name) {
+            for (name, ty) in metadata {
+                if !cols.iter().any(|c| c.name == *name) {
                     cols.push(ColumnSpec {
                         name: name.to_string(),
                         data_type: ty.to_string(),
@@ -714,13 +741,29 @@ fn with_record_metadata(
             (Some(cols), hints)
         }
         None => {
-            for (name, ty) in RECORD_METADATA {
+            for (name, ty) in metadata {
                 hints
                     .entry(name.to_string())
                     .or_insert_with(|| ty.to_string());
             }
             (None, hints)
         }
+    }
+}
+
+/// `starting_position` as a date: ms since the epoch (`trim_horizon` and
+/// `latest` are not dates).
+fn starting_at_ms(written: Option<&str>) -> std::result::Result<Option<i64>, String> {
+    match written {
+        None | Some("trim_horizon") | Some("latest") => Ok(None),
+        Some(d) => chrono::DateTime::parse_from_rfc3339(d)
+            .map(|t| Some(t.timestamp_millis()))
+            .map_err(|e| {
+                format!(
+                    "source.starting_position = \"{d}\": {e}; write \"trim_horizon\" (the \
+                     default), \"latest\" or a date such as \"2026-12-01T00:00:00Z\""
+                )
+            }),
     }
 }
 
@@ -731,11 +774,31 @@ fn discovery_of(
     location: &Location,
 ) -> std::result::Result<DiscoveryMode, String> {
     let kafka = matches!(location, Location::Kafka { .. });
+    let kinesis = matches!(location, Location::Kinesis { .. });
+    match src.discovery {
+        None | Some(DiscoveryMode::Kinesis) if kinesis && src.format != FormatName::Delta => {
+            return Ok(DiscoveryMode::Kinesis);
+        }
+        Some(d) if kinesis => {
+            return Err(format!(
+                "source.discovery = \"{}\": a kinesis:// source reads its stream's shards: \
+                 remove source.discovery",
+                d.name()
+            ));
+        }
+        Some(DiscoveryMode::Kinesis) => {
+            return Err(
+                "source.discovery = \"kinesis\" needs source.uri = \"kinesis://stream-name\""
+                    .to_string(),
+            );
+        }
+        _ => {}
+    }
     if src.format == FormatName::Delta {
         return match src.discovery {
-            _ if kafka => Err(
+            _ if kafka || kinesis => Err(
                 "source.format = \"delta\" reads a table in a folder or under s3://, not a \
-                 kafka:// topic"
+                 kafka:// topic or kinesis:// stream"
                     .to_string(),
             ),
             None | Some(DiscoveryMode::Delta) => Ok(DiscoveryMode::Delta),
@@ -828,18 +891,38 @@ fn check_source_options(
     if src.ignore_changes.is_some() && discovery != DiscoveryMode::Delta {
         return Err("source.ignore_changes applies to format = \"delta\" only".to_string());
     }
-    let stream = discovery == DiscoveryMode::Kafka;
-    if !stream
+    let kinesis = discovery == DiscoveryMode::Kinesis;
+    let stream = discovery == DiscoveryMode::Kafka || kinesis;
+    if !stream && src.on_data_loss.is_some() {
+        return Err(
+            "source.on_data_loss applies to a kafka:// or kinesis:// source only".to_string(),
+        );
+    }
+    if discovery != DiscoveryMode::Kafka
         && (src.starting_offsets.is_some()
-            || src.on_data_loss.is_some()
             || src.security_protocol.is_some()
             || src.sasl_mechanism.is_some())
     {
-        return Err(
-            "source.starting_offsets, on_data_loss, security_protocol and sasl_mechanism apply \
-             to a kafka:// source only"
-                .to_string(),
-        );
+        return Err(format!(
+            "source.starting_offsets, security_protocol and sasl_mechanism apply to a kafka:// \
+             source only{}",
+            if kinesis {
+                " (a kinesis:// source starts at source.starting_position: \"trim_horizon\", \
+                 \"latest\" or a date; the AWS SDK's settings reach the stream)"
+            } else {
+                ""
+            }
+        ));
+    }
+    if !kinesis && src.starting_position.is_some() {
+        return Err(format!(
+            "source.starting_position applies to a kinesis:// source only{}",
+            if stream {
+                " (a kafka:// source starts at source.starting_offsets)"
+            } else {
+                ""
+            }
+        ));
     }
     let sasl = src.security_protocol.is_some_and(|p| p.sasl());
     if sasl != src.sasl_mechanism.is_some() {
@@ -856,28 +939,34 @@ fn check_source_options(
     }
     if stream && src.file_format() != SourceFormat::Jsonl {
         return Err(format!(
-            "source.format = \"{}\": a kafka:// source reads each record's value as one JSON \
-             object (format = \"jsonl\") or each record as it is (format = \"raw\": key, \
-             value, topic, partition, offset, timestamp)",
-            src.file_format().name()
+            "source.format = \"{}\": a {} source reads each record's {} as one JSON object \
+             (format = \"jsonl\") or each record as it is (format = \"raw\": {})",
+            src.file_format().name(),
+            if kinesis { "kinesis://" } else { "kafka://" },
+            if kinesis { "data" } else { "value" },
+            if kinesis {
+                "data, partition_key, sequence_number, shard_id, approximate_arrival_timestamp"
+            } else {
+                "key, value, topic, partition, offset, timestamp"
+            }
         ));
     }
     if stream && src.compression.is_some() {
         return Err(
-            "source.compression: Kafka records are decompressed by the client; remove it"
+            "source.compression: a stream's records are read as they were put; remove it"
                 .to_string(),
         );
     }
     if stream && src.on_schema_change == Some(SchemaChangePolicy::AddColumns) {
         return Err(
-            "source.on_schema_change = \"add-columns\" is not supported for a kafka:// source \
-             yet: use \"rescue\" (new fields go into _rescued) or \"fail\""
+            "source.on_schema_change = \"add-columns\" is not supported for a record-stream \
+             source yet: use \"rescue\" (new fields go into _rescued) or \"fail\""
                 .to_string(),
         );
     }
     if stream && src.on_bad_file.is_some() {
         return Err(
-            "source.on_bad_file applies to files; a kafka:// source's bad records follow \
+            "source.on_bad_file applies to files; a stream's bad records follow \
              source.on_bad_row"
                 .to_string(),
         );
@@ -1199,7 +1288,7 @@ max_bytes_per_batch = "64 MiB"
         let e = err(&topic);
         assert!(
             e.contains(
-                "limits.max_files_per_batch, limits.max_bytes_per_batch do not apply to a kafka://"
+                "limits.max_files_per_batch, limits.max_bytes_per_batch do not apply to a record-stream"
             ),
             "{e}"
         );
@@ -1208,6 +1297,65 @@ max_bytes_per_batch = "64 MiB"
             "max_records_per_batch = 10",
         );
         assert_eq!(parse(&ok).unwrap().limits.max_records_per_batch, 10);
+    }
+
+    #[test]
+    fn a_kinesis_source_takes_its_own_settings_and_refuses_kafkas() {
+        let stream = GOOD
+            .replace("uri = \"data/\"", "uri = \"kinesis://rides\"")
+            .replace("format = \"parquet\"", "format = \"jsonl\"")
+            .replace("discovery = \"ordered\"\nlookback = 10\n", "")
+            .replace(
+                "max_files_per_batch = 3\nmax_bytes_per_batch = \"64 MiB\"",
+                "max_records_per_batch = 10",
+            );
+        let p = parse(&stream).unwrap();
+        assert_eq!(p.source.discovery, DiscoveryMode::Kinesis);
+        assert_eq!(p.source.starting_at_ms, None);
+        let with = |line: &str| {
+            stream.replace(
+                "table = \"trips\"\n",
+                &format!("table = \"trips\"\n{line}\n"),
+            )
+        };
+        let dated = parse(&with("starting_position = \"2026-12-01T00:00:00Z\"")).unwrap();
+        assert_eq!(dated.source.starting_at_ms, Some(1_796_083_200_000));
+        let latest = parse(&with("starting_position = \"latest\"")).unwrap();
+        assert_eq!(
+            latest.source.starting_offsets,
+            super::super::StartingOffsets::Latest
+        );
+        for (line, want) in [
+            (
+                "starting_position = \"yesterday\"",
+                "write \"trim_horizon\"",
+            ),
+            ("starting_offsets = \"latest\"", "starting_position"),
+            (
+                "security_protocol = \"ssl\"",
+                "apply to a kafka:// source only",
+            ),
+            ("discovery = \"list\"", "reads its stream's shards"),
+            ("compression = \"gzip\"", "read as they were put"),
+        ] {
+            let e = err(&with(line));
+            assert!(e.contains(want), "{line}: {e}");
+        }
+        let e = err(&stream.replace("format = \"jsonl\"", "format = \"csv\""));
+        assert!(
+            e.contains("a kinesis:// source reads each record's data"),
+            "{e}"
+        );
+        // Kafka's pipelines refuse Kinesis' setting.
+        let topic = stream.replace("kinesis://rides", "kafka://b:9092/rides");
+        let e = err(&topic.replace(
+            "table = \"trips\"\n",
+            "table = \"trips\"\nstarting_position = \"latest\"\n",
+        ));
+        assert!(
+            e.contains("starting_position applies to a kinesis:// source only"),
+            "{e}"
+        );
     }
 
     #[test]

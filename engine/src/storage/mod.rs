@@ -343,6 +343,13 @@ pub enum Location {
         /// The topic.
         topic: String,
     },
+    /// A Kinesis data stream (`kinesis://name` or `kinesis://arn:...`): a
+    /// source only, read through `discovery::kinesis`; region, credentials
+    /// and endpoint come from the AWS SDK's standard settings.
+    Kinesis {
+        /// The stream's name or ARN.
+        stream: String,
+    },
 }
 
 impl Location {
@@ -351,6 +358,9 @@ impl Location {
     pub fn parse(uri: &str, base: &std::path::Path) -> Result<Location, String> {
         if let Some(rest) = uri.strip_prefix("kafka://") {
             return kafka_location(uri, rest);
+        }
+        if let Some(rest) = uri.strip_prefix("kinesis://") {
+            return kinesis_location(uri, rest);
         }
         if let Some(rest) = uri.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
@@ -372,7 +382,7 @@ impl Location {
             let hint = if scheme == "file" {
                 "write a plain path"
             } else {
-                "use a local path, s3:// or kafka://"
+                "use a local path, s3://, kafka:// or kinesis://"
             };
             return Err(format!(
                 "\"{uri}\": scheme {scheme}:// is not supported; {hint}"
@@ -387,6 +397,12 @@ impl Location {
         Ok(Location::Local(normalize(&path)))
     }
 
+    /// Whether it is a record stream (a Kafka topic or a Kinesis stream):
+    /// a source only, read through `discovery`, not a store.
+    pub fn is_stream(&self) -> bool {
+        matches!(self, Location::Kafka { .. } | Location::Kinesis { .. })
+    }
+
     /// A readable form, for messages and `sluice show`.
     pub fn display(&self) -> String {
         match self {
@@ -394,6 +410,7 @@ impl Location {
             Location::S3 { bucket, prefix } if prefix.is_empty() => format!("s3://{bucket}/"),
             Location::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}/"),
             Location::Kafka { brokers, topic } => format!("kafka://{}/{topic}", brokers.join(",")),
+            Location::Kinesis { stream } => format!("kinesis://{stream}"),
         }
     }
 
@@ -409,7 +426,7 @@ impl Location {
                     format!("{prefix}/{child}")
                 },
             },
-            Location::Kafka { .. } => self.clone(),
+            Location::Kafka { .. } | Location::Kinesis { .. } => self.clone(),
         }
     }
 
@@ -424,7 +441,7 @@ impl Location {
                     .rsplit_once('/')
                     .map_or(String::new(), |(up, _)| up.to_string()),
             },
-            Location::Kafka { .. } => self.clone(),
+            Location::Kafka { .. } | Location::Kinesis { .. } => self.clone(),
         }
     }
 
@@ -439,9 +456,36 @@ impl Location {
             }
             // What a task reads from a topic is put here, as files, by the
             // source (`discovery`): the store starts empty.
-            Location::Kafka { .. } => Ok(Arc::new(MemoryStore::new())),
+            Location::Kafka { .. } | Location::Kinesis { .. } => Ok(Arc::new(MemoryStore::new())),
         }
     }
+}
+
+/// `kinesis://stream-name` or `kinesis://arn:aws:kinesis:region:account:stream/name`.
+fn kinesis_location(uri: &str, rest: &str) -> Result<Location, String> {
+    let usage =
+        "write kinesis://stream-name (or kinesis://arn:aws:kinesis:REGION:ACCOUNT:stream/NAME)";
+    let stream = rest.trim_end_matches('/');
+    let name = match stream.strip_prefix("arn:") {
+        Some(arn) => {
+            let parts: Vec<&str> = arn.splitn(5, ':').collect();
+            match parts.as_slice() {
+                [_, "kinesis", _, _, res] => res.strip_prefix("stream/").unwrap_or(""),
+                _ => "",
+            }
+        }
+        None => stream,
+    };
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if name.is_empty() || name.len() > 128 || !name.chars().all(legal) {
+        return Err(format!(
+            "\"{uri}\": \"{name}\" is not a Kinesis stream name (letters, digits, . _ -; 1 to \
+             128); {usage}"
+        ));
+    }
+    Ok(Location::Kinesis {
+        stream: stream.to_string(),
+    })
 }
 
 /// `kafka://host:port[,host:port...]/topic`.
@@ -561,6 +605,26 @@ mod tests {
         assert!(Location::parse("s3:///x", base).is_err());
         assert!(Location::parse("gs://b/x", base).is_err());
         assert!(Location::parse("s3://b/../x", base).is_err());
+    }
+
+    #[test]
+    fn kinesis_locations_name_a_stream_or_its_arn() {
+        let base = std::path::Path::new("/p");
+        assert_eq!(
+            Location::parse("kinesis://rides", base).unwrap(),
+            Location::Kinesis {
+                stream: "rides".into()
+            }
+        );
+        let arn = "arn:aws:kinesis:us-east-1:123456789012:stream/rides";
+        assert_eq!(
+            Location::parse(&format!("kinesis://{arn}"), base).unwrap(),
+            Location::Kinesis { stream: arn.into() }
+        );
+        for bad in ["kinesis://", "kinesis://ri des", "kinesis://arn:aws:s3:::b"] {
+            let e = Location::parse(bad, base).unwrap_err();
+            assert!(e.contains("not a Kinesis stream name"), "{bad}: {e}");
+        }
     }
 
     #[test]

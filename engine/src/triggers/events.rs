@@ -1,11 +1,13 @@
 //! Parsing trigger payloads: S3 notifications (direct or through SNS),
 //! EventBridge schedules and S3 "Object Created" events, manual refreshes,
-//! and the record batches of a Kafka event source mapping (a wake-up only).
+//! and the record batches of a Kafka or Kinesis event source mapping (a
+//! wake-up only).
 
 use std::collections::BTreeMap;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::kafka::KafkaEvent;
+use aws_lambda_events::event::kinesis::KinesisEvent;
 use aws_lambda_events::event::s3::S3Event;
 use aws_lambda_events::event::sns::SnsEvent;
 use serde::{Deserialize, Serialize};
@@ -43,6 +45,13 @@ pub enum Event {
         /// Topic -> records the event carried.
         topics: BTreeMap<String, u64>,
     },
+    /// A Kinesis event source mapping delivered records: the pipelines
+    /// reading their streams look. The records are not used: a run reads
+    /// from its own checkpointed positions.
+    Streams {
+        /// Stream name -> records the event carried.
+        streams: BTreeMap<String, u64>,
+    },
     /// A manual refresh of one pipeline.
     Manual {
         /// The pipeline.
@@ -65,6 +74,7 @@ impl Event {
             Event::Schedule { .. } => "schedule",
             Event::Records { msk: true, .. } => "msk",
             Event::Records { msk: false, .. } => "kafka",
+            Event::Streams { .. } => "kinesis",
             Event::Manual { .. } => "manual",
         }
     }
@@ -155,6 +165,18 @@ pub fn decode_key(raw: &str) -> Result<String> {
         })
 }
 
+/// The stream name of a Kinesis stream's ARN
+/// (`arn:aws:kinesis:REGION:ACCOUNT:stream/NAME`), or of a name.
+pub(crate) fn stream_name(stream: &str) -> &str {
+    match stream.strip_prefix("arn:") {
+        Some(arn) => arn
+            .split_once(":stream/")
+            .map(|(_, rest)| rest.split('/').next().unwrap_or(rest))
+            .unwrap_or(stream),
+        None => stream,
+    }
+}
+
 /// Parse a trigger payload. Errors name what was expected; nothing is
 /// started for a payload that does not parse.
 pub fn parse_event(payload: &[u8]) -> Result<Event> {
@@ -174,6 +196,20 @@ fn parse_value(value: Value) -> Result<Event> {
         return Err(refused("expected a JSON object; nothing was started"));
     };
     if let Some(records) = obj.get("Records").and_then(Value::as_array) {
+        let kinesis = records
+            .first()
+            .and_then(|r| r.get("eventSource"))
+            .and_then(Value::as_str)
+            == Some("aws:kinesis");
+        if kinesis {
+            let ev: KinesisEvent = typed(value, "a Kinesis event source mapping's event")?;
+            let mut streams = BTreeMap::new();
+            for r in &ev.records {
+                let arn = r.event_source_arn.as_deref().unwrap_or_default();
+                *streams.entry(stream_name(arn).to_string()).or_insert(0) += 1;
+            }
+            return Ok(Event::Streams { streams });
+        }
         let from_sns = records
             .first()
             .and_then(|r| r.get("EventSource"))
@@ -232,7 +268,7 @@ fn parse_value(value: Value) -> Result<Event> {
     Err(refused(
         "unrecognised event: expected an S3 notification ({\"Records\": [...]}), an SNS \
          message carrying one, an EventBridge \"Scheduled Event\" or S3 \"Object Created\" \
-         event, a Kafka event source mapping's records, or a manual refresh \
+         event, a Kafka or Kinesis event source mapping's records, or a manual refresh \
          {\"pipeline\": NAME}; nothing was started",
     ))
 }

@@ -118,6 +118,7 @@ fn report_of(event: &Event, ignored: u64) -> TriggerReport {
             objects, skipped, ..
         } => (objects.len() as u64, *skipped),
         Event::Records { topics, .. } => (topics.values().sum(), 0),
+        Event::Streams { streams } => (streams.values().sum(), 0),
         _ => (0, 0),
     };
     TriggerReport {

@@ -84,6 +84,22 @@ pub fn route(event: &Event, registered: &[Pipeline]) -> Result<Routing> {
                 }
             }
         }
+        Event::Streams { streams } => {
+            for (stream, records) in streams {
+                let mut hit = false;
+                for p in registered {
+                    if matches!(&p.source.location, Location::Kinesis { stream: s }
+                        if super::events::stream_name(s) == stream)
+                    {
+                        *r.pipelines.entry(p.name.clone()).or_default() += records;
+                        hit = true;
+                    }
+                }
+                if !hit {
+                    r.ignored += records;
+                }
+            }
+        }
         Event::Schedule { .. } => {
             for p in registered {
                 r.pipelines.insert(p.name.clone(), 0);

@@ -1,8 +1,32 @@
 #!/usr/bin/env python3
-"""Sketch, checked by hand on 2026-12-03, not yet used by any test (see
-kinesis-source.md beside it): moto 5.2.5's Kinesis,
-patched in-process to reshard as Kinesis documents, plus a control port for
-tests (throttle, trim). Usage: python kinesis_stand_sketch.py PORT CONTROL_PORT
+"""The test suite's AWS stand: moto 5.2.5's server (S3, Step Functions,
+Kinesis, ...) with its Kinesis patched in-process to behave as Kinesis
+documents where moto does not, plus a control port for tests (throttle,
+trim). tests/run.sh starts it in place of `moto_server`.
+
+What it emulates, beyond moto:
+- sequence numbers of 56 digits (more than 128 bits) with gaps, increasing
+  across the stream's shards;
+- writes go only to open shards (moto writes to a split parent);
+- split and merge close the parents without moving records; a closed
+  shard's EndingSequenceNumber is past its last record;
+- a drained closed shard answers a null NextShardIterator and its
+  ChildShards;
+- MillisBehindLatest is 0 exactly when nothing follows the page (moto
+  measures from the page's last record and says 0 for records put within
+  a millisecond of the newest);
+- GetRecords' Limit between 1 and 10000;
+- POST /throttle {"stream", "get_records": n, "get_shard_iterator": n}
+  refuses the stream's next n calls with
+  ProvisionedThroughputExceededException (and answers how many it refused
+  so far); POST /trim
+  {"stream", "before_epoch_s"} drops records as retention would.
+
+Not emulated: arrival-timestamp disorder, iterator expiry, the per-shard
+rate limits and 10 MiB cap, expired-shard deletion, KMS, DynamoDB's
+streaming destination.
+
+Usage: python kinesis_stand.py PORT CONTROL_PORT
 """
 import itertools
 import json
@@ -101,10 +125,10 @@ def merge_shards(self, shard_to_merge, adjacent_shard_to_merge):
     self.shards[child.shard_id] = child
 
 
-# Test controls: GetRecords calls to refuse per stream, and ShardIds whose
-# GetShardIterator calls to refuse.
-THROTTLE = {"get_records": 0, "get_shard_iterator": 0}
-THROTTLED = {"get_records": 0, "get_shard_iterator": 0}
+# Test controls, per stream: the next GetRecords and GetShardIterator calls
+# to refuse, and how many were refused.
+THROTTLE = {}
+THROTTLED = {}
 
 
 class Throttled(JsonRESTError):
@@ -112,15 +136,18 @@ class Throttled(JsonRESTError):
         super().__init__("ProvisionedThroughputExceededException", "Rate exceeded for shard (stand)")
 
 
-_orig_get_records = kr.KinesisResponse.get_records
+def _throttle(stream, call):
+    left = THROTTLE.get((stream, call), 0)
+    if left > 0:
+        THROTTLE[(stream, call)] = left - 1
+        THROTTLED[(stream, call)] = THROTTLED.get((stream, call), 0) + 1
+        raise Throttled()
+
+
 _orig_get_iter = kr.KinesisResponse.get_shard_iterator
 
 
 def get_records(self):
-    if THROTTLE["get_records"] > 0:
-        THROTTLE["get_records"] -= 1
-        THROTTLED["get_records"] += 1
-        raise Throttled()
     limit = self._get_param("Limit")
     if limit is not None and not (1 <= int(limit) <= 10000):
         raise InvalidArgumentError("Limit must be between 1 and 10000")
@@ -128,8 +155,14 @@ def get_records(self):
     it = self._get_param("ShardIterator")
     name, shard_id, last = km.decompose_shard_iterator(it)
     stream = self.kinesis_backend.describe_stream(stream_arn=stream_arn, stream_name=None if name == "None" else name)
+    _throttle(stream.stream_name, "get_records")
     shard = stream.get_shard(shard_id)
-    records, last, behind = shard.get_records(last, limit or 10000)
+    records, last, _ = shard.get_records(last, limit or 10000)
+    # Behind the tip only while records follow the page.
+    newer = [r for q, r in shard.records.items() if q > int(last)]
+    behind = 0
+    if newer:
+        behind = max(1, int((newer[-1].created_at - newer[0].created_at) * 1000))
     out = {"Records": [r.to_json() for r in records], "MillisBehindLatest": behind}
     drained = not shard.is_open and (not shard.records or int(last) >= max(shard.records))
     if drained:
@@ -150,10 +183,10 @@ def get_records(self):
 
 
 def get_shard_iterator(self):
-    if THROTTLE["get_shard_iterator"] > 0:
-        THROTTLE["get_shard_iterator"] -= 1
-        THROTTLED["get_shard_iterator"] += 1
-        raise Throttled()
+    name = self._get_param("StreamName")
+    if name is None and self._get_param("StreamARN"):
+        name = self._get_param("StreamARN").split("/", 1)[-1]
+    _throttle(name, "get_shard_iterator")
     return _orig_get_iter(self)
 
 
@@ -185,8 +218,11 @@ class Control(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
         if self.path == "/throttle":
-            THROTTLE.update({k: int(v) for k, v in body.items() if k in THROTTLE})
-            out = {"throttled": THROTTLED}
+            stream = body["stream"]
+            for call in ("get_records", "get_shard_iterator"):
+                if call in body:
+                    THROTTLE[(stream, call)] = int(body[call])
+            out = {call: THROTTLED.get((stream, call), 0) for call in ("get_records", "get_shard_iterator")}
         elif self.path == "/trim":
             out = {"trimmed": trim(body["stream"], float(body["before_epoch_s"]))}
         else:
