@@ -41,10 +41,11 @@ pub struct BenchArgs {
     /// `--source kafka`: the broker, host:port.
     #[arg(long)]
     bootstrap: Option<String>,
-    /// `--source kafka`: records to produce.
+    /// `--source kafka` or `kinesis`: records to produce (put).
     #[arg(long, default_value_t = 1_000_000)]
     records: u64,
-    /// `--source kafka`: partitions of the topic.
+    /// `--source kafka`: partitions of the topic; `--source kinesis`:
+    /// shards of the stream.
     #[arg(long, default_value_t = 4)]
     partitions: i32,
     /// The sink: Parquet against raw DataFusion (default), or a Delta
@@ -69,6 +70,8 @@ pub enum BenchSource {
     Files,
     /// A Kafka topic.
     Kafka,
+    /// A Kinesis stream (on the endpoint `AWS_ENDPOINT_URL` names).
+    Kinesis,
 }
 
 /// The benchmark's query.
@@ -231,6 +234,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         };
         std::fs::create_dir_all(&dir)?;
         return crate::bench_kafka::run(&dir, b, args.records, args.partitions, args.rounds).await;
+    }
+    if args.source == BenchSource::Kinesis {
+        std::fs::create_dir_all(&dir)?;
+        return crate::bench_kinesis::run(&dir, args.records, args.partitions, args.rounds).await;
     }
     if args.query == BenchQuery::Join {
         return crate::bench_breadth::join(&dir, args.files, args.rows, args.rounds).await;

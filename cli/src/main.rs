@@ -6,6 +6,7 @@ mod bench;
 mod bench_breadth;
 mod bench_delta;
 mod bench_kafka;
+mod bench_kinesis;
 mod bench_planning;
 mod bench_window;
 mod cost;

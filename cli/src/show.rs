@@ -295,6 +295,38 @@ pub(crate) async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Re
                 mib(st.bytes)
             );
         }
+        // A Kinesis batch: what it read of each shard, the calls refused
+        // for throughput, the records lost.
+        if let Some(s) = &c.stream {
+            for r in &s.read {
+                println!(
+                    "{:>6}  shard {}: {}, {} bytes{}{}{}",
+                    "",
+                    r.shard,
+                    count(r.records, "record"),
+                    r.bytes,
+                    r.last
+                        .as_deref()
+                        .map(|l| format!(", up to {l}"))
+                        .unwrap_or_default(),
+                    if r.ended { ", read to its end" } else { "" },
+                    if r.throttled > 0 {
+                        format!(", {} refused for throughput", count(r.throttled, "call"))
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            if s.throttled > 0 {
+                println!(
+                    "{:>6}  the plan's calls refused for throughput: {}",
+                    "", s.throttled
+                );
+            }
+            for l in &s.lost_shards {
+                println!("{:>6}  shard {}: records lost: {}", "", l.shard, l.message);
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

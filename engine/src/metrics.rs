@@ -119,8 +119,19 @@ pub fn batch_line(c: &crate::checkpoint::Commit, pipeline: &str) -> String {
         // A record stream's batch: the offsets it read (transaction
         // markers included), and those lost before they were read.
         metrics.push(("RecordsRead", "Count", s.records() as f64));
-        let lost: u64 = s.lost.iter().map(|r| r.len()).sum();
-        metrics.push(("RecordsLost", "Count", lost as f64));
+        if s.shards.is_empty() {
+            let lost: u64 = s.lost.iter().map(|r| r.len()).sum();
+            metrics.push(("RecordsLost", "Count", lost as f64));
+        } else {
+            // A Kinesis batch: lost records cannot be counted, the shards
+            // that lost some can; and the calls refused for throughput,
+            // and the calls its tasks made.
+            metrics.push(("ShardsWithLoss", "Count", s.lost_shards.len() as f64));
+            let refused = s.throttled + s.read.iter().map(|r| r.throttled).sum::<u64>();
+            metrics.push(("ThrottledRequests", "Count", refused as f64));
+            let calls: u64 = s.read.iter().map(|r| r.requests).sum();
+            metrics.push(("KinesisRequests", "Count", calls as f64));
+        }
     }
     line(
         pipeline,
@@ -200,6 +211,31 @@ mod tests {
             .map(|m| m["Name"].as_str().unwrap())
             .collect();
         assert!(names.contains(&"RecordsRead") && names.contains(&"RecordsLost"));
+        // A Kinesis batch's line counts refusals, calls and shards that
+        // lost records, not lost records (Kinesis cannot count them).
+        let kinesis: crate::checkpoint::Commit = serde_json::from_value(json!({
+            "format_version": 1, "batch": 3, "epoch": 1, "history": "h",
+            "committed_ms": 1_764_680_400_000i64, "files": 0, "bytes_read": 10,
+            "rows_in": 7, "rows_out": 7, "outputs": [],
+            "durations": {"plan_ms": 1, "operate_ms": 2, "task_max_ms": 2, "merge_max_ms": 0, "commit_ms": 3},
+            "requests": crate::storage::RequestCounts::default(), "input_keys": [],
+            "stream": {
+                "next": {}, "ranges": [], "throttled": 2,
+                "shards": [{"shard": "s0", "limit": 10}, {"shard": "s1", "limit": 10}],
+                "read": [
+                    {"shard": "s0", "records": 5, "bytes": 50, "throttled": 1, "requests": 3},
+                    {"shard": "s1", "records": 2, "bytes": 20, "requests": 2},
+                ],
+                "lost_shards": [{"shard": "s1", "after": "9", "message": "expired"}],
+            },
+        }))
+        .expect("a Kinesis commit record");
+        let line: Value = serde_json::from_str(&batch_line(&kinesis, "p")).unwrap();
+        assert_eq!(line["RecordsRead"], 7.0);
+        assert_eq!(line["ThrottledRequests"], 3.0);
+        assert_eq!(line["KinesisRequests"], 5.0);
+        assert_eq!(line["ShardsWithLoss"], 1.0);
+        assert!(line.get("RecordsLost").is_none());
         // A file batch's line has neither.
         let mut files = record.clone();
         files.stream = None;

@@ -10,6 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use sluice_engine::handlers::Context;
+
 use crate::crash::spawn_run;
 use crate::support::*;
 
@@ -622,22 +624,28 @@ uri = "out/checkpoint"
 /// Ask the stand (`SLUICE_KINESIS_CONTROL`) to refuse `stream`'s next
 /// calls for throughput; how many it refused so far, per call.
 fn throttle(stream: &str, get_records: u64, get_shard_iterator: u64) -> serde_json::Value {
+    stand_control(
+        "/throttle",
+        serde_json::json!({
+            "stream": stream,
+            "get_records": get_records,
+            "get_shard_iterator": get_shard_iterator,
+        }),
+    )
+}
+
+/// POST `body` to the stand's control port at `path`; its answer.
+fn stand_control(path: &str, body: serde_json::Value) -> serde_json::Value {
     let control = std::env::var("SLUICE_KINESIS_CONTROL").expect(
         "SLUICE_KINESIS_CONTROL is not set: run the suite with tests/run.sh, which starts the \
          stand's control port",
     );
-    let body = serde_json::json!({
-        "stream": stream,
-        "get_records": get_records,
-        "get_shard_iterator": get_shard_iterator,
-    })
-    .to_string();
     let script = "import sys, urllib.request\n\
-                  r = urllib.request.urlopen(urllib.request.Request(sys.argv[1] + '/throttle', \
+                  r = urllib.request.urlopen(urllib.request.Request(sys.argv[1], \
                   data=sys.argv[2].encode(), method='POST'))\n\
                   print(r.read().decode())\n";
     let out = std::process::Command::new(python())
-        .args(["-c", script, &control, &body])
+        .args(["-c", script, &format!("{control}{path}"), &body.to_string()])
         .output()
         .unwrap();
     assert!(
@@ -683,6 +691,17 @@ async fn throttled_reads_are_retried_counted_and_exact() {
         })
         .sum();
     assert_eq!(counted, 4);
+    // `sluice history` shows each shard's read and the refusals.
+    std::fs::write(root.join("pipeline.toml"), &toml).unwrap();
+    let shown = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["history", root.join("pipeline.toml").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains("shard shardId-000000000000:") && shown.contains("refused for throughput"),
+        "{shown}"
+    );
 
     // Refused without end: the run fails, nothing is committed, the next
     // run reads everything.
@@ -780,4 +799,211 @@ uri = "out/checkpoint"
     .await;
     assert_eq!(want.len(), 12);
     assert_eq!(committed_rows(&root.join("out/sink"), "ddb").await, want);
+}
+
+/// Records put after the cursor expire (the stand trims them, as the
+/// retention would) while no run happens for longer than the retention
+/// (the run's clock moved 25 hours on): `on_data_loss = "fail"` refuses
+/// the run, naming the shard and the cursor, commits nothing and gives
+/// the lease back; `skip` goes on from the oldest record left, reads
+/// everything after the loss once, and the batch's records name the loss.
+/// A run within the retention asks nothing about it.
+#[tokio::test(flavor = "multi_thread")]
+async fn records_expired_unread_fail_or_are_passed_over_as_the_policy_says() {
+    let stream = fresh_stream("expired", 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = root.join("put.jsonl");
+    put(&stream, &KEYS, &rides(0, 6), &records).await;
+    let toml = kinesis_toml("kexpired", &stream, "", "");
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let cursor = cursors(root, &toml).await;
+    // Four more, then everything so far expires; three arrive after.
+    put(&stream, &KEYS, &rides(100, 4), &root.join("lost.jsonl")).await;
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let now_s = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
+    let trimmed = stand_control(
+        "/trim",
+        serde_json::json!({"stream": stream, "before_epoch_s": now_s}),
+    );
+    assert_eq!(trimmed["trimmed"], 10, "{trimmed}");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    put(&stream, &KEYS, &rides(200, 3), &records).await;
+    let later = |toml: &str| {
+        let mut ctx = local_context(&pipeline(root, toml));
+        ctx.clock = Arc::new(|| chrono::Utc::now().timestamp_millis() + 25 * 3_600_000);
+        ctx
+    };
+    let e = run(&later(&toml)).await.unwrap_err().to_string();
+    let shard = cursor.keys().next().unwrap();
+    assert!(
+        e.contains(shard.as_str())
+            && e.contains(cursor[shard].as_str())
+            && e.contains("on_data_loss"),
+        "{e}"
+    );
+    assert_eq!(commit_records(root, &toml).await.len(), 1);
+    assert_eq!(
+        control_of(root, &toml).await.status,
+        sluice_engine::checkpoint::RunStatus::Idle
+    );
+    let skip = kinesis_toml("kexpired", &stream, "on_data_loss = \"skip\"", "");
+    run(&later(&skip)).await.unwrap();
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "kexpired").await,
+        expected(&records).await
+    );
+    let commits = commit_records(root, &skip).await;
+    let lost = &commits[1].stream.as_ref().unwrap().lost_shards;
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(lost[0].after.as_deref(), Some(cursor[shard].as_str()));
+    assert_eq!(cursors(root, &skip).await, last_put(&records));
+}
+
+/// At the batch's first commit write, once: records into the open shards,
+/// then split one and merge the other two, then records into the
+/// children.
+#[derive(Debug)]
+struct ReshardMidRun {
+    stream: String,
+    records: std::path::PathBuf,
+    done: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl WriteHook for ReshardMidRun {
+    async fn before(
+        &self,
+        op: &'static str,
+        key: &str,
+    ) -> Result<(), sluice_engine::error::StoreError> {
+        if op != "put" || !key.starts_with("commits/") || self.done.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        put(&self.stream, &KEYS, &rides(300, 6), &self.records).await;
+        reshard(&self.stream).await;
+        let many: Vec<String> = (0..40).map(|i| format!("key{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        put(&self.stream, &many, &rides(400, 40), &self.records).await;
+        Ok(())
+    }
+}
+
+/// Split the stream's first shard at its middle and merge its other two.
+async fn reshard(stream: &str) {
+    let c = client().await;
+    let shards = c
+        .list_shards()
+        .stream_name(stream)
+        .send()
+        .await
+        .unwrap()
+        .shards()
+        .to_vec();
+    let s0 = &shards[0];
+    let range = s0.hash_key_range().unwrap();
+    let lo: u128 = range.starting_hash_key().parse().unwrap();
+    let hi: u128 = range.ending_hash_key().parse().unwrap();
+    c.split_shard()
+        .stream_name(stream)
+        .shard_to_split(s0.shard_id())
+        .new_starting_hash_key((lo + (hi - lo) / 2).to_string())
+        .send()
+        .await
+        .unwrap();
+    c.merge_shards()
+        .stream_name(stream)
+        .shard_to_merge(shards[1].shard_id())
+        .adjacent_shard_to_merge(shards[2].shard_id())
+        .send()
+        .await
+        .unwrap();
+}
+
+/// A reshard during a run: the run reads what the shards held when it
+/// looked (records put to the parents or the children afterwards wait),
+/// parents it read to their end are drained; the next run reads the rest,
+/// parents before children, every record once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reshard_during_a_run_is_read_by_the_next_parents_first() {
+    let stream = fresh_stream("midrun", 3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = root.join("put.jsonl");
+    put(&stream, &KEYS, &rides(0, 12), &records).await;
+    let first_look = root.join("first.jsonl");
+    std::fs::copy(&records, &first_look).unwrap();
+    let toml = kinesis_toml(
+        "kmidrun",
+        &stream,
+        "",
+        "max_records_per_batch = 6\nmax_records_per_task = 3",
+    );
+    let p = pipeline(root, &toml);
+    let checkpoint = root.join("out/checkpoint").join(&p.name);
+    let mut ctx = Context::new(
+        p,
+        Arc::new(sluice_engine::storage::LocalStore::new(root.join("input"))),
+        Arc::new(sluice_engine::storage::LocalStore::new(
+            root.join("out/sink"),
+        )),
+        Arc::new(Hooked {
+            inner: Arc::new(sluice_engine::storage::LocalStore::new(checkpoint)),
+            hook: ReshardMidRun {
+                stream: stream.clone(),
+                records: records.clone(),
+                done: Default::default(),
+            },
+        }),
+    );
+    test_mode(&mut ctx);
+    run(&ctx).await.unwrap();
+    // Only what the shards held when the run looked.
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "kmidrun").await,
+        expected(&first_look).await
+    );
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "kmidrun").await,
+        expected(&records).await
+    );
+    let control = control_of(root, &toml).await;
+    let mut drained_in = std::collections::BTreeMap::new();
+    let mut first_read_in = std::collections::BTreeMap::new();
+    for c in commit_records(root, &toml).await {
+        for r in &c.stream.unwrap().read {
+            if r.ended {
+                drained_in.insert(r.shard.clone(), c.batch);
+            }
+            if r.records > 0 {
+                first_read_in.entry(r.shard.clone()).or_insert(c.batch);
+            }
+        }
+    }
+    let children: Vec<(&String, &Vec<String>)> = control
+        .stream_shards
+        .iter()
+        .filter(|(_, c)| !c.parents.is_empty())
+        .map(|(id, c)| (id, &c.parents))
+        .collect();
+    assert_eq!(children.len(), 3, "{:?}", control.stream_shards);
+    for (child, parents) in children {
+        for p in parents {
+            let (Some(d), Some(f)) = (drained_in.get(p), first_read_in.get(child)) else {
+                panic!("{p} drained {drained_in:?}, {child} read {first_read_in:?}");
+            };
+            assert!(
+                d < f,
+                "{child} read in batch {f}, its parent {p} drained in {d}"
+            );
+        }
+    }
+    assert!(
+        run(&local_context(&pipeline(root, &toml)))
+            .await
+            .unwrap()
+            .batches
+            .is_empty()
+    );
 }

@@ -248,6 +248,12 @@ pub struct ShardCursor {
     /// Closed, and read to its end: its children may be read.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub drained: bool,
+    /// When a run last found nothing after the cursor (ms, the run's
+    /// clock): every record after it arrived later. While that is within
+    /// the stream's retention, no record after the cursor can have
+    /// expired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caught_up_ms: Option<i64>,
 }
 
 /// Where one run stops in each shard of a Kinesis stream.
@@ -255,6 +261,9 @@ pub struct ShardCursor {
 pub struct StreamUntil {
     /// The run that captured it.
     pub epoch: u64,
+    /// When it was captured (ms, the run's clock).
+    #[serde(default)]
+    pub captured_ms: i64,
     /// The shards listed when it was captured.
     pub shards: BTreeMap<String, ShardUntil>,
 }
@@ -433,6 +442,21 @@ impl Control {
                     cursor.from_ms = None;
                 }
                 cursor.drained |= read.ended;
+                // At the run's end in the shard: nothing followed the
+                // cursor when the run looked.
+                let end = self
+                    .stream_until
+                    .as_ref()
+                    .and_then(|u| Some((u.captured_ms, u.shards.get(&read.shard)?)));
+                if let (Some((at, end)), Some(after)) = (end, &cursor.after)
+                    && !end.closed
+                    && end
+                        .last
+                        .as_deref()
+                        .is_none_or(|last| seq_cmp(after, last).is_ge())
+                {
+                    cursor.caught_up_ms = Some(at);
+                }
             }
         }
         self.retry.retain(|k| !record.input_keys.contains(k));

@@ -59,6 +59,12 @@ const PAGE: u64 = 10_000;
 /// How far back the look for a shard's newest record starts, widening
 /// while it finds none (then it reads from the cursor).
 const LOOK_BACK_MS: [i64; 3] = [10_000, 600_000, 6 * 3_600_000];
+/// The shortest retention a stream may have (24 hours): a cursor caught
+/// up more recently than this cannot have lost records, whatever the
+/// stream's retention, so the stream is not even asked.
+const MIN_RETENTION_MS: i64 = 24 * 3_600_000;
+/// Slack for the clocks of Sluice and Kinesis in the retention rule.
+const RETENTION_MARGIN_MS: i64 = 5 * 60_000;
 /// Between two GetRecords calls on one shard (Kinesis allows five a
 /// second per shard, shared by every reader).
 const PACE: Duration = Duration::from_millis(200);
@@ -86,6 +92,8 @@ struct Shard {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Start {
     After(String),
+    /// At this sequence number (the record itself first).
+    AtSeq(String),
     At(i64),
     TrimHorizon,
 }
@@ -223,6 +231,13 @@ impl KinesisStream {
                     self.stream
                 ),
             ),
+            (_, "InvalidArgumentException") => (
+                ErrorClass::InvalidInput,
+                format!(
+                    "{what} on stream \"{}\" was refused: {message}",
+                    self.stream
+                ),
+            ),
             (_, "AccessDeniedException") => (
                 ErrorClass::Fatal,
                 format!(
@@ -346,6 +361,9 @@ impl KinesisStream {
                 Start::After(s) => call
                     .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
                     .starting_sequence_number(s),
+                Start::AtSeq(s) => call
+                    .shard_iterator_type(ShardIteratorType::AtSequenceNumber)
+                    .starting_sequence_number(s),
                 Start::At(ms) => call
                     .shard_iterator_type(ShardIteratorType::AtTimestamp)
                     .timestamp(aws_sdk_kinesis::primitives::DateTime::from_millis(*ms)),
@@ -411,6 +429,63 @@ impl KinesisStream {
                 behind_ms: out.millis_behind_latest().unwrap_or(0),
             }));
         }
+    }
+
+    /// How long the stream keeps records (DescribeStreamSummary).
+    async fn retention_ms(&self) -> Result<i64> {
+        let (since, mut tries) = (std::time::Instant::now(), 0);
+        loop {
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let sent = self
+                .client
+                .describe_stream_summary()
+                .set_stream_name(self.name())
+                .set_stream_arn(self.arn())
+                .send()
+                .await;
+            match sent {
+                Ok(o) => {
+                    let hours = o
+                        .stream_description_summary()
+                        .map_or(24, |d| d.retention_period_hours());
+                    return Ok(i64::from(hours) * 3_600_000);
+                }
+                Err(e) => match self.failure("DescribeStreamSummary", e) {
+                    Failure::Throttled | Failure::Expired => {
+                        self.back_off("DescribeStreamSummary", tries, since).await?;
+                        tries += 1;
+                    }
+                    Failure::Other(e) => return Err(e),
+                },
+            }
+        }
+    }
+
+    /// Whether the record `seq` is still in `shard` (`None`: it is, so no
+    /// record after it expired: retention takes only the oldest); else the
+    /// first record the shard still holds (`Some(None)`: none).
+    async fn gone(&self, shard: &str, seq: &str) -> Result<Option<Option<String>>> {
+        let it = match self.iterator(shard, &Start::AtSeq(seq.to_string())).await {
+            Ok(it) => it,
+            // Kinesis may refuse a sequence number it no longer holds.
+            Err(e) if e.class() == ErrorClass::InvalidInput => None,
+            Err(e) => return Err(e),
+        };
+        if let Some(it) = it
+            && let Some(page) = self.page(&it, 1).await?
+            && let Some(first) = page.records.first()
+            && first.seq.as_deref() == Some(seq)
+        {
+            return Ok(None);
+        }
+        let first = match self.iterator(shard, &Start::TrimHorizon).await? {
+            Some(it) => self
+                .page(&it, 1)
+                .await?
+                .and_then(|p| p.records.first().and_then(|r| r.seq.clone())),
+            None => None,
+        };
+        Ok(Some(first))
     }
 
     /// The last sequence number `shard` holds after `start` now (`None`:
@@ -535,6 +610,29 @@ pub(crate) async fn shard_counts(source: &crate::pipeline::Source) -> Result<(us
     let shards = KinesisStream::open(source).await?.shards().await?;
     let open = shards.iter().filter(|s| !s.closed).count();
     Ok((shards.len(), open))
+}
+
+/// Whether records after a cursor last caught up at `caught_up_ms` may
+/// have expired by `now_ms`: never caught up, or caught up longer ago than
+/// the stream's retention (asked once, only when the shortest retention
+/// does not settle it), less a margin for the clocks.
+async fn may_have_lost(
+    stream: &KinesisStream,
+    retention: &mut Option<i64>,
+    caught_up_ms: Option<i64>,
+    now_ms: i64,
+) -> Result<bool> {
+    let Some(at) = caught_up_ms else {
+        return Ok(true);
+    };
+    if at >= now_ms - MIN_RETENTION_MS + RETENTION_MARGIN_MS {
+        return Ok(false);
+    }
+    let kept = match *retention {
+        Some(r) => r,
+        None => *retention.insert(stream.retention_ms().await?),
+    };
+    Ok(at < now_ms - kept + RETENTION_MARGIN_MS)
 }
 
 /// The stream a `kinesis://` source names.
@@ -719,23 +817,56 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
             let shards = stream.shards().await?;
             let listed: Vec<String> = shards.iter().map(|s| s.id.clone()).collect();
             let fresh = control.stream_shards.is_empty();
-            let now_ms = chrono::Utc::now().timestamp_millis();
+            // Where to look for the newest records: the wall clock (the
+            // stream's arrival times are Kinesis'); the retention rule
+            // runs on the run's clock.
+            let wall_ms = chrono::Utc::now().timestamp_millis();
+            let now_ms = ctx.now_ms;
+            let mut retention: Option<i64> = None;
+            let mut losses = Vec::new();
             let mut until = BTreeMap::new();
             let mut cursors = control.stream_shards.clone();
             for s in &shards {
-                let cursor = cursors.get(&s.id).cloned().unwrap_or_else(|| ShardCursor {
+                let mut cursor = cursors.get(&s.id).cloned().unwrap_or_else(|| ShardCursor {
                     from_ms: if fresh { p.source.starting_at_ms } else { None },
                     ..Default::default()
                 });
+                cursor.parents = s.parents.clone();
+                // A cursor not caught up within the retention: its record
+                // must still be there, or records after it may have
+                // expired unread.
+                if let Some(after) = cursor.after.clone()
+                    && !cursor.drained
+                    && may_have_lost(&stream, &mut retention, cursor.caught_up_ms, now_ms).await?
+                    && let Some(first) = stream.gone(&s.id, &after).await?
+                {
+                    losses.push(format!(
+                        "shard {}: the records after sequence number {after} (read up to there) \
+                         expired (retention) before they were read{}",
+                        s.id,
+                        first
+                            .as_deref()
+                            .map(|f| format!("; the oldest left is {f}"))
+                            .unwrap_or_default()
+                    ));
+                    shard_losses.push(ShardLoss {
+                        shard: s.id.clone(),
+                        after: Some(after),
+                        message: match &first {
+                            Some(f) => format!("expired unread up to the oldest left, {f}"),
+                            None => "expired unread; the shard holds no record now".into(),
+                        },
+                    });
+                    // On from the oldest record left (every record up to
+                    // the cursor expired with it).
+                    cursor.after = None;
+                    cursor.from_ms = None;
+                }
                 let last = if s.closed || cursor.drained {
                     None
                 } else {
                     let from = Start::of(cursor.after.as_deref(), cursor.from_ms);
-                    stream.newest(&s.id, &from, now_ms).await?
-                };
-                let mut cursor = ShardCursor {
-                    parents: s.parents.clone(),
-                    ..cursor
+                    stream.newest(&s.id, &from, wall_ms).await?
                 };
                 // A new pipeline reading from the stream's end starts
                 // after each shard's newest record.
@@ -748,21 +879,26 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
                         cursor.drained = true;
                     }
                 }
-                until.insert(
-                    s.id.clone(),
-                    ShardUntil {
-                        last,
-                        closed: s.closed,
-                        parents: s.parents.clone(),
-                    },
-                );
+                let end = ShardUntil {
+                    last,
+                    closed: s.closed,
+                    parents: s.parents.clone(),
+                };
+                if reached(Some(&cursor), &end) && !s.closed {
+                    cursor.caught_up_ms = Some(now_ms);
+                }
+                until.insert(s.id.clone(), end);
                 cursors.insert(s.id.clone(), cursor);
             }
             // Shards of the checkpoint the stream no longer lists, not
-            // read to their end: their unread records expired.
-            let mut losses = Vec::new();
+            // read to their end: unless nothing followed the cursor within
+            // the retention, their unread records expired.
             for (id, c) in cursors.iter_mut() {
                 if listed.contains(id) || c.drained {
+                    continue;
+                }
+                c.drained = true;
+                if !may_have_lost(&stream, &mut retention, c.caught_up_ms, now_ms).await? {
                     continue;
                 }
                 losses.push(format!(
@@ -778,7 +914,6 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
                     after: c.after.clone(),
                     message: "gone from the stream before it was read to its end".into(),
                 });
-                c.drained = true;
             }
             if !losses.is_empty() {
                 if p.source.on_data_loss == DataLossPolicy::Fail {
@@ -797,6 +932,7 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
             }
             let record = StreamUntil {
                 epoch,
+                captured_ms: now_ms,
                 shards: until,
             };
             let (record2, cursors2, name2) = (record.clone(), cursors.clone(), name.clone());

@@ -35,6 +35,8 @@ use crate::storage::{ObjectMeta, Store};
 /// What a source is asked through: the pipeline, the store its source is
 /// read from, and its checkpoint (the handlers' context, seen from here).
 pub(crate) struct Scope<'a> {
+    /// Now, by the run's clock (ms since the epoch).
+    pub now_ms: i64,
     /// The pipeline.
     pub pipeline: &'a Pipeline,
     /// Where its source is read from.

@@ -325,6 +325,7 @@ impl Context {
     /// What the source seam is asked through.
     pub(crate) fn scope(&self) -> crate::discovery::Scope<'_> {
         crate::discovery::Scope {
+            now_ms: self.now(),
             pipeline: &self.pipeline,
             source: &self.source,
             checkpoint: &self.checkpoint,
