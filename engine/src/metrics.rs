@@ -129,7 +129,7 @@ pub fn batch_line(c: &crate::checkpoint::Commit, pipeline: &str) -> String {
             metrics.push(("ShardsWithLoss", "Count", s.lost_shards.len() as f64));
             let refused = s.throttled + s.read.iter().map(|r| r.throttled).sum::<u64>();
             metrics.push(("ThrottledRequests", "Count", refused as f64));
-            let calls: u64 = s.read.iter().map(|r| r.requests).sum();
+            let calls: u64 = s.requests + s.read.iter().map(|r| r.requests).sum::<u64>();
             metrics.push(("KinesisRequests", "Count", calls as f64));
         }
     }
@@ -220,7 +220,7 @@ mod tests {
             "durations": {"plan_ms": 1, "operate_ms": 2, "task_max_ms": 2, "merge_max_ms": 0, "commit_ms": 3},
             "requests": crate::storage::RequestCounts::default(), "input_keys": [],
             "stream": {
-                "next": {}, "ranges": [], "throttled": 2,
+                "next": {}, "ranges": [], "throttled": 2, "requests": 4,
                 "shards": [{"shard": "s0", "limit": 10}, {"shard": "s1", "limit": 10}],
                 "read": [
                     {"shard": "s0", "records": 5, "bytes": 50, "throttled": 1, "requests": 3},
@@ -233,7 +233,7 @@ mod tests {
         let line: Value = serde_json::from_str(&batch_line(&kinesis, "p")).unwrap();
         assert_eq!(line["RecordsRead"], 7.0);
         assert_eq!(line["ThrottledRequests"], 3.0);
-        assert_eq!(line["KinesisRequests"], 5.0);
+        assert_eq!(line["KinesisRequests"], 9.0);
         assert_eq!(line["ShardsWithLoss"], 1.0);
         assert!(line.get("RecordsLost").is_none());
         // A file batch's line has neither.

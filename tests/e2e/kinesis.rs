@@ -167,9 +167,14 @@ async fn a_stream_is_read_exactly_once_across_runs_batches_and_tasks() {
     // Every shard's cursor is the last record put to it.
     assert_eq!(cursors(root, &toml).await, last_put(&records));
 
-    // More records: the next run reads only those.
+    // More records: `sluice show` counts them, the next run reads only
+    // those.
     put(&stream, &KEYS[..2], &rides(1000, 11), &records).await;
+    let status = sluice_engine::admin::status(&ctx).await.unwrap();
+    assert_eq!(status.waiting_records, Some(11));
     run(&ctx).await.unwrap();
+    let status = sluice_engine::admin::status(&ctx).await.unwrap();
+    assert_eq!(status.waiting_records, Some(0));
     assert_eq!(
         committed_rows(&sink, "rides").await,
         expected(&records).await
@@ -194,6 +199,12 @@ async fn a_stream_is_read_exactly_once_across_runs_batches_and_tasks() {
             assert!(u.limit <= 2, "{u:?}");
         }
         assert_eq!(s.read.len(), s.shards.len());
+        // The first batch's plan looked (ListShards, then where each shard
+        // ends); later plans of the run read control only.
+        if c.batch == 0 {
+            assert!(s.requests >= 3, "{} plan calls", s.requests);
+        }
+        assert!(s.read.iter().all(|r| r.requests >= 2), "{:?}", s.read);
         for (u, r) in s.shards.iter().zip(&s.read) {
             assert!(r.records <= u.limit, "{r:?} of {u:?}");
         }
@@ -1005,5 +1016,61 @@ async fn a_reshard_during_a_run_is_read_by_the_next_parents_first() {
             .unwrap()
             .batches
             .is_empty()
+    );
+}
+
+/// More records than one GetRecords call answers, put at once: the look
+/// for where the run stops halves its time window until one page from
+/// there reaches the tip, and the run reads every record once, up to the
+/// last one put.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_larger_than_a_page_is_read_to_its_last_record() {
+    let stream = fresh_stream("burst", 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = root.join("put.jsonl");
+    let c = client().await;
+    let mut keep = String::new();
+    for chunk in 0..25u64 {
+        let values = rides(chunk * 500, 500);
+        let entries = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                aws_sdk_kinesis::types::PutRecordsRequestEntry::builder()
+                    .partition_key(format!("k{i}"))
+                    .data(aws_sdk_kinesis::primitives::Blob::new(v.as_bytes()))
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let out = c
+            .put_records()
+            .stream_name(&stream)
+            .set_records(Some(entries))
+            .send()
+            .await
+            .unwrap();
+        for (i, (v, r)) in values.iter().zip(out.records()).enumerate() {
+            let mut row: serde_json::Value = serde_json::from_str(v).unwrap();
+            row["_shard_id"] = r.shard_id().unwrap().into();
+            row["_sequence_number"] = r.sequence_number().unwrap().into();
+            row["_partition_key"] = format!("k{i}").into();
+            keep.push_str(&row.to_string());
+            keep.push('\n');
+        }
+    }
+    std::fs::write(&records, keep).unwrap();
+    let toml = kinesis_toml("kburst", &stream, "", "");
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let want = expected(&records).await;
+    assert!(want.len() > 10_000, "{}", want.len());
+    assert_eq!(committed_rows(&root.join("out/sink"), "kburst").await, want);
+    assert_eq!(cursors(root, &toml).await, last_put(&records));
+    let control = control_of(root, &toml).await;
+    let until = control.stream_until.unwrap();
+    assert_eq!(
+        until.shards.values().next().unwrap().last.as_ref(),
+        last_put(&records).values().next()
     );
 }

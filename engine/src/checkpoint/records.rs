@@ -618,6 +618,10 @@ pub struct StreamPlan {
     /// for throughput, retried (its tasks' are in [`Self::read`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub throttled: u64,
+    /// A Kinesis batch: calls its Plan step made (its tasks' are in
+    /// [`Self::read`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub requests: u64,
 }
 
 /// The records of one Kinesis shard a batch reads: those after `after`

@@ -10,9 +10,9 @@
 //!
 //! **Where a run stops.** Kinesis has no end offset, so the first plan of
 //! a run reads each open shard's newest records, from a little before now
-//! to the tip (`AT_TIMESTAMP` 10 s, then 10 min, then 6 h back, then from
-//! the cursor), and the last record's sequence number is where the run
-//! stops in it. Timestamps only choose where to look: the tip is read to
+//! to the tip (`AT_TIMESTAMP` 0.1 s back, widening ten times up to 6 h,
+//! then from the cursor), and the last record's sequence number is where
+//! the run stops in it. Timestamps only choose where to look: the tip is read to
 //! whatever they say, so clock skew or arrival-time disorder costs reads,
 //! never records. A closed shard is read to its end.
 //!
@@ -56,9 +56,20 @@ use crate::storage::{MemoryStore, ObjectMeta, PutMode, Store};
 const SAMPLE: i32 = 100;
 /// The most records one GetRecords call returns.
 const PAGE: u64 = 10_000;
-/// How far back the look for a shard's newest record starts, widening
-/// while it finds none (then it reads from the cursor).
-const LOOK_BACK_MS: [i64; 3] = [10_000, 600_000, 6 * 3_600_000];
+/// How far back the look for a shard's newest record starts, widening ten
+/// times while it finds none (then it reads from the cursor): the first
+/// window that holds a record holds about ten times the records of a
+/// window the stream's rate fills, so the look reads a few records of a
+/// busy stream, not its backlog; an empty window costs two calls.
+const LOOK_BACK_MS: [i64; 7] = [
+    100,
+    1_000,
+    10_000,
+    100_000,
+    1_000_000,
+    10_000_000,
+    6 * 3_600_000,
+];
 /// The shortest retention a stream may have (24 hours): a cursor caught
 /// up more recently than this cannot have lost records, whatever the
 /// stream's retention, so the stream is not even asked.
@@ -133,23 +144,23 @@ pub(crate) struct KinesisStream {
     /// Calls made, and calls refused for throughput.
     requests: AtomicU64,
     throttled: AtomicU64,
-    /// The Plan step's: its refusals are kept for the plan to record
-    /// ([`planner_refusals`]).
+    /// The Plan step's: its calls and refusals are kept for the plan to
+    /// record ([`planner_tally`]).
     planner: bool,
 }
 
-/// Calls of the Plan step refused for throughput, per stream, not yet
-/// recorded in a plan: the look before the lease may not write, so the
-/// plan that follows it in the same step records them.
-static PLANNER_REFUSED: std::sync::LazyLock<std::sync::Mutex<BTreeMap<String, u64>>> =
+/// The Plan step's calls, and those refused for throughput, per stream,
+/// not yet recorded in a plan: the look before the lease may not write,
+/// so the plan that follows it in the same step records them.
+static PLANNER_TALLY: std::sync::LazyLock<std::sync::Mutex<BTreeMap<String, (u64, u64)>>> =
     std::sync::LazyLock::new(Default::default);
 
-/// Take the Plan step's refusals of `stream` so far.
-fn planner_refusals(stream: &str) -> u64 {
-    PLANNER_REFUSED
+/// Take the Plan step's calls and refusals of `stream` so far.
+fn planner_tally(stream: &str) -> (u64, u64) {
+    PLANNER_TALLY
         .lock()
-        .map(|mut m| m.remove(stream).unwrap_or(0))
-        .unwrap_or(0)
+        .map(|mut m| m.remove(stream).unwrap_or_default())
+        .unwrap_or_default()
 }
 
 /// An SDK call's failure, by what Sluice does about it.
@@ -196,6 +207,16 @@ impl KinesisStream {
             throttled: AtomicU64::new(0),
             planner: false,
         })
+    }
+
+    /// Count a call (a Plan step's also in [`PLANNER_TALLY`]).
+    fn count_call(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if self.planner
+            && let Ok(mut m) = PLANNER_TALLY.lock()
+        {
+            m.entry(self.stream.clone()).or_default().0 += 1;
+        }
     }
 
     fn name(&self) -> Option<String> {
@@ -274,9 +295,9 @@ impl KinesisStream {
     async fn back_off(&self, what: &str, tries: u32, since: std::time::Instant) -> Result<()> {
         self.throttled.fetch_add(1, Ordering::Relaxed);
         if self.planner
-            && let Ok(mut m) = PLANNER_REFUSED.lock()
+            && let Ok(mut m) = PLANNER_TALLY.lock()
         {
-            *m.entry(self.stream.clone()).or_default() += 1;
+            m.entry(self.stream.clone()).or_default().1 += 1;
         }
         if since.elapsed() >= call_timeout() {
             return Err(Error::Service {
@@ -311,7 +332,7 @@ impl KinesisStream {
                     .set_stream_name(self.name())
                     .set_stream_arn(self.arn()),
             };
-            self.requests.fetch_add(1, Ordering::Relaxed);
+            self.count_call();
             let page = match call.send().await {
                 Ok(p) => p,
                 Err(e) => match self.failure("ListShards", e) {
@@ -369,7 +390,7 @@ impl KinesisStream {
                     .timestamp(aws_sdk_kinesis::primitives::DateTime::from_millis(*ms)),
                 Start::TrimHorizon => call.shard_iterator_type(ShardIteratorType::TrimHorizon),
             };
-            self.requests.fetch_add(1, Ordering::Relaxed);
+            self.count_call();
             match call.send().await {
                 Ok(o) => return Ok(o.shard_iterator().map(str::to_string)),
                 Err(e) => match self.failure("GetShardIterator", e) {
@@ -388,7 +409,7 @@ impl KinesisStream {
     async fn page(&self, iterator: &str, limit: u64) -> Result<Option<Page>> {
         let (since, mut tries) = (std::time::Instant::now(), 0);
         loop {
-            self.requests.fetch_add(1, Ordering::Relaxed);
+            self.count_call();
             let sent = self
                 .client
                 .get_records()
@@ -435,7 +456,7 @@ impl KinesisStream {
     async fn retention_ms(&self) -> Result<i64> {
         let (since, mut tries) = (std::time::Instant::now(), 0);
         loop {
-            self.requests.fetch_add(1, Ordering::Relaxed);
+            self.count_call();
             let sent = self
                 .client
                 .describe_stream_summary()
@@ -516,17 +537,58 @@ impl KinesisStream {
         Ok(last)
     }
 
+    /// One page (at most 10,000 records) from the first record that
+    /// arrived at or after `at_ms`: `Some(last)` when it reaches the tip
+    /// (`last` the last record's sequence number, `None` for none), `None`
+    /// when more follow.
+    async fn probe(&self, shard: &str, at_ms: i64) -> Result<Option<Option<String>>> {
+        let Some(it) = self.iterator(shard, &Start::At(at_ms)).await? else {
+            return Ok(Some(None));
+        };
+        let Some(page) = self.page(&it, PAGE).await? else {
+            // Expired at once (not on Kinesis): look again.
+            return Ok(None);
+        };
+        let last = page.records.last().and_then(|r| r.seq.clone());
+        Ok((page.caught_up(PAGE) || page.next.is_none()).then_some(last))
+    }
+
     /// Where the run stops in the open `shard`: its newest record's
-    /// sequence number, found by reading from a little before now to the
-    /// tip, widening while nothing is found, at last from `from` (the
-    /// cursor).
+    /// sequence number. Found by probing back from now (0.1 s, then ten
+    /// times further each time: [`LOOK_BACK_MS`]) for the first window
+    /// that holds a record; if one page from there does not reach the
+    /// tip, by halving the time between that window's start and the
+    /// empty window's until a page from there does. The answer is always
+    /// read to the tip, so arrival times out of order cost calls, never
+    /// the right end. With nothing in 6 hours, it reads from `from` (the
+    /// cursor) to the tip.
     async fn newest(&self, shard: &str, from: &Start, now_ms: i64) -> Result<Option<String>> {
+        // No record arrived at or after `empty`; some at or after `held`.
+        let mut empty = now_ms + 1;
+        let mut held = None;
         for back in LOOK_BACK_MS {
-            if let Some(last) = self.last_after(shard, &Start::At(now_ms - back)).await? {
-                return Ok(Some(last));
+            let at = now_ms - back;
+            match self.probe(shard, at).await? {
+                Some(None) => empty = at,
+                Some(Some(last)) => return Ok(Some(last)),
+                None => {
+                    held = Some(at);
+                    break;
+                }
             }
         }
-        self.last_after(shard, from).await
+        let Some(mut held) = held else {
+            return self.last_after(shard, from).await;
+        };
+        while empty - held > 1 {
+            let mid = held + (empty - held) / 2;
+            match self.probe(shard, mid).await? {
+                Some(None) => empty = mid,
+                Some(Some(last)) => return Ok(Some(last)),
+                None => held = mid,
+            }
+        }
+        self.last_after(shard, &Start::At(held)).await
     }
 
     /// The records of `unit`, and what was read.
@@ -968,6 +1030,7 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
             .min(limits.max_records_per_task)
             .max(1)
     };
+    let (requests, throttled) = planner_tally(&name);
     let shards = open
         .into_iter()
         .map(|(id, u)| {
@@ -984,7 +1047,8 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
     Ok(Waiting {
         shards,
         shard_losses,
-        throttled: planner_refusals(&name),
+        throttled,
+        requests,
         ..Default::default()
     })
 }

@@ -34,6 +34,8 @@ pub(crate) struct Waiting {
     pub shard_losses: Vec<crate::checkpoint::ShardLoss>,
     /// A Kinesis stream: calls of the Plan step refused for throughput.
     pub throttled: u64,
+    /// A Kinesis stream: calls the Plan step made.
+    pub requests: u64,
 }
 
 impl Waiting {
@@ -54,6 +56,7 @@ impl Waiting {
                 shards: self.shards.clone(),
                 lost_shards: self.shard_losses.clone(),
                 throttled: self.throttled,
+                requests: self.requests,
                 ..Default::default()
             }];
         }
