@@ -56,11 +56,9 @@ use crate::storage::{MemoryStore, ObjectMeta, PutMode, Store};
 const SAMPLE: i32 = 100;
 /// The most records one GetRecords call returns.
 const PAGE: u64 = 10_000;
-/// How far back the look for a shard's newest record starts, widening ten
-/// times while it finds none (then it reads from the cursor): the first
-/// window that holds a record holds about ten times the records of a
-/// window the stream's rate fills, so the look reads a few records of a
-/// busy stream, not its backlog; an empty window costs two calls.
+/// How far back the look for a shard's newest record probes, widening ten
+/// times while it finds none (then it reads from the cursor); an empty
+/// window costs two calls ([`KinesisStream::newest`]).
 const LOOK_BACK_MS: [i64; 7] = [
     100,
     1_000,
@@ -537,58 +535,39 @@ impl KinesisStream {
         Ok(last)
     }
 
-    /// One page (at most 10,000 records) from the first record that
-    /// arrived at or after `at_ms`: `Some(last)` when it reaches the tip
-    /// (`last` the last record's sequence number, `None` for none), `None`
-    /// when more follow.
-    async fn probe(&self, shard: &str, at_ms: i64) -> Result<Option<Option<String>>> {
-        let Some(it) = self.iterator(shard, &Start::At(at_ms)).await? else {
-            return Ok(Some(None));
-        };
-        let Some(page) = self.page(&it, PAGE).await? else {
-            // Expired at once (not on Kinesis): look again.
-            return Ok(None);
-        };
-        let last = page.records.last().and_then(|r| r.seq.clone());
-        Ok((page.caught_up(PAGE) || page.next.is_none()).then_some(last))
-    }
-
     /// Where the run stops in the open `shard`: its newest record's
     /// sequence number. Found by probing back from now (0.1 s, then ten
-    /// times further each time: [`LOOK_BACK_MS`]) for the first window
-    /// that holds a record; if one page from there does not reach the
-    /// tip, by halving the time between that window's start and the
-    /// empty window's until a page from there does. The answer is always
-    /// read to the tip, so arrival times out of order cost calls, never
-    /// the right end. With nothing in 6 hours, it reads from `from` (the
-    /// cursor) to the tip.
+    /// times further each time: [`LOOK_BACK_MS`]) with one record, for the
+    /// first window that holds one. That record's arrival time plus how far
+    /// it is behind the tip (`MillisBehindLatest`) estimates the newest
+    /// record's arrival; the look reads to the tip from a second before
+    /// that (from the window's start if nothing is there). The answer is
+    /// always read to the tip, so a wrong estimate or arrival times out of
+    /// order cost calls, never the right end. With nothing in 6 hours, it
+    /// reads from `from` (the cursor) to the tip.
     async fn newest(&self, shard: &str, from: &Start, now_ms: i64) -> Result<Option<String>> {
-        // No record arrived at or after `empty`; some at or after `held`.
-        let mut empty = now_ms + 1;
-        let mut held = None;
         for back in LOOK_BACK_MS {
             let at = now_ms - back;
-            match self.probe(shard, at).await? {
-                Some(None) => empty = at,
-                Some(Some(last)) => return Ok(Some(last)),
-                None => {
-                    held = Some(at);
-                    break;
-                }
+            let Some(it) = self.iterator(shard, &Start::At(at)).await? else {
+                return Ok(None);
+            };
+            let Some(page) = self.page(&it, 1).await? else {
+                // Expired at once (not on Kinesis): read the window.
+                return self.last_after(shard, &Start::At(at)).await;
+            };
+            let Some(first) = page.records.first() else {
+                continue;
+            };
+            let tip_ms = first.timestamp_ms.saturating_add(page.behind_ms);
+            let near = (tip_ms - 1_000).max(at);
+            if near > at
+                && let Some(last) = self.last_after(shard, &Start::At(near)).await?
+            {
+                return Ok(Some(last));
             }
+            return self.last_after(shard, &Start::At(at)).await;
         }
-        let Some(mut held) = held else {
-            return self.last_after(shard, from).await;
-        };
-        while empty - held > 1 {
-            let mid = held + (empty - held) / 2;
-            match self.probe(shard, mid).await? {
-                Some(None) => empty = mid,
-                Some(Some(last)) => return Ok(Some(last)),
-                None => held = mid,
-            }
-        }
-        self.last_after(shard, &Start::At(held)).await
+        self.last_after(shard, from).await
     }
 
     /// The records of `unit`, and what was read.
