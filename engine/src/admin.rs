@@ -134,6 +134,11 @@ pub async fn check(ctx: &Context) -> Result<CheckReport> {
         ),
         None => format!("checkpoint {}: never run", p.checkpoint.display()),
     });
+    if let (crate::storage::Location::Kinesis { .. }, Some(c)) =
+        (&ctx.pipeline.source.location, &control)
+    {
+        discovery::check_same_stream(&ctx.pipeline, c)?;
+    }
     check_schema_and_query(ctx, control.as_ref(), &mut report).await?;
     crate::handlers::check_sink_ownership(ctx, control.as_ref()).await?;
     report.checked.push(format!(

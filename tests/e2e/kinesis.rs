@@ -1074,3 +1074,120 @@ async fn a_burst_larger_than_a_page_is_read_to_its_last_record() {
         last_put(&records).values().next()
     );
 }
+
+/// At every commit write, one record more into the stream (kept in
+/// `records`).
+#[derive(Debug)]
+struct PutAtEachCommit {
+    stream: String,
+    records: std::path::PathBuf,
+    n: AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl WriteHook for PutAtEachCommit {
+    async fn before(
+        &self,
+        op: &'static str,
+        key: &str,
+    ) -> Result<(), sluice_engine::error::StoreError> {
+        if op == "put" && key.starts_with("commits/") {
+            let i = self.n.fetch_add(1, Ordering::SeqCst);
+            put(&self.stream, &KEYS, &rides(5000 + i, 1), &self.records).await;
+        }
+        Ok(())
+    }
+}
+
+/// A run whose executions hand over at their batch budget is one run: it
+/// stops at the end its first plan found, however many records keep
+/// arriving meanwhile (it used to find a new end at each hand-over and,
+/// with records arriving faster than it read them, never stopped).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_handed_over_at_its_batch_budget_stops_at_its_first_end() {
+    let stream = fresh_stream("handover", 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = root.join("put.jsonl");
+    put(&stream, &KEYS, &rides(0, 10), &records).await;
+    let first_look = root.join("first.jsonl");
+    std::fs::copy(&records, &first_look).unwrap();
+    let toml = kinesis_toml(
+        "khandover",
+        &stream,
+        "",
+        "max_records_per_batch = 1\nmax_records_per_task = 1\nmax_batches_per_execution = 3",
+    );
+    let p = pipeline(root, &toml);
+    let checkpoint = root.join("out/checkpoint").join(&p.name);
+    let mut ctx = Context::new(
+        p,
+        Arc::new(sluice_engine::storage::LocalStore::new(root.join("input"))),
+        Arc::new(sluice_engine::storage::LocalStore::new(
+            root.join("out/sink"),
+        )),
+        Arc::new(Hooked {
+            inner: Arc::new(sluice_engine::storage::LocalStore::new(checkpoint)),
+            hook: PutAtEachCommit {
+                stream: stream.clone(),
+                records: records.clone(),
+                n: AtomicU64::new(0),
+            },
+        }),
+    );
+    test_mode(&mut ctx);
+    let summary = tokio::time::timeout(std::time::Duration::from_secs(120), run(&ctx))
+        .await
+        .expect("the run stops")
+        .unwrap();
+    assert!(summary.executions >= 4, "{} executions", summary.executions);
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "khandover").await,
+        expected(&first_look).await
+    );
+    // The next run reads what arrived meanwhile.
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "khandover").await,
+        expected(&records).await
+    );
+}
+
+/// The checkpoint's positions are one stream's: another stream is refused
+/// by `sluice check` and by the run alike; the same stream by its ARN is
+/// the same stream.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_stream_is_refused_and_the_same_one_by_arn_is_not() {
+    let stream = fresh_stream("same", 1).await;
+    let other = fresh_stream("other", 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = root.join("put.jsonl");
+    put(&stream, &KEYS, &rides(0, 5), &records).await;
+    let toml = kinesis_toml("ksame", &stream, "", "");
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let moved = kinesis_toml("ksame", &other, "", "");
+    for e in [
+        sluice_engine::admin::check(&local_context(&pipeline(root, &moved)))
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+        run(&local_context(&pipeline(root, &moved)))
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+    ] {
+        assert!(e.to_string().contains("now names stream"), "{e}");
+    }
+    let arn = format!("arn:aws:kinesis:us-east-1:123456789012:stream/{stream}");
+    let by_arn = kinesis_toml("ksame", &arn, "", "");
+    sluice_engine::admin::check(&local_context(&pipeline(root, &by_arn)))
+        .await
+        .unwrap();
+    put(&stream, &KEYS, &rides(100, 3), &records).await;
+    run(&local_context(&pipeline(root, &by_arn))).await.unwrap();
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "ksame").await,
+        expected(&records).await
+    );
+}

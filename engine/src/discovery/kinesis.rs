@@ -433,10 +433,7 @@ impl KinesisStream {
                 .iter()
                 .map(|r| LogRecord {
                     offset: 0,
-                    timestamp_ms: r
-                        .approximate_arrival_timestamp()
-                        .and_then(|t| t.to_millis().ok())
-                        .unwrap_or(0),
+                    timestamp_ms: r.approximate_arrival_timestamp().map_or(0, arrival_ms),
                     key: r.partition_key().map(|k| k.as_bytes().to_vec()),
                     value: Some(r.data().as_ref().to_vec()),
                     seq: Some(r.sequence_number().to_string()),
@@ -676,6 +673,13 @@ async fn may_have_lost(
     Ok(at < now_ms - kept + RETENTION_MARGIN_MS)
 }
 
+/// An arrival time in ms. Kinesis gives milliseconds as fractional
+/// seconds (`1796328796.021`), which parse to a hair under the
+/// millisecond: rounded, not truncated.
+fn arrival_ms(t: &aws_sdk_kinesis::primitives::DateTime) -> i64 {
+    t.secs() * 1000 + i64::from((t.subsec_nanos() + 500_000) / 1_000_000)
+}
+
 /// The stream a `kinesis://` source names.
 fn stream_of(p: &Pipeline) -> &str {
     match &p.source.location {
@@ -728,6 +732,10 @@ pub(crate) async fn look(
     control: Option<&Control>,
     settled: bool,
 ) -> Result<Look> {
+    // Another stream's positions would make the look idle, or wrong.
+    if let Some(c) = control {
+        same_stream(ctx.pipeline, c)?;
+    }
     let stream = KinesisStream::for_plan(&ctx.pipeline.source).await?;
     let shards = stream.shards().await?;
     let listed: Vec<String> = shards.iter().map(|s| s.id.clone()).collect();
@@ -837,22 +845,25 @@ pub(crate) fn pending(
 pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> Result<Waiting> {
     let p = &ctx.pipeline;
     let name = stream_of(p).to_string();
-    if control.stream_started() && !control.stream_topic.is_empty() && control.stream_topic != name
-    {
-        return Err(Error::Incompatible {
-            pipeline: p.name.clone(),
-            message: format!(
-                "source.uri now names stream \"{name}\", but the checkpoint's positions are \
-                 stream \"{}\"'s: sequence numbers of another stream would skip or repeat \
-                 records. Restore source.uri, or run `sluice reset` on the pipeline file to \
-                 start over",
-                control.stream_topic
-            ),
-        });
-    }
+    same_stream(p, control)?;
     let mut shard_losses = Vec::new();
+    // The end an earlier execution recorded holds for the whole run: an
+    // execution that handed over at its batch budget, or one a crash
+    // ended, leaves the run to the next (`control.resume`), and records
+    // that arrived since wait for the next run. The end then passes to
+    // this execution's epoch, so its later plans keep it too.
     let control = match &control.stream_until {
         Some(u) if u.epoch == epoch => control.clone(),
+        Some(u) if control.resume || !units(p, control).is_empty() => {
+            let mut next = control.clone();
+            let mut kept = u.clone();
+            kept.epoch = epoch;
+            next.stream_until = Some(kept.clone());
+            ctx.checkpoint
+                .update_control(epoch, &|c| c.stream_until = Some(kept.clone()))
+                .await?;
+            next
+        }
         _ => {
             let stream = KinesisStream::for_plan(&p.source).await?;
             let shards = stream.shards().await?;
@@ -991,11 +1002,52 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
             next
         }
     };
-    let until = control.stream_until.as_ref().expect("set above");
+    let shards = units(p, &control);
+    let (requests, throttled) = planner_tally(&name);
+    Ok(Waiting {
+        shards,
+        shard_losses,
+        throttled,
+        requests,
+        ..Default::default()
+    })
+}
+
+/// Refuse a `source.uri` that names another stream than the one the
+/// checkpoint's positions are in (a name and its ARN are the same
+/// stream): `sluice check` and every plan ask.
+pub(crate) fn same_stream(p: &Pipeline, control: &Control) -> Result<()> {
+    use crate::storage::kinesis_stream_name as short;
+    let name = stream_of(p);
+    if !control.stream_started()
+        || control.stream_topic.is_empty()
+        || short(&control.stream_topic) == short(name)
+    {
+        return Ok(());
+    }
+    Err(Error::Incompatible {
+        pipeline: p.name.clone(),
+        message: format!(
+            "source.uri now names stream \"{name}\", but the checkpoint's positions are \
+             stream \"{}\"'s: sequence numbers of another stream would skip or repeat \
+             records. Restore source.uri, or run `sluice reset` on the pipeline file to \
+             start over",
+            control.stream_topic
+        ),
+    })
+}
+
+/// The next batch's units: one per readable shard that has not reached
+/// the end `control.stream_until` records in it, each at most an equal
+/// share of the batch's records (at least one).
+fn units(p: &Pipeline, control: &Control) -> Vec<ShardUnit> {
+    let Some(until) = control.stream_until.as_ref() else {
+        return Vec::new();
+    };
     let listed: Vec<String> = until.shards.keys().cloned().collect();
     let mut open: Vec<(&String, &ShardUntil)> = Vec::new();
     for (id, u) in &until.shards {
-        let cursor = cursor_of(&control, id);
+        let cursor = cursor_of(control, id);
         if reached(cursor, u) || !readable(&u.parents, &control.stream_shards, &listed) {
             continue;
         }
@@ -1009,11 +1061,9 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
             .min(limits.max_records_per_task)
             .max(1)
     };
-    let (requests, throttled) = planner_tally(&name);
-    let shards = open
-        .into_iter()
+    open.into_iter()
         .map(|(id, u)| {
-            let c = cursor_of(&control, id).cloned().unwrap_or_default();
+            let c = cursor_of(control, id).cloned().unwrap_or_default();
             ShardUnit {
                 shard: id.clone(),
                 after: c.after.clone(),
@@ -1022,14 +1072,7 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
                 limit: share,
             }
         })
-        .collect();
-    Ok(Waiting {
-        shards,
-        shard_losses,
-        throttled,
-        requests,
-        ..Default::default()
-    })
+        .collect()
 }
 
 /// A task of a Kinesis batch: its units read (each shard on a task of its
@@ -1168,6 +1211,19 @@ mod tests {
             after: after.map(str::to_string),
             drained,
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn arrival_times_are_rounded_to_their_millisecond() {
+        for (secs, ms) in [
+            (1_796_328_796.021, 1_796_328_796_021),
+            (1_796_328_862.1, 1_796_328_862_100),
+            (1_764_504_000.0, 1_764_504_000_000),
+            (1_764_504_000.999, 1_764_504_000_999),
+        ] {
+            let t = aws_sdk_kinesis::primitives::DateTime::from_secs_f64(secs);
+            assert_eq!(arrival_ms(&t), ms, "{secs}");
         }
     }
 

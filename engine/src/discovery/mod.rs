@@ -46,6 +46,15 @@ pub(crate) async fn stream_shards(
     kinesis::shard_counts(source).await
 }
 
+/// `sluice check`: a `kinesis://` source still names the stream its
+/// checkpoint's positions are in.
+pub(crate) fn check_same_stream(
+    p: &crate::pipeline::Pipeline,
+    control: &crate::checkpoint::Control,
+) -> crate::error::Result<()> {
+    kinesis::same_stream(p, control)
+}
+
 /// How many partitions a `kafka://` source's topic has now (one metadata
 /// request): `sluice check`'s look at the brokers and the topic.
 pub(crate) async fn topic_partitions(

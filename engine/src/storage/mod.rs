@@ -461,6 +461,19 @@ impl Location {
     }
 }
 
+/// The stream name of a Kinesis stream's ARN
+/// (`arn:aws:kinesis:REGION:ACCOUNT:stream/NAME`), or of a name: a
+/// pipeline may name its stream either way.
+pub(crate) fn kinesis_stream_name(stream: &str) -> &str {
+    match stream.strip_prefix("arn:") {
+        Some(arn) => arn
+            .split_once(":stream/")
+            .map(|(_, rest)| rest.split('/').next().unwrap_or(rest))
+            .unwrap_or(stream),
+        None => stream,
+    }
+}
+
 /// `kinesis://stream-name` or `kinesis://arn:aws:kinesis:region:account:stream/name`.
 fn kinesis_location(uri: &str, rest: &str) -> Result<Location, String> {
     let usage =

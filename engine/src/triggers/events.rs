@@ -165,17 +165,7 @@ pub fn decode_key(raw: &str) -> Result<String> {
         })
 }
 
-/// The stream name of a Kinesis stream's ARN
-/// (`arn:aws:kinesis:REGION:ACCOUNT:stream/NAME`), or of a name.
-pub(crate) fn stream_name(stream: &str) -> &str {
-    match stream.strip_prefix("arn:") {
-        Some(arn) => arn
-            .split_once(":stream/")
-            .map(|(_, rest)| rest.split('/').next().unwrap_or(rest))
-            .unwrap_or(stream),
-        None => stream,
-    }
-}
+use crate::storage::kinesis_stream_name as stream_name;
 
 /// Parse a trigger payload. Errors name what was expected; nothing is
 /// started for a payload that does not parse.

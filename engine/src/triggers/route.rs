@@ -89,7 +89,7 @@ pub fn route(event: &Event, registered: &[Pipeline]) -> Result<Routing> {
                 let mut hit = false;
                 for p in registered {
                     if matches!(&p.source.location, Location::Kinesis { stream: s }
-                        if super::events::stream_name(s) == stream)
+                        if crate::storage::kinesis_stream_name(s) == stream)
                     {
                         *r.pipelines.entry(p.name.clone()).or_default() += records;
                         hit = true;
