@@ -109,7 +109,37 @@ pub async fn run(
     );
     print_batches(&r);
     print_totals(&r);
+    print_kinesis(&r);
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the batches read from a Kinesis stream, and what that added to the
+/// stream's bill (nothing for a provisioned stream).
+fn print_kinesis(r: &Report) {
+    let reads: Vec<_> = r.batches.iter().filter_map(|b| b.kinesis).collect();
+    if reads.is_empty() {
+        return;
+    }
+    let bytes: u64 = reads.iter().map(|k| k.bytes).sum();
+    let calls: u64 = reads.iter().map(|k| k.requests).sum();
+    let on_demand = reads.iter().filter(|k| k.on_demand).count();
+    let read = format!(
+        "{} read in {} over the batches",
+        crate::show::mib(bytes),
+        crate::text::count(calls, "Kinesis call")
+    );
+    if on_demand == 0 {
+        println!(
+            "kinesis       {read}: the stream is provisioned, so they add nothing to its bill \
+             (GetRecords is free; its shard-hours are paid whether Sluice reads or not)"
+        );
+    } else {
+        println!(
+            "kinesis       {read}: {} for the data retrieved from the on-demand stream \
+             (in the totals above; the stream's own hourly and ingest charges are not)",
+            dollars(r.batches_bill.kinesis)
+        );
+    }
 }
 
 /// `sluice cost`'s table: one line per batch, with its usage and bill.
@@ -157,9 +187,14 @@ fn print_batches(r: &Report) {
 /// between runs, the always-on job, and the break-even rate.
 fn print_totals(r: &Report) {
     let t = &r.batches_bill;
+    let kinesis = if t.kinesis > 0.0 {
+        format!(", Kinesis {}", dollars(t.kinesis))
+    } else {
+        String::new()
+    };
     println!(
-        "per batch     {} (all batches: Lambda {}, Step Functions {}, S3 {}; and {} of S3 \
-         requests after each record, the mean over all batches)",
+        "per batch     {} (all batches: Lambda {}, Step Functions {}, S3 {}{kinesis}; and {} of \
+         S3 requests after each record, the mean over all batches)",
         dollars(r.per_batch),
         dollars(t.lambda),
         dollars(t.step_functions),

@@ -1,5 +1,6 @@
 //! What runs cost, from what they used: Lambda (GB-seconds and requests),
-//! Step Functions (state transitions) and S3 (requests by class), priced
+//! Step Functions (state transitions), S3 (requests by class) and, for a
+//! Kinesis source in on-demand mode, the data its reads retrieved, priced
 //! from a price table (`engine/prices/us-east-1.toml` by default, any file
 //! of the same shape with `sluice cost --prices`), and the always-on Spark
 //! job Sluice replaces, for comparison. The free tier is left out.
@@ -26,6 +27,26 @@ pub struct Prices {
     pub emr_serverless: EmrPrices,
     /// The always-on job compared against.
     pub always_on: AlwaysOn,
+    /// Kinesis Data Streams (optional in a table: the built-in prices).
+    #[serde(default)]
+    pub kinesis: KinesisPrices,
+}
+
+/// What a run's reads add to a Kinesis stream's bill. A provisioned stream
+/// bills shard-hours, which are the stream's whether Sluice reads it or
+/// not, and GetRecords is free: a run adds nothing. An on-demand stream
+/// bills every GB read.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KinesisPrices {
+    /// On-demand capacity mode: per GB of data retrieved.
+    pub on_demand_per_gb_retrieved: f64,
+}
+
+impl Default for KinesisPrices {
+    fn default() -> Self {
+        Prices::default_table().kinesis
+    }
 }
 
 /// Lambda prices.
@@ -138,12 +159,19 @@ pub struct Bill {
     pub step_functions: f64,
     /// S3: requests.
     pub s3: f64,
+    /// Kinesis: data an on-demand stream's reads retrieved.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub kinesis: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl Bill {
     /// All of it.
     pub fn total(&self) -> f64 {
-        self.lambda + self.step_functions + self.s3
+        self.lambda + self.step_functions + self.s3 + self.kinesis
     }
 
     /// Sum of two bills.
@@ -152,6 +180,7 @@ impl Bill {
             lambda: self.lambda + o.lambda,
             step_functions: self.step_functions + o.step_functions,
             s3: self.s3 + o.s3,
+            kinesis: self.kinesis + o.kinesis,
         }
     }
 }
@@ -179,8 +208,31 @@ pub fn bill(usage: &Usage, requests: &RequestCounts, prices: &Prices) -> Bill {
         lambda,
         step_functions,
         s3,
+        kinesis: 0.0,
     }
 }
+
+/// What reading a batch's records added to its Kinesis stream's bill: the
+/// bytes its tasks read, at the on-demand price if the stream was in
+/// on-demand mode when the run looked (a provisioned stream's reads add
+/// nothing). The plan's own reads (the look at each shard's newest
+/// records) are not counted: a few records a shard.
+pub fn kinesis_bill(stream: Option<&crate::checkpoint::StreamPlan>, prices: &Prices) -> f64 {
+    match stream {
+        Some(s) if s.on_demand => {
+            kinesis_bytes(Some(s)) as f64 / GB * prices.kinesis.on_demand_per_gb_retrieved
+        }
+        _ => 0.0,
+    }
+}
+
+/// The bytes a batch's tasks read from Kinesis (record data).
+pub fn kinesis_bytes(stream: Option<&crate::checkpoint::StreamPlan>) -> u64 {
+    stream.map_or(0, |s| s.read.iter().map(|r| r.bytes).sum())
+}
+
+/// A GB, as AWS bills data.
+const GB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 /// One batch's usage and bill.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -205,8 +257,22 @@ pub struct BatchCost {
     pub transitions: u64,
     /// Storage requests.
     pub requests: RequestCounts,
+    /// Kinesis: bytes read, and whether the stream was on-demand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kinesis: Option<KinesisRead>,
     /// Dollars.
     pub bill: Bill,
+}
+
+/// What a batch read from a Kinesis stream.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct KinesisRead {
+    /// Record data read.
+    pub bytes: u64,
+    /// Calls made for the batch (its plan's and its tasks').
+    pub requests: u64,
+    /// The stream's capacity mode when the run looked was on-demand.
+    pub on_demand: bool,
 }
 
 /// What `sluice cost` prints: the batches' bills, per batch and per run,
@@ -347,7 +413,19 @@ fn batch_cost(c: &crate::checkpoint::Commit, prices: &Prices) -> BatchCost {
         invocations: c.usage.functions.iter().map(|f| f.invocations).sum(),
         transitions: c.usage.transitions,
         requests: c.requests,
-        bill: bill(&c.usage, &c.requests, prices),
+        kinesis: c
+            .stream
+            .as_ref()
+            .filter(|s| !s.shards.is_empty() || !s.read.is_empty())
+            .map(|s| KinesisRead {
+                bytes: kinesis_bytes(Some(s)),
+                requests: s.requests + s.read.iter().map(|r| r.requests).sum::<u64>(),
+                on_demand: s.on_demand,
+            }),
+        bill: Bill {
+            kinesis: kinesis_bill(c.stream.as_ref(), prices),
+            ..bill(&c.usage, &c.requests, prices)
+        },
     }
 }
 
@@ -361,6 +439,7 @@ fn mean(b: Bill, n: u64) -> Bill {
         lambda: b.lambda / n,
         step_functions: b.step_functions / n,
         s3: b.s3 / n,
+        kinesis: b.kinesis / n,
     }
 }
 
@@ -492,6 +571,7 @@ mod tests {
             invocations: 0,
             transitions: 0,
             requests: RequestCounts::default(),
+            kinesis: None,
             bill: Bill::default(),
         };
         let at = |times: &[i64]| -> (Vec<BatchCost>, Vec<u64>) {

@@ -266,6 +266,16 @@ pub struct StreamUntil {
     pub captured_ms: i64,
     /// The shards listed when it was captured.
     pub shards: BTreeMap<String, ShardUntil>,
+    /// The execution that holds it handed the run over at its batch
+    /// budget: the next execution goes on to this end. (A run that died or
+    /// was cancelled leaves it unmarked: the run that takes over is a new
+    /// run, and reads to what is there when it looks, as Spark's
+    /// `AvailableNow` does after a restart.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub handed_over: bool,
+    /// The stream was in on-demand capacity mode (DescribeStreamSummary).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_demand: bool,
 }
 
 /// Where a run stops in one shard.
@@ -622,6 +632,10 @@ pub struct StreamPlan {
     /// [`Self::read`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub requests: u64,
+    /// A Kinesis batch: the stream was in on-demand capacity mode when
+    /// the run looked (its reads are billed per GB; `sluice cost`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_demand: bool,
 }
 
 /// The records of one Kinesis shard a batch reads: those after `after`

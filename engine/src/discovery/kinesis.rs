@@ -447,8 +447,9 @@ impl KinesisStream {
         }
     }
 
-    /// How long the stream keeps records (DescribeStreamSummary).
-    async fn retention_ms(&self) -> Result<i64> {
+    /// How long the stream keeps records, and whether it is in on-demand
+    /// capacity mode (DescribeStreamSummary).
+    async fn summary(&self) -> Result<(i64, bool)> {
         let (since, mut tries) = (std::time::Instant::now(), 0);
         loop {
             self.count_call();
@@ -461,10 +462,12 @@ impl KinesisStream {
                 .await;
             match sent {
                 Ok(o) => {
-                    let hours = o
-                        .stream_description_summary()
-                        .map_or(24, |d| d.retention_period_hours());
-                    return Ok(i64::from(hours) * 3_600_000);
+                    let d = o.stream_description_summary();
+                    let hours = d.map_or(24, |d| d.retention_period_hours());
+                    let on_demand = d.and_then(|d| d.stream_mode_details()).is_some_and(|m| {
+                        *m.stream_mode() == aws_sdk_kinesis::types::StreamMode::OnDemand
+                    });
+                    return Ok((i64::from(hours) * 3_600_000, on_demand));
                 }
                 Err(e) => match self.failure("DescribeStreamSummary", e) {
                     Failure::Throttled | Failure::Expired => {
@@ -668,7 +671,7 @@ async fn may_have_lost(
     }
     let kept = match *retention {
         Some(r) => r,
-        None => *retention.insert(stream.retention_ms().await?),
+        None => *retention.insert(stream.summary().await?.0),
     };
     Ok(at < now_ms - kept + RETENTION_MARGIN_MS)
 }
@@ -848,16 +851,20 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
     same_stream(p, control)?;
     let mut shard_losses = Vec::new();
     // The end an earlier execution recorded holds for the whole run: an
-    // execution that handed over at its batch budget, or one a crash
-    // ended, leaves the run to the next (`control.resume`), and records
-    // that arrived since wait for the next run. The end then passes to
-    // this execution's epoch, so its later plans keep it too.
+    // execution that handed over at its batch budget leaves the run to
+    // the next, and records that arrived since wait for the next run (else
+    // a run would never end under steady input). The end then passes to
+    // this execution's epoch, so its later plans keep it too. A run that
+    // died or was cancelled ended its run: the one taking over finishes the
+    // batch it planned (`resume_planned`) and then looks anew, so it reads
+    // what arrived meanwhile (Spark's `AvailableNow` after a restart).
     let control = match &control.stream_until {
         Some(u) if u.epoch == epoch => control.clone(),
-        Some(u) if control.resume || !units(p, control).is_empty() => {
+        Some(u) if u.handed_over => {
             let mut next = control.clone();
             let mut kept = u.clone();
             kept.epoch = epoch;
+            kept.handed_over = false;
             next.stream_until = Some(kept.clone());
             ctx.checkpoint
                 .update_control(epoch, &|c| c.stream_until = Some(kept.clone()))
@@ -874,7 +881,10 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
             // runs on the run's clock.
             let wall_ms = chrono::Utc::now().timestamp_millis();
             let now_ms = ctx.now_ms;
-            let mut retention: Option<i64> = None;
+            // How long the stream keeps records, and its capacity mode
+            // (what its reads cost: `sluice cost`).
+            let (kept, on_demand) = stream.summary().await?;
+            let mut retention = Some(kept);
             let mut losses = Vec::new();
             let mut until = BTreeMap::new();
             let mut cursors = control.stream_shards.clone();
@@ -914,12 +924,26 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
                     cursor.after = None;
                     cursor.from_ms = None;
                 }
-                let last = if s.closed || cursor.drained {
-                    None
-                } else {
-                    let from = Start::of(cursor.after.as_deref(), cursor.from_ms);
-                    stream.newest(&s.id, &from, wall_ms).await?
-                };
+                cursors.insert(s.id.clone(), cursor);
+            }
+            // Each open shard's newest record, every shard at once (each
+            // read paces itself on its own shard).
+            let lasts = futures::future::join_all(shards.iter().map(|s| {
+                let cursor = &cursors[&s.id];
+                let (stream, closed, drained) = (&stream, s.closed, cursor.drained);
+                let from = Start::of(cursor.after.as_deref(), cursor.from_ms);
+                async move {
+                    if closed || drained {
+                        Ok(None)
+                    } else {
+                        stream.newest(&s.id, &from, wall_ms).await
+                    }
+                }
+            }))
+            .await;
+            for (s, last) in shards.iter().zip(lasts) {
+                let last = last?;
+                let mut cursor = cursors[&s.id].clone();
                 // A new pipeline reading from the stream's end starts
                 // after each shard's newest record.
                 if fresh
@@ -986,6 +1010,8 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
                 epoch,
                 captured_ms: now_ms,
                 shards: until,
+                handed_over: false,
+                on_demand,
             };
             let (record2, cursors2, name2) = (record.clone(), cursors.clone(), name.clone());
             ctx.checkpoint
@@ -1009,6 +1035,7 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
         shard_losses,
         throttled,
         requests,
+        on_demand: control.stream_until.as_ref().is_some_and(|u| u.on_demand),
         ..Default::default()
     })
 }

@@ -36,6 +36,8 @@ pub(crate) struct Waiting {
     pub throttled: u64,
     /// A Kinesis stream: calls the Plan step made.
     pub requests: u64,
+    /// A Kinesis stream in on-demand capacity mode when the run looked.
+    pub on_demand: bool,
 }
 
 impl Waiting {
@@ -57,6 +59,7 @@ impl Waiting {
                 lost_shards: self.shard_losses.clone(),
                 throttled: self.throttled,
                 requests: self.requests,
+                on_demand: self.on_demand,
                 ..Default::default()
             }];
         }

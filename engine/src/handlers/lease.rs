@@ -48,6 +48,10 @@ pub(crate) async fn continue_run(ctx: &Context, run: RunState) -> Result<PlanOut
             c.status = RunStatus::Idle;
             c.requested = true;
             c.resume = true;
+            // A stream's end holds for the run's next execution.
+            if let Some(u) = c.stream_until.as_mut() {
+                u.handed_over = true;
+            }
             c.heartbeat_ms = Some(now);
             c.totals.runs += 1;
             c.totals.run_ends = c.totals.run_ends.plus(&end);
