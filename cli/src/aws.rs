@@ -108,11 +108,16 @@ async fn follow(
             ExitCode::FAILURE
         });
     }
+    // A Kinesis batch reads records of shards, not files.
+    let kinesis = ctx.pipeline.source.discovery == sluice_engine::pipeline::DiscoveryMode::Kinesis;
     for c in &committed {
+        let read = match c.stream.as_ref().filter(|_| kinesis) {
+            Some(s) => format!("{} records", s.records()),
+            None => format!("{} files", c.files),
+        };
         println!(
-            "  batch {}: {} files, {} rows in, {} rows out, {} output files",
+            "  batch {}: {read}, {} rows in, {} rows out, {} output files",
             c.batch,
-            c.files,
             c.rows_in,
             c.rows_out,
             c.outputs.len()

@@ -401,9 +401,16 @@ async fn pause(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
 async fn reset(path: &Path, yes: bool, json: bool) -> anyhow::Result<ExitCode> {
     let ctx = open(path).await?;
     if !yes {
+        // A stream is read again from where a new pipeline starts.
+        let again =
+            if ctx.pipeline.source.discovery == sluice_engine::pipeline::DiscoveryMode::Kinesis {
+                "reads the stream again from source.starting_position"
+            } else {
+                "reads every source file again"
+            };
         return Err(Usage(format!(
             "{}: `sluice reset` deletes the output in {} (parts and manifests) and the checkpoint \
-             in {}; the next run reads every source file again. Run it again with --yes to do so.",
+             in {}; the next run {again}. Run it again with --yes to do so.",
             ctx.pipeline.name,
             ctx.sink.store().describe(),
             ctx.checkpoint.store().describe()

@@ -11,6 +11,8 @@ pub(crate) async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let p = &ctx.pipeline;
+    // A Kinesis batch reads records of shards, not files.
+    let kinesis = p.source.discovery == sluice_engine::pipeline::DiscoveryMode::Kinesis;
     println!("pipeline     {}", p.name);
     if p.source.discovery == sluice_engine::pipeline::DiscoveryMode::Delta {
         println!(
@@ -57,7 +59,7 @@ pub(crate) async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         Some(c) => {
             print_state(c, status.holder_stopped);
             if let Some(lc) = &status.last_commit {
-                print_last_batch(lc);
+                print_last_batch(lc, kinesis);
             }
             if let Some(lc) = &status.last_commit {
                 let run_commits = admin::run_commits(&ctx, lc.epoch).await?;
@@ -69,10 +71,10 @@ pub(crate) async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                     cost::dollars(run)
                 );
             }
-            print_so_far(c);
+            print_so_far(c, kinesis);
         }
     }
-    print_waiting(&status);
+    print_waiting(&status, kinesis);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -106,11 +108,15 @@ fn print_state(c: &sluice_engine::checkpoint::Control, holder_stopped: bool) {
     }
 }
 
-/// `sluice show`'s line on what the last committed batch read and wrote.
-fn print_last_batch(lc: &sluice_engine::checkpoint::Commit) {
+/// `sluice show`'s line on what the last committed batch read and wrote
+/// (`kinesis`: records, not files).
+fn print_last_batch(lc: &sluice_engine::checkpoint::Commit, kinesis: bool) {
+    let read = match lc.stream.as_ref().filter(|_| kinesis) {
+        Some(s) => count(s.records(), "record"),
+        None => count(lc.files, "file"),
+    };
     println!(
-        "  that batch {}, {}, {} in, {} out, {}{}",
-        count(lc.files, "file"),
+        "  that batch {read}, {}, {} in, {} out, {}{}",
         mib(lc.bytes_read),
         count(lc.rows_in, "row"),
         count(lc.rows_out, "row"),
@@ -130,14 +136,18 @@ fn print_last_batch(lc: &sluice_engine::checkpoint::Commit) {
     );
 }
 
-/// `sluice show`'s totals so far, the state of a stateful query, and the
-/// schema version once columns joined it.
-fn print_so_far(c: &sluice_engine::checkpoint::Control) {
+/// `sluice show`'s totals so far (`kinesis`: no files), the state of a
+/// stateful query, and the schema version once columns joined it.
+fn print_so_far(c: &sluice_engine::checkpoint::Control, kinesis: bool) {
     let t = &c.totals;
+    let files = if kinesis {
+        String::new()
+    } else {
+        format!("{}, ", count(t.files, "file"))
+    };
     println!(
-        "so far       {}, {}, {}, {} in, {} out{}",
+        "so far       {}, {files}{}, {} in, {} out{}",
         count(t.batches, "batch"),
-        count(t.files, "file"),
         mib(t.bytes),
         count(t.rows_in, "row"),
         count(t.rows_out, "row"),
@@ -189,9 +199,10 @@ fn print_so_far(c: &sluice_engine::checkpoint::Control) {
     }
 }
 
-/// `sluice show`'s input waiting (with how long the oldest has waited), the
-/// quarantined files, and the files whose names cannot be keys.
-fn print_waiting(status: &admin::Status) {
+/// `sluice show`'s input waiting (with how long the oldest has waited;
+/// `kinesis`: in shards, not partitions), the quarantined files, and the
+/// files whose names cannot be keys.
+fn print_waiting(status: &admin::Status, kinesis: bool) {
     let lag = match status.oldest_waiting_ms {
         Some(t) => format!(
             "; the oldest waiting for {}",
@@ -208,7 +219,10 @@ fn print_waiting(status: &admin::Status) {
         Some(records) => println!(
             "waiting      {} in {}{lag}",
             count(records, "record"),
-            count(status.waiting_files, "partition")
+            count(
+                status.waiting_files,
+                if kinesis { "shard" } else { "partition" }
+            )
         ),
         None => println!(
             "waiting      {}, {}{lag}",
@@ -237,12 +251,14 @@ pub(crate) async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Re
         println!("{}: no committed batches", ctx.pipeline.name);
         return Ok(ExitCode::SUCCESS);
     }
+    // A Kinesis batch reads shards (one line each below it), not files.
+    let kinesis = ctx.pipeline.source.discovery == sluice_engine::pipeline::DiscoveryMode::Kinesis;
     println!(
         "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>8}  {:>9}  {:>10}  trigger",
         "batch",
         "committed",
         "epoch",
-        "files",
+        if kinesis { "shards" } else { "files" },
         "quar.",
         "rows in",
         "rows out",
@@ -261,12 +277,16 @@ pub(crate) async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Re
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
             .unwrap_or_else(|| "-".into());
         let d = &c.durations;
+        let read = match c.stream.as_ref().filter(|_| kinesis) {
+            Some(s) => s.read.len() as u64,
+            None => c.files,
+        };
         println!(
             "{:>6}  {:<20}  {:>5}  {:>6}  {:>6}  {:>10}  {:>10}  {:>8}  {:>7}  {:>8}  {:>6}  {:>8}  {:>8}  {:>9}  {:>10}  {}",
             c.batch,
             when,
             c.epoch,
-            c.files,
+            read,
             c.quarantined.len(),
             c.rows_in,
             c.rows_out,

@@ -31,11 +31,20 @@ pub async fn register(ctx: &Context) -> Result<PipelineRecord> {
         .await?
         .ok_or_else(|| Error::Spec {
             file: p.name.clone(),
-            message: format!(
-                "no input file under {} to infer the source schema from; declare \
-                 source.schema or add a file, then register again",
-                p.source.location.display()
-            ),
+            message: if p.source.discovery == crate::pipeline::DiscoveryMode::Kinesis {
+                format!(
+                    "no records of {} read yet to infer the source schema from (a run infers it \
+                     from the stream's first records); declare source.schema, or run the \
+                     pipeline once with `sluice run`, then register again",
+                    p.source.location.display()
+                )
+            } else {
+                format!(
+                    "no input file under {} to infer the source schema from; declare \
+                     source.schema or add a file, then register again",
+                    p.source.location.display()
+                )
+            },
         })?;
     let reading = crate::handlers::in_force(p, control.as_ref(), &schema);
     let reading =
@@ -223,6 +232,13 @@ async fn check_schema_and_query(
                     "no Delta table under {} yet (no _delta_log/ commit) to take the schema from",
                     p.source.location.display()
                 )
+            } else if p.source.discovery == crate::pipeline::DiscoveryMode::Kinesis {
+                format!(
+                    "no records of {} read yet (a run infers the schema from the stream's first \
+                     records), and no source.schema declared (declare it to check everything \
+                     now)",
+                    p.source.location.display()
+                )
             } else {
                 format!(
                     "no input file under {} to infer the schema from, and no source.schema \
@@ -359,6 +375,12 @@ fn nothing_quarantined(ctx: &Context, key: Option<&str>) -> Error {
     Error::Run {
         pipeline: ctx.pipeline.name.clone(),
         message: match key {
+            // A stream's bad records are rows, never read again.
+            _ if ctx.pipeline.source.discovery == crate::pipeline::DiscoveryMode::Kinesis => {
+                "a kinesis:// source quarantines no file to read again: its bad records are kept \
+                 as rows under the sink's _quarantine/"
+                    .to_string()
+            }
             Some(k) => format!(
                 "no quarantined file has key {k}; `sluice show` lists the quarantined files"
             ),

@@ -754,6 +754,59 @@ fn write_text(out: &mut Vec<u8>, bytes: &Option<Vec<u8>>) {
     }
 }
 
+/// A Kinesis record set aside as a bad row, as its user knows it: by its
+/// shard and sequence number, not by the line it was read into.
+pub(crate) struct BadRecord {
+    /// `shard shardId-000000000000, sequence number 4959...`.
+    pub at: String,
+    /// What is wrong with it.
+    pub reason: String,
+    /// Its data as text when that is what is wrong, else the row as read.
+    pub text: String,
+    /// Whether `text` is the record's data.
+    pub data: bool,
+}
+
+/// The bad row `line` of a Kinesis shard's records ([`Meta::shard`]),
+/// set aside for `reason`, as a [`BadRecord`]; `None` if it names no
+/// record. Data that is not one JSON object was written into a line that
+/// never reads ([`write_shaped_line`]): that is what is wrong with it,
+/// not what the JSON parser says of a column of that line.
+pub(crate) fn bad_shard_record(line: &str, reason: &str) -> Option<BadRecord> {
+    let never_reads = line.strip_suffix(" !}");
+    let read: serde_json::Value = match never_reads {
+        Some(head) => serde_json::from_str(&format!("{head}}}")).ok()?,
+        // (The metadata is written last, so it wins over a field of the
+        // data's own of its name.)
+        None => serde_json::from_str(line).ok()?,
+    };
+    let text = |name: &str| read.get(name).and_then(serde_json::Value::as_str);
+    let at = format!(
+        "shard {}, sequence number {}",
+        text("_shard_id")?,
+        text("_sequence_number")?
+    );
+    Some(match (never_reads, text("_value")) {
+        (Some(_), Some(data)) => BadRecord {
+            at,
+            reason: if data.is_empty() {
+                "its data is empty, not a JSON object"
+            } else {
+                "its data is not one JSON object"
+            }
+            .to_string(),
+            text: data.to_string(),
+            data: true,
+        },
+        _ => BadRecord {
+            at,
+            reason: reason.to_string(),
+            text: line.to_string(),
+            data: false,
+        },
+    })
+}
+
 /// A record's timestamp (ms since the epoch) as `"YYYY-MM-DDTHH:MM:SS.mmm"`
 /// in UTC; a year outside 0000 to 9999 as a number in `unit` (the
 /// column's, when it holds it), else as chrono writes it; `null` outside
@@ -1137,6 +1190,48 @@ mod tests {
             serde_json::from_str::<serde_json::Value>(&l).is_err(),
             "{l}"
         );
+    }
+
+    #[test]
+    fn a_bad_kinesis_record_is_named_by_its_shard_and_sequence_number() {
+        let seq = "49590338271490256608559692538361571095921575989136588898";
+        let meta = Meta::shard("shardId-000000000001", Some(TimeUnit::Microsecond), false);
+        let line = |data: &[u8]| {
+            let r = LogRecord {
+                seq: Some(seq.to_string()),
+                value: Some(data.to_vec()),
+                ..record(0, None)
+            };
+            let (body, _) = shaped_lines(&meta, &[r]);
+            String::from_utf8(body).unwrap().trim_end().to_string()
+        };
+        let at = format!("shard shardId-000000000001, sequence number {seq}");
+        let cases: [(&[u8], &str); 4] = [
+            (b"", "its data is empty, not a JSON object"),
+            (b"[1, 2]", "its data is not one JSON object"),
+            (b"not \"json\" !}", "its data is not one JSON object"),
+            (b"{\"a\": ", "its data is not one JSON object"),
+        ];
+        for (data, reason) in cases {
+            let l = line(data);
+            let r = bad_shard_record(&l, "not valid JSON: expected `,` or `}` at column 9")
+                .unwrap_or_else(|| panic!("{l}"));
+            assert_eq!(
+                (r.at.as_str(), r.reason.as_str(), r.text.as_bytes(), r.data),
+                (at.as_str(), reason, data, true),
+                "{l}"
+            );
+        }
+        // Data that reads, with a field its column's type cannot hold: the
+        // row reader's reason, the record by its metadata (not the data's
+        // own field of its name).
+        let l = line(br#"{"fare": "abc", "_shard_id": "fake"}"#);
+        let r = bad_shard_record(&l, "field fare: \"abc\" is not double").unwrap();
+        assert_eq!(
+            (r.at.as_str(), r.reason.as_str(), r.data),
+            (at.as_str(), "field fare: \"abc\" is not double", false)
+        );
+        assert!(bad_shard_record("not a line of records", "x").is_none());
     }
 
     #[tokio::test]

@@ -763,6 +763,18 @@ impl Source {
     pub(crate) fn change_from(self, old: DiscoveryMode) -> Option<String> {
         use DiscoveryMode::{Delta, Kafka, Kinesis, List, Manifests, Notify, Ordered};
         let new = self.mode();
+        // A stream's kind follows source.uri, and no discovery setting
+        // brings it back.
+        if old != new && (old == Kinesis || new == Kinesis) {
+            return Some(format!(
+                "discovery changed from {} to {} (source.uri names another kind of source): a \
+                 Kinesis stream's sequence numbers and another source's offsets or processed \
+                 files are different cursors, so the new source would be read from its start; \
+                 restore source.uri, or run `sluice reset` on the pipeline file to start over",
+                old.name(),
+                new.name()
+            ));
+        }
         let why = match (old, new) {
             (a, b) if a == b => return None,
             (Kafka, _) | (_, Kafka) | (Kinesis, _) | (_, Kinesis) => {

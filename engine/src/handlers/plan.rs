@@ -234,6 +234,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         // What can be checked without a file is: a query that cannot run
         // whatever the columns (a join, a syntax error) is refused now.
         super::check_against_hints(ctx, control).await?;
+        let kinesis = p.source.discovery == crate::pipeline::DiscoveryMode::Kinesis;
         // A topic read from its end: where it starts is recorded now, so
         // the records that arrive before a run can infer the schema are
         // read, not passed over by a later run's "latest".
@@ -251,16 +252,27 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
                 .find_new(&ctx.scope(), epoch, &next, Seen::Nothing, false)
                 .await?;
             release(ctx, &run, RunStatus::Idle).await?;
-            return Ok(idle(
+            return Ok(idle(if kinesis {
+                "started at the end of the stream (starting_position = \"latest\"); no record \
+                 waits, and no source.schema is declared: the query is checked once records \
+                 arrive"
+            } else {
                 "started at the end of the topic (starting_offsets = \"latest\"); no record \
                  waits, and no source.schema is declared: the query is checked once records \
-                 arrive",
-            ));
+                 arrive"
+            }));
         }
         if p.source.discovery == crate::pipeline::DiscoveryMode::Delta {
             return Ok(idle(
                 "no Delta table at the source yet (no _delta_log/ commit): the query is checked \
                  once the table has a schema",
+            ));
+        }
+        if kinesis {
+            return Ok(idle(
+                "no record with fields in the stream yet (one whose data is a JSON object), and \
+                 no source.schema declared: the query is checked once one arrives (declare \
+                 source.schema to check it now; `sluice check` says what it could check)",
             ));
         }
         return Ok(idle(

@@ -643,9 +643,17 @@ async fn infer_file_as_read(ctx: &Context, file: &InputFile) -> Result<SchemaRef
             pipeline: p.name.clone(),
             batch: None,
             key: file.key.clone(),
-            message: format!(
-                "cannot infer the source schema from it: {e}; fix the file or declare source.schema"
-            ),
+            message: if p.source.discovery == crate::pipeline::DiscoveryMode::Kinesis {
+                format!(
+                    "cannot infer the source schema from the stream's first records: {e}; \
+                     declare source.schema"
+                )
+            } else {
+                format!(
+                    "cannot infer the source schema from it: {e}; fix the file or declare \
+                     source.schema"
+                )
+            },
         })
 }
 

@@ -79,24 +79,42 @@ impl SqlOperator {
             SourceFormat::Jsonl => salvage::jsonl(&f.key, &text, &schema, BadRowPolicy::Quarantine),
         };
         let bad = read.ok()?.bad.into_iter().next()?;
-        let mut raw = bad.raw;
-        if raw.chars().count() > 200 {
-            raw = raw.chars().take(200).collect::<String>() + "...";
+        let short = |text: String| {
+            if text.chars().count() > 200 {
+                text.chars().take(200).collect::<String>() + "..."
+            } else {
+                text
+            }
+        };
+        // A Kinesis record: by its shard and sequence number, not by the
+        // line it was read into.
+        if self.reads_kinesis()
+            && let Some(r) = crate::discovery::bad_shard_record(&bad.raw, &bad.reason)
+        {
+            let shown = if r.data { "its data" } else { "the record" };
+            return Some(format!(
+                "the record at {}: {} ({shown}: {})",
+                r.at,
+                r.reason,
+                short(r.text)
+            ));
         }
+        let raw = short(bad.raw);
         Some(format!(
             "line {}: {} (the line: {raw})",
             bad.line, bad.reason
         ))
     }
 
-    /// Why file `f` cannot be read, as a quarantine record and `sluice
-    /// show` say it: its first bad line (CSV, JSON Lines), else the
-    /// reader's error `reason`.
     /// What to do about an input that cannot be read: a file is fixed or
-    /// replaced; a topic's records cannot be changed, so the row policy
-    /// must set them aside.
+    /// replaced; a topic's (a stream's) records cannot be changed, so the
+    /// row policy must set them aside.
     pub(super) fn fix_advice(&self) -> &'static str {
-        if self.pipeline.source.location.is_stream() {
+        if self.reads_kinesis() {
+            "a stream's records cannot be changed: set source.on_bad_row = \"quarantine\" (kept \
+             under the sink's _quarantine/, named by shard and sequence number) or \"null\", then \
+             run again"
+        } else if self.pipeline.source.location.is_stream() {
             "a topic's records cannot be changed: set source.on_bad_row = \"quarantine\" (kept \
              under the sink's _quarantine/, named by partition and offset) or \"null\", then run \
              again"
@@ -105,6 +123,15 @@ impl SqlOperator {
         }
     }
 
+    /// Whether the source is a Kinesis stream: its records are named by
+    /// shard and sequence number.
+    pub(super) fn reads_kinesis(&self) -> bool {
+        self.pipeline.source.discovery == crate::pipeline::DiscoveryMode::Kinesis
+    }
+
+    /// Why file `f` cannot be read, as a quarantine record and `sluice
+    /// show` say it: its first bad line (CSV, JSON Lines), else the
+    /// reader's error `reason`.
     pub(super) async fn why_unreadable(
         &self,
         access: &ScanAccess,
@@ -162,7 +189,16 @@ impl SqlOperator {
             Ok(r)
         });
         match read {
-            Ok(r) => {
+            Ok(mut r) => {
+                // A Kinesis record's reason names it by shard and sequence
+                // number, and says what is wrong with its data.
+                if self.reads_kinesis() {
+                    for b in &mut r.bad {
+                        if let Some(rec) = crate::discovery::bad_shard_record(&b.raw, &b.reason) {
+                            b.reason = format!("{}: {}", rec.at, rec.reason);
+                        }
+                    }
+                }
                 tracing::warn!(pipeline = %self.pipeline.name, key = %f.key, bad_rows = r.bad.len(), nulled_fields = r.nulled, "file read row by row");
                 Ok(Some(r))
             }
@@ -210,9 +246,15 @@ impl SqlOperator {
                     // The file reads whole with the pinned schema; the query
                     // fails on its values: the query's fault, not the file's.
                     _ if !unreadable => format!(
-                        "the file reads fine, but query.sql fails on its values{}: {}. Fix the \
-                         query (for example TRY_CAST instead of CAST, or a WHERE that keeps \
-                         such rows out), then run again",
+                        "{} fine, but query.sql fails on {} values{}: {}. Fix the query (for \
+                         example TRY_CAST instead of CAST, or a WHERE that keeps such rows \
+                         out), then run again",
+                        if self.reads_kinesis() {
+                            "the records read"
+                        } else {
+                            "the file reads"
+                        },
+                        if self.reads_kinesis() { "their" } else { "its" },
                         if self.pipeline.statics.is_empty() {
                             String::new()
                         } else {

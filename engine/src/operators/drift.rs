@@ -103,12 +103,13 @@ fn typed_new<'d>(d: &'d Drift, file: &Schema) -> Vec<&'d String> {
 
 /// Why the schema `policy` refuses a file whose columns drifted as `d`
 /// (`typed_new`: its added columns that have a type); `None` if it takes it.
-/// `stream`: the input is a record stream's range, not a file.
+/// `stream`: the input is a record stream's range, not a file (what the
+/// records come from: a "topic" or a "stream").
 fn refusal(
     policy: SchemaChangePolicy,
     d: &Drift,
     typed_new: &[&String],
-    stream: bool,
+    stream: Option<&str>,
     table: bool,
 ) -> Option<String> {
     match policy {
@@ -124,11 +125,12 @@ fn refusal(
         )),
         // A topic's records cannot be replaced, and add-columns is not
         // taken for a topic yet.
-        SchemaChangePolicy::Fail if stream => Some(format!(
+        SchemaChangePolicy::Fail if stream.is_some() => Some(format!(
             "its records' columns do not match the pinned source schema: {d}. To take such \
              records as they come, set source.on_schema_change = \"rescue\" (what does not \
-             fit goes into {RESCUED}); if the topic changed for good, declare source.schema \
-             with the new columns and run `sluice reset` on the pipeline file"
+             fit goes into {RESCUED}); if the {} changed for good, declare source.schema \
+             with the new columns and run `sluice reset` on the pipeline file",
+            stream.unwrap_or_default()
         )),
         SchemaChangePolicy::Fail => Some(format!(
             "its columns do not match the pinned source schema: {d}. Fix or replace the \
@@ -237,9 +239,14 @@ impl SqlOperator {
         self.pipeline.source.discovery == crate::pipeline::DiscoveryMode::Delta
     }
 
-    /// Whether the source is a topic (whose records cannot be fixed).
-    fn reads_topic(&self) -> bool {
-        self.pipeline.source.location.is_stream()
+    /// What the source's records come from, if it is a record stream
+    /// (whose records cannot be fixed): a "topic" or a "stream".
+    fn reads_topic(&self) -> Option<&'static str> {
+        if self.reads_kinesis() {
+            Some("stream")
+        } else {
+            self.pipeline.source.location.is_stream().then_some("topic")
+        }
     }
 
     /// The schema of a JSON Lines file's good lines (those that are JSON
