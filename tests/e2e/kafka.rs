@@ -136,7 +136,7 @@ fn produce_file(topic: &str, file: &Path) -> Vec<i64> {
 }
 
 /// Every quarantined row under `root`'s sink.
-fn quarantined_rows(root: &Path) -> Vec<serde_json::Value> {
+pub(crate) fn quarantined_rows(root: &Path) -> Vec<serde_json::Value> {
     walk_files(&root.join("out/sink/_quarantine"))
         .iter()
         .flat_map(|f| {

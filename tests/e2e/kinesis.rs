@@ -1260,3 +1260,137 @@ async fn cost_prices_what_reads_of_an_on_demand_stream_retrieve() {
         assert!((total - rest - want).abs() <= 1e-15);
     }
 }
+
+/// Put `data` to `stream` under key `k0` as one record; its shard and
+/// sequence number.
+async fn put_one(stream: &str, data: &[u8]) -> (String, String) {
+    let out = client()
+        .await
+        .put_record()
+        .stream_name(stream)
+        .partition_key("k0")
+        .data(aws_sdk_kinesis::primitives::Blob::new(data))
+        .send()
+        .await
+        .unwrap();
+    (
+        out.shard_id().to_string(),
+        out.sequence_number().to_string(),
+    )
+}
+
+/// Records whose data is not one JSON object: refused under `fail`, the
+/// error naming the first by its shard and sequence number; set aside
+/// under `quarantine`, each named so, and the good records read exactly
+/// once (DuckDB over the good records as put).
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_records_are_quarantined_with_their_shard_and_sequence_number() {
+    let stream = fresh_stream("bad", 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = root.join("put.jsonl");
+    put(&stream, &KEYS, &rides(0, 4), &records).await;
+    let bad = [
+        put_one(&stream, b"not json at all").await,
+        put_one(&stream, b"[1, 2]").await,
+    ];
+    put(&stream, &KEYS, &rides(10, 3), &records).await;
+    let strict = kinesis_toml("kbad", &stream, "", "");
+    let e = run(&local_context(&pipeline(root, &strict)))
+        .await
+        .unwrap_err()
+        .to_string();
+    let first = format!("shard {}, sequence number {}", bad[0].0, bad[0].1);
+    assert!(
+        e.contains("cannot be changed")
+            && e.contains("on_bad_row = \"quarantine\"")
+            && e.contains(&first)
+            && e.contains("not one JSON object")
+            && !e.contains("replace the file")
+            && !e.contains(": line "),
+        "{e}"
+    );
+    assert!(!root.join("out/sink/_sluice/manifest").exists());
+    let toml = kinesis_toml("kbad", &stream, "on_bad_row = \"quarantine\"", "");
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "kbad").await,
+        expected(&records).await
+    );
+    let quarantined = crate::kafka::quarantined_rows(root);
+    assert_eq!(quarantined.len(), 2, "{quarantined:?}");
+    for (shard, seq) in &bad {
+        let at = format!("shard {shard}, sequence number {seq}");
+        assert!(
+            quarantined
+                .iter()
+                .any(|q| q.to_string().contains(&at) && q.to_string().contains("JSON object")),
+            "{at} in {quarantined:?}"
+        );
+    }
+}
+
+/// A windowed GROUP BY over an event time in the records' data, read over
+/// three shards in small batches and two runs, equals DuckDB's over the
+/// records as put.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_window_over_an_event_time_equals_duckdb() {
+    let stream = fresh_stream("win", 3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let kept = root.join("put.jsonl");
+    let values: Vec<String> = (0..40i64)
+        .map(|i| {
+            // Every 7 minutes, one in five an hour late.
+            let minutes = i * 7 - if i % 5 == 4 { 60 } else { 0 };
+            let ts = chrono::NaiveDate::from_ymd_opt(2026, 12, 1)
+                .unwrap()
+                .and_hms_opt(10, 0, 0)
+                .unwrap()
+                + chrono::Duration::minutes(minutes);
+            serde_json::json!({
+                "zone": format!("z{}", i % 3),
+                "fare": i as f64 * 0.5,
+                "ts": ts.format("%Y-%m-%dT%H:%M:%S").to_string(),
+            })
+            .to_string()
+        })
+        .collect();
+    let toml = format!(
+        r#"name = "kwin"
+[source]
+uri = "kinesis://{stream}"
+format = "jsonl"
+table = "rides"
+schema = [{{ name = "zone", type = "Utf8" }}, {{ name = "fare", type = "Float64" }}, {{ name = "ts", type = "Timestamp(Microsecond, None)" }}]
+[query]
+sql = "SELECT window.start AS window_start, zone, count(*) AS n, sum(fare) AS fares FROM rides GROUP BY window(ts, '30 minutes'), zone"
+[sink]
+uri = "out/sink"
+mode = "complete"
+[checkpoint]
+uri = "out/checkpoint"
+[limits]
+max_records_per_batch = 9
+"#
+    );
+    let want = || async {
+        duckdb_sql(&format!(
+            "SELECT time_bucket(INTERVAL 30 MINUTE, CAST(ts AS TIMESTAMP)) AS window_start, \
+             zone, count(*) AS n, sum(fare) AS fares FROM read_json('{}', format = \
+             'newline_delimited') GROUP BY ALL",
+            kept.display()
+        ))
+        .await
+    };
+    for half in values.chunks(20) {
+        put(&stream, &KEYS, half, &kept).await;
+        let done = run(&local_context(&pipeline(root, &toml))).await.unwrap();
+        assert!(done.batches.len() >= 2, "{} batches", done.batches.len());
+        let last = manifest_files(&root.join("out/sink"), "kwin").await;
+        let (_, complete, files) = last.last().expect("a manifest").clone();
+        assert!(complete);
+        let got = duckdb_rows(&files, "SELECT window_start, zone, n, fares FROM trips").await;
+        assert_eq!(got, want().await);
+    }
+}
