@@ -58,8 +58,11 @@ pub async fn run(dir: &Path, records: u64, shards: i32, rounds: usize) -> anyhow
     }
     let ctx = last.expect("one round");
     let started = Instant::now();
+    let calls_before = sluice_engine::discovery::kinesis_calls_made();
     let idle = runner::run(&ctx, |_| {}).await?;
     let idle_ms = started.elapsed().as_secs_f64() * 1000.0;
+    // Nothing else in this process calls Kinesis meanwhile.
+    let idle_calls = sluice_engine::discovery::kinesis_calls_made() - calls_before;
     anyhow::ensure!(idle.batches.is_empty(), "the idle run made a batch");
     let (plain_s, ours_s) = (super::bench::median(plain), super::bench::median(ours));
     let rate = |s: f64| records as f64 / s;
@@ -78,7 +81,7 @@ pub async fn run(dir: &Path, records: u64, shards: i32, rounds: usize) -> anyhow
         plain_s / ours_s
     );
     println!(
-        "| idle run | {idle_ms:.1} ms, {} storage requests (and 1 ListShards + 2 calls a shard: docs/kinesis.md) |",
+        "| idle run | {idle_ms:.1} ms, {} storage requests, {idle_calls} Kinesis calls (docs/kinesis.md: 1 ListShards + 2 a shard) |",
         idle.requests.total()
     );
     Ok(())

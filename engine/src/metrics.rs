@@ -148,13 +148,20 @@ pub fn batch_line(c: &crate::checkpoint::Commit, pipeline: &str) -> String {
 /// The lag line of a record stream: the records (offsets) waiting up to
 /// the ends the run captured. (The age of the oldest one is not known
 /// without reading it: `sluice show` reads it.)
-pub fn stream_lag_line(pipeline: &str, now_ms: i64, records: u64) -> String {
-    line(
-        pipeline,
-        now_ms,
-        &[("RecordsWaiting", "Count", records as f64)],
-        &[],
-    )
+/// `idle_calls`: a Kinesis run that found nothing, its calls and those
+/// refused for throughput (a run that plans counts them in its batch).
+pub fn stream_lag_line(
+    pipeline: &str,
+    now_ms: i64,
+    records: u64,
+    idle_calls: Option<(u64, u64)>,
+) -> String {
+    let mut metrics = vec![("RecordsWaiting", "Count", records as f64)];
+    if let Some((calls, refused)) = idle_calls {
+        metrics.push(("KinesisRequests", "Count", calls as f64));
+        metrics.push(("ThrottledRequests", "Count", refused as f64));
+    }
+    line(pipeline, now_ms, &metrics, &[])
 }
 
 /// The lag line: files and bytes waiting, and the age of the oldest

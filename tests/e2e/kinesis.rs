@@ -235,11 +235,42 @@ async fn an_idle_run_of_a_stream_writes_nothing() {
     let toml = kinesis_toml("kidle", &stream, "", "");
     run(&local_context(&pipeline(root, &toml))).await.unwrap();
     let writes = Arc::new(AtomicU64::new(0));
-    let idle = run(&fault_context(root, &toml, writes.clone(), 0))
-        .await
-        .unwrap();
+    let mut ctx = fault_context(root, &toml, writes.clone(), 0);
+    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    ctx.metrics = Some(Arc::new(move |l: &str| {
+        sink.lock().unwrap().push(l.to_string())
+    }));
+    let idle = run(&ctx).await.unwrap();
     assert!(idle.batches.is_empty());
     assert_eq!(writes.load(Ordering::SeqCst), 0, "an idle run wrote");
+    // Its metric line (valid EMF) counts its calls, by the API's shape: one
+    // ListShards, and for each of the 2 shards one GetShardIterator and one
+    // GetRecords. They are its own, not the next batch's.
+    let lines = lines.lock().unwrap().clone();
+    let path = root.join("emf.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let out = std::process::Command::new(python())
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/emf.py"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "emf.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        (
+            &line["RecordsWaiting"],
+            &line["KinesisRequests"],
+            &line["ThrottledRequests"]
+        ),
+        (&0.0.into(), &5.0.into(), &0.0.into()),
+        "{line}"
+    );
     // One record more: the next run is not idle.
     put(&stream, &KEYS, &rides(50, 1), &records).await;
     let busy = run(&local_context(&pipeline(root, &toml))).await.unwrap();

@@ -153,6 +153,25 @@ pub(crate) struct KinesisStream {
 static PLANNER_TALLY: std::sync::LazyLock<std::sync::Mutex<BTreeMap<String, (u64, u64)>>> =
     std::sync::LazyLock::new(Default::default);
 
+/// Every Kinesis call this process made, whoever made it: what
+/// `sluice bench` measures an idle run's calls with.
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// How many Kinesis calls this process has made so far.
+pub fn calls_made() -> u64 {
+    CALLS.load(Ordering::Relaxed)
+}
+
+/// Take the calls and refusals of a Plan step that found nothing to do
+/// (`(0, 0)` for a source that is not a stream of Kinesis): they belong
+/// to its idle line, not to the next batch's plan in this process.
+pub(crate) fn idle_tally(p: &Pipeline) -> (u64, u64) {
+    if p.source.discovery != crate::pipeline::DiscoveryMode::Kinesis {
+        return (0, 0);
+    }
+    planner_tally(stream_of(p))
+}
+
 /// Take the Plan step's calls and refusals of `stream` so far.
 fn planner_tally(stream: &str) -> (u64, u64) {
     PLANNER_TALLY
@@ -210,6 +229,7 @@ impl KinesisStream {
     /// Count a call (a Plan step's also in [`PLANNER_TALLY`]).
     fn count_call(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        CALLS.fetch_add(1, Ordering::Relaxed);
         if self.planner
             && let Ok(mut m) = PLANNER_TALLY.lock()
         {

@@ -32,6 +32,8 @@ mod stream;
 pub(crate) use delta::static_snapshot as delta_static_snapshot;
 pub(crate) use delta::table_schema as delta_table_schema;
 pub(crate) use kafka::bad_shard_record;
+pub use kinesis::calls_made as kinesis_calls_made;
+pub(crate) use kinesis::idle_tally as kinesis_idle_tally;
 pub(crate) use listing::{list_inputs, list_readable, listing_state, new_inputs};
 pub(crate) use manifests::{Upstream, check_history, read_upstream};
 pub use notify::{ClaimStep, InboxEntry, decide_key_claim, read_inbox, record_notified};

@@ -224,7 +224,8 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     });
     let looked = match source.look(&ctx.scope(), control, settled).await? {
         Look::Idle => {
-            ctx.metric(|| idle_lag(ctx, source));
+            let calls = idle_calls(ctx);
+            ctx.metric(|| idle_lag(ctx, source, calls));
             return Ok(idle("no new data"));
         }
         Look::Maybe(l) => l,
@@ -252,6 +253,8 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
                 .find_new(&ctx.scope(), epoch, &next, Seen::Nothing, false)
                 .await?;
             release(ctx, &run, RunStatus::Idle).await?;
+            let calls = idle_calls(ctx);
+            ctx.metric(|| idle_lag(ctx, source, calls));
             return Ok(idle(if kinesis {
                 "started at the end of the stream (starting_position = \"latest\"); no record \
                  waits, and no source.schema is declared: the query is checked once records \
@@ -296,7 +299,8 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         .pending(&ctx.scope(), control, looked, recover, owed)
         .await?
     else {
-        ctx.metric(|| idle_lag(ctx, source));
+        let calls = idle_calls(ctx);
+        ctx.metric(|| idle_lag(ctx, source, calls));
         return Ok(idle("no new data"));
     };
     let etag = read.as_ref().map(|(_, e)| e.as_str());
@@ -730,7 +734,7 @@ async fn discover_and_plan(
         if source.is_stream() {
             let records = plans.iter().filter_map(|o| o.stream.as_ref());
             let records = records.map(|s| s.records()).sum();
-            return crate::metrics::stream_lag_line(&p.name, ctx.now(), records);
+            return crate::metrics::stream_lag_line(&p.name, ctx.now(), records, None);
         }
         let inputs = plans.iter().flat_map(|o| o.inputs.iter());
         let oldest = inputs.clone().filter_map(|i| i.modified_ms).min();
@@ -740,10 +744,20 @@ async fn discover_and_plan(
     batch_outcome(ctx, run, &plans[0]).await
 }
 
+/// A Kinesis run that finds nothing to do: its calls and those refused
+/// for throughput, taken from the step's tally whether or not a metric
+/// line is written, so the next batch planned in this process does not
+/// count them as its own.
+fn idle_calls(ctx: &Context) -> Option<(u64, u64)> {
+    let tally = crate::discovery::kinesis_idle_tally(&ctx.pipeline);
+    (ctx.pipeline.source.discovery == crate::pipeline::DiscoveryMode::Kinesis).then_some(tally)
+}
+
 /// The lag line of a run that finds nothing to do.
-fn idle_lag(ctx: &Context, source: Source) -> String {
+/// `calls`: a Kinesis run's ([`idle_calls`]).
+fn idle_lag(ctx: &Context, source: Source, calls: Option<(u64, u64)>) -> String {
     match source.is_stream() {
-        true => crate::metrics::stream_lag_line(&ctx.pipeline.name, ctx.now(), 0),
+        true => crate::metrics::stream_lag_line(&ctx.pipeline.name, ctx.now(), 0, calls),
         false => crate::metrics::lag_line(&ctx.pipeline.name, ctx.now(), 0, 0, None),
     }
 }
