@@ -1365,18 +1365,7 @@ async fn a_topics_metric_lines_count_its_records() {
     assert!(ran.batches.len() >= 2);
     run(&ctx).await.unwrap();
     let lines = lines.lock().unwrap().clone();
-    let path = root.join("emf.jsonl");
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    let out = std::process::Command::new(python())
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/emf.py"))
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "emf.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    check_emf(root, &lines);
     let docs: Vec<serde_json::Value> = lines
         .iter()
         .map(|l| serde_json::from_str(l).unwrap())

@@ -248,18 +248,7 @@ async fn an_idle_run_of_a_stream_writes_nothing() {
     // ListShards, and for each of the 2 shards one GetShardIterator and one
     // GetRecords. They are its own, not the next batch's.
     let lines = lines.lock().unwrap().clone();
-    let path = root.join("emf.jsonl");
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    let out = std::process::Command::new(python())
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/emf.py"))
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "emf.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    check_emf(root, &lines);
     let line: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(

@@ -25,22 +25,8 @@ async fn metric_lines_follow_the_emf_specification_and_match_the_records() {
     run(&ctx).await.unwrap(); // idle: a lag line of zeros
     let lines = lines.lock().unwrap().clone();
     assert_eq!(lines.len(), before_idle + 1, "one line from the idle run");
-    let path = root.join("emf.jsonl");
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    let out = std::process::Command::new(python())
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/emf.py"))
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "emf.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        lines.len().to_string()
-    );
+    let checked = check_emf(root, &lines);
+    assert_eq!(checked, lines.len().to_string());
     let docs: Vec<serde_json::Value> = lines
         .iter()
         .map(|l| serde_json::from_str(l).unwrap())

@@ -680,3 +680,22 @@ pub async fn check_error(root: &Path, toml: &str) -> String {
         .unwrap_err()
         .to_string()
 }
+
+/// Check metric `lines` against the EMF specification with
+/// `tests/e2e/emf.py` (written to `dir/emf.jsonl`); its output (the
+/// count of lines it checked).
+pub fn check_emf(dir: &Path, lines: &[String]) -> String {
+    let path = dir.join("emf.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let out = std::process::Command::new(python())
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/e2e/emf.py"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "emf.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
