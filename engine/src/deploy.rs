@@ -70,13 +70,14 @@ fn template_memory_mb(template: &str, function: &str) -> u64 {
 /// `HasBatch`, the `Operate` (or `OperateMany`) map and one `RunTask` per
 /// task (a Distributed Map's child execution runs one state per task too),
 /// `MergeOrCommit`, for a stateful query the `Merge` map and one `RunMerge`
-/// per state partition, `Commit` and `NextBatch`; and one per failed
-/// attempt of any of its steps (a `Retry` enters the state again).
+/// per state partition, and `Commit` (whose answer is the next `Plan`'s
+/// input); and one per failed attempt of any of its steps (a `Retry`
+/// enters the state again).
 pub(crate) fn batch_transitions(tasks: u64, merges: u64, dedups: u64, retries: u64) -> u64 {
     let merge = if merges > 0 { 1 + merges } else { 0 };
     // The Dedup map, its steps and the choice after it.
     let dedup = if dedups > 0 { 2 + dedups } else { 0 };
-    6 + tasks + merge + dedup + retries
+    5 + tasks + merge + dedup + retries
 }
 
 /// History events an execution may spend on batches before it hands over

@@ -114,9 +114,11 @@ pub fn handle_commit(ctx: &Context, req: CommitRequest) -> HandlerFuture<'_, Com
     Box::pin(usage::timed(req.retries, async move {
         ctx.check_pipeline(&req.pipeline)?;
         match req.action {
-            CommitAction::Commit => Ok(CommitSummary::from(
-                &commit(ctx, &req.run, req.batch).await?,
-            )),
+            CommitAction::Commit => Ok(CommitSummary {
+                pipeline: req.pipeline.clone(),
+                run: Some(req.run.clone()),
+                ..CommitSummary::from(&commit(ctx, &req.run, req.batch).await?)
+            }),
             CommitAction::Abandon => {
                 abandon(ctx, &req.run, req.batch).await?;
                 Ok(CommitSummary {

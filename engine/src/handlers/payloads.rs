@@ -257,9 +257,17 @@ pub struct CommitRequest {
     pub retries: u64,
 }
 
-/// Output of the committer function: what was committed.
+/// Output of the committer function: what was committed, and (a commit)
+/// the pipeline and run it was given, so the state machine's next Plan
+/// reads them from it with no state in between.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitSummary {
+    /// Pipeline name (a commit's: the next Plan's input).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pipeline: String,
+    /// The run (a commit's: the next Plan's input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunState>,
     /// Batch number.
     pub batch: u64,
     /// Input files.
@@ -303,6 +311,8 @@ pub struct CommitSummary {
 impl From<&Commit> for CommitSummary {
     fn from(c: &Commit) -> Self {
         CommitSummary {
+            pipeline: String::new(),
+            run: None,
             batch: c.batch,
             files: c.files,
             bytes: c.bytes_read,
