@@ -1414,3 +1414,97 @@ max_records_per_batch = 9
         assert_eq!(got, want().await);
     }
 }
+
+/// A Kinesis client of `region`.
+async fn client_in(region: &'static str) -> aws_sdk_kinesis::Client {
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(region))
+        .load()
+        .await;
+    aws_sdk_kinesis::Client::new(&sdk)
+}
+
+/// A stream of the same name in another region is another stream: named
+/// by its ARN, it is read in the ARN's region, and a checkpoint of the
+/// first one refuses it (it once read it on the first one's positions,
+/// then marked a shard the other lacked as drained and lost its records).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_of_the_same_name_in_another_region_is_another_stream() {
+    let stream = fresh_stream("region", 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let records = root.join("put.jsonl");
+    put(&stream, &KEYS, &rides(0, 12), &records).await;
+    let toml = kinesis_toml("kregion", &stream, "", "");
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    // The same name in eu-west-1, one shard, its own records.
+    let eu = client_in("eu-west-1").await;
+    eu.create_stream()
+        .stream_name(&stream)
+        .shard_count(1)
+        .send()
+        .await
+        .unwrap();
+    let mut eu_kept = String::new();
+    for v in rides(500, 6) {
+        let out = eu
+            .put_record()
+            .stream_name(&stream)
+            .partition_key("k0")
+            .data(aws_sdk_kinesis::primitives::Blob::new(v.as_bytes()))
+            .send()
+            .await
+            .unwrap();
+        let mut row: serde_json::Value = serde_json::from_str(&v).unwrap();
+        row["_shard_id"] = out.shard_id().into();
+        row["_sequence_number"] = out.sequence_number().into();
+        row["_partition_key"] = "k0".into();
+        eu_kept.push_str(&format!("{row}\n"));
+    }
+    let arn = eu
+        .describe_stream_summary()
+        .stream_name(&stream)
+        .send()
+        .await
+        .unwrap()
+        .stream_description_summary()
+        .unwrap()
+        .stream_arn()
+        .to_string();
+    assert!(arn.contains(":eu-west-1:"), "{arn}");
+    // The EU stream by its ARN, on the us-east-1 pipeline's checkpoint:
+    // refused, naming both, nothing written.
+    let before = committed_rows(&root.join("out/sink"), "kregion").await;
+    let other = kinesis_toml("kregion", &arn, "", "");
+    let e = run(&local_context(&pipeline(root, &other)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&arn) && e.contains(":us-east-1:") && e.contains("another region or account"),
+        "{e}"
+    );
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "kregion").await,
+        before
+    );
+    // Nothing of the first stream is lost: its new records are read.
+    put(&stream, &KEYS, &rides(100, 9), &records).await;
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "kregion").await,
+        expected(&records).await
+    );
+    // A new pipeline of the EU ARN reads the EU stream (in its region,
+    // whatever AWS_REGION says).
+    let eu_dir = tempfile::tempdir().unwrap();
+    let eu_records = eu_dir.path().join("put.jsonl");
+    std::fs::write(&eu_records, eu_kept).unwrap();
+    run(&local_context(&pipeline(eu_dir.path(), &other)))
+        .await
+        .unwrap();
+    assert_eq!(
+        committed_rows(&eu_dir.path().join("out/sink"), "kregion").await,
+        expected(&eu_records).await
+    );
+}

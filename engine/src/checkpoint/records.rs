@@ -221,6 +221,11 @@ pub struct Control {
     /// source: the stream whose shards [`Self::stream_shards`] are).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub stream_topic: String,
+    /// A Kinesis source: the stream's ARN as Kinesis named it when a run
+    /// last looked for its end (its region and account: a stream of the
+    /// same name elsewhere is another stream).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stream_arn: String,
     /// A Kinesis source: each shard's cursor (the last sequence number
     /// committed), lineage and whether it was read to its end.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -392,6 +397,7 @@ impl Control {
             first_batch: 0,
             stream_offsets: BTreeMap::new(),
             stream_topic: String::new(),
+            stream_arn: String::new(),
             stream_shards: BTreeMap::new(),
             stream_until: None,
         }

@@ -211,11 +211,15 @@ impl KinesisStream {
             .await;
         // Every call is Sluice's to retry (and count): a throttled call
         // backs off here, within the step's time.
-        let conf = aws_sdk_kinesis::config::Builder::from(&sdk)
-            .retry_config(
-                aws_sdk_kinesis::config::retry::RetryConfig::standard().with_max_attempts(1),
-            )
-            .build();
+        let mut conf = aws_sdk_kinesis::config::Builder::from(&sdk).retry_config(
+            aws_sdk_kinesis::config::retry::RetryConfig::standard().with_max_attempts(1),
+        );
+        // A stream named by its ARN is in the ARN's region, whatever
+        // region the AWS settings name.
+        if let Some(region) = arn_region(stream) {
+            conf = conf.region(aws_sdk_kinesis::config::Region::new(region));
+        }
+        let conf = conf.build();
         Ok(KinesisStream {
             client: aws_sdk_kinesis::Client::from_conf(conf),
             stream: stream.clone(),
@@ -467,9 +471,9 @@ impl KinesisStream {
         }
     }
 
-    /// How long the stream keeps records, and whether it is in on-demand
-    /// capacity mode (DescribeStreamSummary).
-    async fn summary(&self) -> Result<(i64, bool)> {
+    /// How long the stream keeps records, whether it is in on-demand
+    /// capacity mode, and its ARN (DescribeStreamSummary).
+    async fn summary(&self) -> Result<(i64, bool, String)> {
         let (since, mut tries) = (std::time::Instant::now(), 0);
         loop {
             self.count_call();
@@ -487,7 +491,8 @@ impl KinesisStream {
                     let on_demand = d.and_then(|d| d.stream_mode_details()).is_some_and(|m| {
                         *m.stream_mode() == aws_sdk_kinesis::types::StreamMode::OnDemand
                     });
-                    return Ok((i64::from(hours) * 3_600_000, on_demand));
+                    let arn = d.map(|d| d.stream_arn().to_string()).unwrap_or_default();
+                    return Ok((i64::from(hours) * 3_600_000, on_demand, arn));
                 }
                 Err(e) => match self.failure("DescribeStreamSummary", e) {
                     Failure::Throttled | Failure::Expired => {
@@ -881,6 +886,9 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
     let control = match &control.stream_until {
         Some(u) if u.epoch == epoch => control.clone(),
         Some(u) if u.handed_over => {
+            // A new execution: the same stream (region, account) still.
+            let stream = KinesisStream::for_plan(&p.source).await?;
+            same_arn(p, control, &stream.summary().await?.2)?;
             let mut next = control.clone();
             let mut kept = u.clone();
             kept.epoch = epoch;
@@ -903,7 +911,8 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
             let now_ms = ctx.now_ms;
             // How long the stream keeps records, and its capacity mode
             // (what its reads cost: `sluice cost`).
-            let (kept, on_demand) = stream.summary().await?;
+            let (kept, on_demand, arn) = stream.summary().await?;
+            same_arn(p, control, &arn)?;
             let mut retention = Some(kept);
             let mut losses = Vec::new();
             let mut until = BTreeMap::new();
@@ -1034,17 +1043,20 @@ pub(crate) async fn find_new(ctx: &Scope<'_>, epoch: u64, control: &Control) -> 
                 on_demand,
             };
             let (record2, cursors2, name2) = (record.clone(), cursors.clone(), name.clone());
+            let arn2 = arn.clone();
             ctx.checkpoint
                 .update_control(epoch, &|c| {
                     c.stream_until = Some(record2.clone());
                     c.stream_shards = cursors2.clone();
                     c.stream_topic = name2.clone();
+                    c.stream_arn = arn2.clone();
                 })
                 .await?;
             let mut next = control.clone();
             next.stream_until = Some(record);
             next.stream_shards = cursors;
             next.stream_topic = name.clone();
+            next.stream_arn = arn;
             next
         }
     };
@@ -1080,6 +1092,36 @@ pub(crate) fn same_stream(p: &Pipeline, control: &Control) -> Result<()> {
              records. Restore source.uri, or run `sluice reset` on the pipeline file to \
              start over",
             control.stream_topic
+        ),
+    })
+}
+
+/// The region of a stream ARN (`arn:aws:kinesis:REGION:ACCOUNT:stream/NAME`);
+/// `None` for a name.
+fn arn_region(stream: &str) -> Option<String> {
+    let mut parts = stream.strip_prefix("arn:")?.split(':');
+    let region = parts.nth(2)?;
+    (!region.is_empty()).then(|| region.to_string())
+}
+
+/// Refuse a stream of the source's name or ARN that is not the one the
+/// checkpoint's positions are of: `arn` (what Kinesis calls the stream
+/// now) differs from the one recorded, so the region or account the AWS
+/// settings reach changed.
+fn same_arn(p: &Pipeline, control: &Control, arn: &str) -> Result<()> {
+    if control.stream_arn.is_empty() || arn.is_empty() || control.stream_arn == arn {
+        return Ok(());
+    }
+    Err(Error::Incompatible {
+        pipeline: p.name.clone(),
+        message: format!(
+            "source.uri \"{}\" now reaches stream {arn}, but the checkpoint's positions are \
+             stream {}'s (another region or account: check AWS_REGION, AWS_PROFILE and the \
+             credentials): sequence numbers of another stream would skip or repeat records. \
+             Run with the AWS settings that reach the stream, or run `sluice reset` on the \
+             pipeline file to start over on this one",
+            p.source.location.display(),
+            control.stream_arn
         ),
     })
 }
@@ -1259,6 +1301,20 @@ mod tests {
             drained,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_stream_arn_names_its_region() {
+        assert_eq!(
+            arn_region("arn:aws:kinesis:eu-west-1:123456789012:stream/rides").as_deref(),
+            Some("eu-west-1")
+        );
+        assert_eq!(
+            arn_region("arn:aws-cn:kinesis:cn-north-1:123456789012:stream/r").as_deref(),
+            Some("cn-north-1")
+        );
+        assert_eq!(arn_region("rides"), None);
+        assert_eq!(arn_region("arn:aws:kinesis::1:stream/r"), None);
     }
 
     #[test]
