@@ -1508,3 +1508,52 @@ async fn a_stream_of_the_same_name_in_another_region_is_another_stream() {
         expected(&eu_records).await
     );
 }
+
+/// A stateful query takes no bad-row policy yet, and a stream's record
+/// cannot be fixed: a record whose field its column's type cannot hold
+/// fails the batch naming the record by shard and sequence number and
+/// saying what can be done; nothing is committed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_record_under_a_stateful_query_is_named_with_a_way_out() {
+    let stream = fresh_stream("swin", 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    put_one(
+        &stream,
+        br#"{"zone": "z1", "fare": 2.5, "ts": "2026-12-01T10:00:00"}"#,
+    )
+    .await;
+    let (shard, seq) = put_one(
+        &stream,
+        br#"{"zone": "z1", "fare": "abc", "ts": "2026-12-01T10:01:00"}"#,
+    )
+    .await;
+    let toml = format!(
+        r#"name = "kswin"
+[source]
+uri = "kinesis://{stream}"
+format = "jsonl"
+table = "rides"
+schema = [{{ name = "zone", type = "Utf8" }}, {{ name = "fare", type = "Float64" }}, {{ name = "ts", type = "Timestamp(Microsecond, None)" }}]
+[query]
+sql = "SELECT window.start AS window_start, zone, count(*) AS n, sum(fare) AS fares FROM rides GROUP BY window(ts, '30 minutes'), zone"
+[sink]
+uri = "out/sink"
+mode = "complete"
+[checkpoint]
+uri = "out/checkpoint"
+"#
+    );
+    let e = run(&local_context(&pipeline(root, &toml)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("shard {shard}, sequence number {seq}"))
+            && e.contains("fare")
+            && e.contains("row-by-row pipeline")
+            && e.contains("on_bad_row = \"quarantine\""),
+        "{e}"
+    );
+    assert!(!root.join("out/sink/_sluice/manifest").exists());
+}

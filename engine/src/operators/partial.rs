@@ -121,9 +121,13 @@ impl SqlOperator {
         ctx.register_table(self.pipeline.source.table.as_str(), provider)
             .map_err(|e| self.sql_err(e))?;
         self.register_statics(&ctx)?;
-        let partial = self
-            .statics_unchanged(id.batch, self.aggregate_partially(&ctx, id, q).await)
-            .await?;
+        let partial = match self.aggregate_partially(&ctx, id, q).await {
+            // Input that does not read: name it (a record of a stream by
+            // its shard and sequence number) and say what can be done.
+            Err(e) => Err(self.unreadable_in_state(&access, id.batch, &files, e).await),
+            read => read,
+        };
+        let partial = self.statics_unchanged(id.batch, partial).await?;
         let partials = self
             .write_partials(checkpoint, id, &partial, state.partitions.max(1), None)
             .await?;
@@ -163,6 +167,39 @@ impl SqlOperator {
             duplicates: 0,
             shard_reads: Vec::new(),
         })
+    }
+
+    /// A stateful read of `files` failed with `e`: the input at fault, if
+    /// one of them does not read whole with the pinned schema (its first
+    /// bad line or record), with what a stateful query allows, else `e`.
+    pub(super) async fn unreadable_in_state(
+        &self,
+        access: &ScanAccess,
+        batch: u64,
+        files: &[&InputFile],
+        e: Error,
+    ) -> Error {
+        if e.class() == crate::error::ErrorClass::Retryable {
+            return e;
+        }
+        let Some(c) = self.culprit(access, files).await.filter(|c| c.unreadable) else {
+            return e;
+        };
+        let advice = if self.pipeline.source.location.is_stream() {
+            "its records cannot be changed, and a stateful query takes no on_bad_row policy \
+             yet: read the source with a row-by-row pipeline that sets source.on_bad_row = \
+             \"quarantine\" and run this query on that pipeline's sink, or start over after \
+             the record (`sluice reset`, with source.starting_position after it)"
+        } else {
+            "a stateful query takes no on_bad_row or on_bad_file policy yet: fix or replace \
+             the file, then run again"
+        };
+        Error::Input {
+            pipeline: self.pipeline.name.clone(),
+            batch: Some(batch),
+            key: c.key,
+            message: format!("{}; {advice}", c.why),
+        }
     }
 
     /// Check the task's files against the pinned schema before a stateful
