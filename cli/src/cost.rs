@@ -142,14 +142,16 @@ fn print_kinesis(r: &Report) {
     }
 }
 
-/// `sluice cost`'s table: one line per batch, with its usage and bill.
+/// `sluice cost`'s table: one line per batch, with its usage and bill (a
+/// Kinesis source's: no files, and what its reads of the stream cost).
 fn print_batches(r: &Report) {
+    let kinesis = r.batches.iter().any(|b| b.kinesis.is_some());
     println!(
-        "{:>6}  {:<20}  {:>5}  {:>6}  {:>10}  {:>6}  {:>8}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {:>11}",
+        "{:>6}  {:<20}  {:>5}  {:>6}  {:>10}  {:>6}  {:>8}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {}{:>11}",
         "batch",
         "committed",
         "epoch",
-        "files",
+        if kinesis { "shards" } else { "files" },
         "rows in",
         "calls",
         "GB-s",
@@ -158,18 +160,27 @@ fn print_batches(r: &Report) {
         "Lambda",
         "Step Fn",
         "S3",
+        if kinesis {
+            format!("{:>11}  ", "Kinesis")
+        } else {
+            String::new()
+        },
         "total"
     );
     for b in &r.batches {
         let when = chrono::DateTime::from_timestamp_millis(b.committed_ms)
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
             .unwrap_or_else(|| "-".into());
+        let read = match b.kinesis {
+            Some(k) if kinesis => k.shards,
+            _ => b.files,
+        };
         println!(
-            "{:>6}  {:<20}  {:>5}  {:>6}  {:>10}  {:>6}  {:>8.3}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {:>11}",
+            "{:>6}  {:<20}  {:>5}  {:>6}  {:>10}  {:>6}  {:>8.3}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {}{:>11}",
             b.batch,
             when,
             b.epoch,
-            b.files,
+            read,
             b.rows_in,
             b.invocations,
             b.gb_seconds,
@@ -178,6 +189,11 @@ fn print_batches(r: &Report) {
             dollars(b.bill.lambda),
             dollars(b.bill.step_functions),
             dollars(b.bill.s3),
+            if kinesis {
+                format!("{:>11}  ", dollars(b.bill.kinesis))
+            } else {
+                String::new()
+            },
             dollars(b.bill.total()),
         );
     }

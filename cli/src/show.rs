@@ -301,7 +301,7 @@ pub(crate) async fn history(path: &Path, limit: usize, json: bool) -> anyhow::Re
             c.stateful.as_ref().map_or(0, |s| s.late_rows),
             c.stateful.as_ref().map_or(0, |s| s.duplicates),
             d.plan_ms + d.operate_ms + d.commit_ms,
-            cost::dollars(sluice_engine::cost::bill(&c.usage, &c.requests, &prices).total()),
+            cost::dollars(sluice_engine::cost::commit_bill(c, &prices).total()),
             c.trigger.as_deref().unwrap_or("-")
         );
         // Which version of each static table the batch joined.

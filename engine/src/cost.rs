@@ -267,6 +267,8 @@ pub struct BatchCost {
 /// What a batch read from a Kinesis stream.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct KinesisRead {
+    /// Shards its tasks read.
+    pub shards: u64,
     /// Record data read.
     pub bytes: u64,
     /// Calls made for the batch (its plan's and its tasks').
@@ -418,14 +420,21 @@ fn batch_cost(c: &crate::checkpoint::Commit, prices: &Prices) -> BatchCost {
             .as_ref()
             .filter(|s| !s.shards.is_empty() || !s.read.is_empty())
             .map(|s| KinesisRead {
+                shards: s.read.len() as u64,
                 bytes: kinesis_bytes(Some(s)),
                 requests: s.requests + s.read.iter().map(|r| r.requests).sum::<u64>(),
                 on_demand: s.on_demand,
             }),
-        bill: Bill {
-            kinesis: kinesis_bill(c.stream.as_ref(), prices),
-            ..bill(&c.usage, &c.requests, prices)
-        },
+        bill: commit_bill(c, prices),
+    }
+}
+
+/// What a batch's record says it cost: its Lambda, Step Functions and S3
+/// use, and what its reads of an on-demand Kinesis stream retrieved.
+pub fn commit_bill(c: &crate::checkpoint::Commit, prices: &Prices) -> Bill {
+    Bill {
+        kinesis: kinesis_bill(c.stream.as_ref(), prices),
+        ..bill(&c.usage, &c.requests, prices)
     }
 }
 

@@ -86,7 +86,7 @@ fn line_with(
 /// The line for a committed batch.
 pub fn batch_line(c: &crate::checkpoint::Commit, pipeline: &str) -> String {
     let d = &c.durations;
-    let bill = crate::cost::bill(&c.usage, &c.requests, &crate::cost::Prices::default_table());
+    let bill = crate::cost::commit_bill(c, &crate::cost::Prices::default_table());
     let mut metrics = vec![
         (
             "BatchDuration",
