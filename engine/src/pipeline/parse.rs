@@ -686,7 +686,7 @@ fn source(src: &SourceFile, location: Location) -> std::result::Result<Source, S
         on_schema_change: src.on_schema_change.unwrap_or_default(),
         corrupt_record: src.corrupt_record.unwrap_or(false),
         starting_offsets: match (src.starting_position.as_deref(), src.starting_offsets) {
-            (Some("latest"), _) => super::StartingOffsets::Latest,
+            (Some(p), _) if p.eq_ignore_ascii_case("latest") => super::StartingOffsets::Latest,
             (_, o) => o.unwrap_or_default(),
         },
         starting_at_ms: starting_at_ms(src.starting_position.as_deref())?,
@@ -754,14 +754,19 @@ fn with_record_metadata(
 /// `starting_position` as a date: ms since the epoch (`trim_horizon` and
 /// `latest` are not dates).
 fn starting_at_ms(written: Option<&str>) -> std::result::Result<Option<i64>, String> {
+    // (Kinesis spells the positions in capitals: both are taken.)
     match written {
-        None | Some("trim_horizon") | Some("latest") => Ok(None),
+        None => Ok(None),
+        Some(p) if p.eq_ignore_ascii_case("trim_horizon") || p.eq_ignore_ascii_case("latest") => {
+            Ok(None)
+        }
         Some(d) => chrono::DateTime::parse_from_rfc3339(d)
             .map(|t| Some(t.timestamp_millis()))
-            .map_err(|e| {
+            .map_err(|_| {
                 format!(
-                    "source.starting_position = \"{d}\": {e}; write \"trim_horizon\" (the \
-                     default), \"latest\" or a date such as \"2026-12-01T00:00:00Z\""
+                    "source.starting_position = \"{d}\" is neither a position nor a date with \
+                     its time and zone: write \"trim_horizon\" (the default), \"latest\" or a \
+                     date such as \"2026-12-01T00:00:00Z\""
                 )
             }),
     }
@@ -1321,6 +1326,17 @@ max_bytes_per_batch = "64 MiB"
         let dated = parse(&with("starting_position = \"2026-12-01T00:00:00Z\"")).unwrap();
         assert_eq!(dated.source.starting_at_ms, Some(1_796_083_200_000));
         let latest = parse(&with("starting_position = \"latest\"")).unwrap();
+        // Kinesis' own spelling is taken too.
+        let upper = parse(&with("starting_position = \"LATEST\"")).unwrap();
+        assert_eq!(
+            upper.source.starting_offsets,
+            latest.source.starting_offsets
+        );
+        let e = err(&with("starting_position = \"2026-12-01\""));
+        assert!(
+            e.contains("a date with its time and zone") && !e.contains("premature"),
+            "{e}"
+        );
         assert_eq!(
             latest.source.starting_offsets,
             super::super::StartingOffsets::Latest
