@@ -146,7 +146,7 @@ pub async fn check(ctx: &Context) -> Result<CheckReport> {
     if let (crate::storage::Location::Kinesis { .. }, Some(c)) =
         (&ctx.pipeline.source.location, &control)
     {
-        discovery::check_same_stream(&ctx.pipeline, c)?;
+        discovery::check_same_stream(&ctx.pipeline, c).await?;
     }
     check_schema_and_query(ctx, control.as_ref(), &mut report).await?;
     crate::handlers::check_sink_ownership(ctx, control.as_ref()).await?;

@@ -1488,6 +1488,20 @@ async fn a_stream_of_the_same_name_in_another_region_is_another_stream() {
         committed_rows(&root.join("out/sink"), "kregion").await,
         before
     );
+    // `sluice check` refuses it as the run does, and `sluice show` does not
+    // count the other stream's records as this pipeline's backlog.
+    let ctx = local_context(&pipeline(root, &other));
+    let e = sluice_engine::admin::check(&ctx)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("another region or account"), "{e}");
+    let status = sluice_engine::admin::status(&ctx).await.unwrap();
+    let e = status.waiting_error.unwrap_or_default();
+    assert!(
+        e.contains("another region or account") && status.waiting_files == 0,
+        "{e}"
+    );
     // Nothing of the first stream is lost: its new records are read.
     put(&stream, &KEYS, &rides(100, 9), &records).await;
     run(&local_context(&pipeline(root, &toml))).await.unwrap();

@@ -672,6 +672,18 @@ impl KinesisStream {
 
 /// How many shards the stream of `source` lists, and how many are open
 /// (`sluice check`).
+/// `sluice check` and `sluice show`: the source still names the stream
+/// its checkpoint's positions are in, by name and (once recorded) by the
+/// ARN the AWS settings reach now (one DescribeStreamSummary call).
+pub(crate) async fn same_stream_now(p: &Pipeline, control: &Control) -> Result<()> {
+    same_stream(p, control)?;
+    if control.stream_arn.is_empty() {
+        return Ok(());
+    }
+    let stream = KinesisStream::open(&p.source).await?;
+    same_arn(p, control, &stream.summary().await?.2)
+}
+
 pub(crate) async fn shard_counts(source: &crate::pipeline::Source) -> Result<(usize, usize)> {
     let shards = KinesisStream::open(source).await?.shards().await?;
     let open = shards.iter().filter(|s| !s.closed).count();
@@ -1112,6 +1124,19 @@ fn same_arn(p: &Pipeline, control: &Control, arn: &str) -> Result<()> {
     if control.stream_arn.is_empty() || arn.is_empty() || control.stream_arn == arn {
         return Ok(());
     }
+    // An ARN written in source.uri names the other stream itself.
+    if stream_of(p).starts_with("arn:") {
+        return Err(Error::Incompatible {
+            pipeline: p.name.clone(),
+            message: format!(
+                "source.uri names stream {arn}, but the checkpoint's positions are stream {}'s \
+                 (another region or account): sequence numbers of another stream would skip or \
+                 repeat records. Restore source.uri, or run `sluice reset` on the pipeline file \
+                 to start over on this one",
+                control.stream_arn
+            ),
+        });
+    }
     Err(Error::Incompatible {
         pipeline: p.name.clone(),
         message: format!(
@@ -1253,6 +1278,10 @@ pub(crate) async fn read_task(
 /// cursor, the records one page holds (at most 10,000: a lower bound) and
 /// the first one's arrival time.
 pub(crate) async fn waiting(ctx: &Scope<'_>, control: Option<&Control>) -> Result<Vec<ObjectMeta>> {
+    // Another stream's records are not this pipeline's backlog.
+    if let Some(c) = control {
+        same_stream_now(ctx.pipeline, c).await?;
+    }
     let stream = KinesisStream::open(&ctx.pipeline.source).await?;
     let shards = stream.shards().await?;
     let listed: Vec<String> = shards.iter().map(|s| s.id.clone()).collect();

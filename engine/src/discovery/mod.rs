@@ -50,12 +50,13 @@ pub(crate) async fn stream_shards(
 }
 
 /// `sluice check`: a `kinesis://` source still names the stream its
-/// checkpoint's positions are in.
-pub(crate) fn check_same_stream(
+/// checkpoint's positions are in (by name, and by the ARN the AWS
+/// settings reach now).
+pub(crate) async fn check_same_stream(
     p: &crate::pipeline::Pipeline,
     control: &crate::checkpoint::Control,
 ) -> crate::error::Result<()> {
-    kinesis::same_stream(p, control)
+    kinesis::same_stream_now(p, control).await
 }
 
 /// How many partitions a `kafka://` source's topic has now (one metadata

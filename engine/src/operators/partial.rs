@@ -188,8 +188,7 @@ impl SqlOperator {
         let advice = if self.pipeline.source.location.is_stream() {
             "its records cannot be changed, and a stateful query takes no on_bad_row policy \
              yet: read the source with a row-by-row pipeline that sets source.on_bad_row = \
-             \"quarantine\" and run this query on that pipeline's sink, or start over after \
-             the record (`sluice reset`, with source.starting_position after it)"
+             \"quarantine\" and run this query on that pipeline's sink"
         } else {
             "a stateful query takes no on_bad_row or on_bad_file policy yet: fix or replace \
              the file, then run again"
