@@ -163,13 +163,11 @@ pub fn calls_made() -> u64 {
 }
 
 /// Take the calls and refusals of a Plan step that found nothing to do
-/// (`(0, 0)` for a source that is not a stream of Kinesis): they belong
-/// to its idle line, not to the next batch's plan in this process.
-pub(crate) fn idle_tally(p: &Pipeline) -> (u64, u64) {
-    if p.source.discovery != crate::pipeline::DiscoveryMode::Kinesis {
-        return (0, 0);
-    }
-    planner_tally(stream_of(p))
+/// (`None` for a source that is not a Kinesis stream): they belong to its
+/// idle line, not to the next batch's plan in this process.
+pub(crate) fn idle_tally(p: &Pipeline) -> Option<(u64, u64)> {
+    (p.source.discovery == crate::pipeline::DiscoveryMode::Kinesis)
+        .then(|| planner_tally(stream_of(p)))
 }
 
 /// Take the Plan step's calls and refusals of `stream` so far.
@@ -676,11 +674,15 @@ impl KinesisStream {
 /// its checkpoint's positions are in, by name and (once recorded) by the
 /// ARN the AWS settings reach now (one DescribeStreamSummary call).
 pub(crate) async fn same_stream_now(p: &Pipeline, control: &Control) -> Result<()> {
+    same_stream_at(p, control, &KinesisStream::open(&p.source).await?).await
+}
+
+/// [`same_stream_now`] through `stream`, already open.
+async fn same_stream_at(p: &Pipeline, control: &Control, stream: &KinesisStream) -> Result<()> {
     same_stream(p, control)?;
     if control.stream_arn.is_empty() {
         return Ok(());
     }
-    let stream = KinesisStream::open(&p.source).await?;
     same_arn(p, control, &stream.summary().await?.2)
 }
 
@@ -1124,27 +1126,24 @@ fn same_arn(p: &Pipeline, control: &Control, arn: &str) -> Result<()> {
     if control.stream_arn.is_empty() || arn.is_empty() || control.stream_arn == arn {
         return Ok(());
     }
-    // An ARN written in source.uri names the other stream itself.
-    if stream_of(p).starts_with("arn:") {
-        return Err(Error::Incompatible {
-            pipeline: p.name.clone(),
-            message: format!(
-                "source.uri names stream {arn}, but the checkpoint's positions are stream {}'s \
-                 (another region or account): sequence numbers of another stream would skip or \
-                 repeat records. Restore source.uri, or run `sluice reset` on the pipeline file \
-                 to start over on this one",
-                control.stream_arn
-            ),
-        });
-    }
+    // An ARN written in source.uri names the other stream itself; a name
+    // reaches it through the AWS settings.
+    let (reaches, advice) = if stream_of(p).starts_with("arn:") {
+        ("names", "Restore source.uri")
+    } else {
+        (
+            "now reaches",
+            "Check AWS_REGION, AWS_PROFILE and the credentials: run with the AWS settings that \
+             reach the stream",
+        )
+    };
     Err(Error::Incompatible {
         pipeline: p.name.clone(),
         message: format!(
-            "source.uri \"{}\" now reaches stream {arn}, but the checkpoint's positions are \
-             stream {}'s (another region or account: check AWS_REGION, AWS_PROFILE and the \
-             credentials): sequence numbers of another stream would skip or repeat records. \
-             Run with the AWS settings that reach the stream, or run `sluice reset` on the \
-             pipeline file to start over on this one",
+            "source.uri \"{}\" {reaches} stream {arn}, but the checkpoint's positions are \
+             stream {}'s (another region or account): sequence numbers of another stream would \
+             skip or repeat records. {advice}, or run `sluice reset` on the pipeline file to \
+             start over on this one",
             p.source.location.display(),
             control.stream_arn
         ),
@@ -1278,11 +1277,11 @@ pub(crate) async fn read_task(
 /// cursor, the records one page holds (at most 10,000: a lower bound) and
 /// the first one's arrival time.
 pub(crate) async fn waiting(ctx: &Scope<'_>, control: Option<&Control>) -> Result<Vec<ObjectMeta>> {
+    let stream = KinesisStream::open(&ctx.pipeline.source).await?;
     // Another stream's records are not this pipeline's backlog.
     if let Some(c) = control {
-        same_stream_now(ctx.pipeline, c).await?;
+        same_stream_at(ctx.pipeline, c, &stream).await?;
     }
-    let stream = KinesisStream::open(&ctx.pipeline.source).await?;
     let shards = stream.shards().await?;
     let listed: Vec<String> = shards.iter().map(|s| s.id.clone()).collect();
     let cursors = control.map(|c| c.stream_shards.clone()).unwrap_or_default();

@@ -749,8 +749,7 @@ async fn discover_and_plan(
 /// line is written, so the next batch planned in this process does not
 /// count them as its own.
 fn idle_calls(ctx: &Context) -> Option<(u64, u64)> {
-    let tally = crate::discovery::kinesis_idle_tally(&ctx.pipeline);
-    (ctx.pipeline.source.discovery == crate::pipeline::DiscoveryMode::Kinesis).then_some(tally)
+    crate::discovery::kinesis_idle_tally(&ctx.pipeline)
 }
 
 /// The lag line of a run that finds nothing to do.
