@@ -56,7 +56,7 @@ pub async fn report(
     window: &Window,
     prices: &Prices,
     name: &str,
-    every_s: Option<f64>,
+    rate: cost::Rate,
 ) -> anyhow::Result<Report> {
     let mut commits = admin::history(ctx, window.last).await?;
     if let Some(text) = &window.since {
@@ -71,7 +71,7 @@ pub async fn report(
         .await?
         .map(|(c, _)| c.totals)
         .unwrap_or_default();
-    Ok(cost::report(&commits, &totals, prices, name, every_s))
+    Ok(cost::report(&commits, &totals, prices, name, rate))
 }
 
 /// `sluice cost`.
@@ -80,18 +80,26 @@ pub async fn run(
     window: Window,
     prices_file: Option<PathBuf>,
     every: Option<String>,
+    data_every: Option<String>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let (prices, name) = prices(prices_file.as_deref())?;
-    let every_s = match every {
-        None => None,
-        Some(text) => Some(
-            sluice_engine::pipeline::duration_us(&text)
-                .map_err(|e| crate::Usage(format!("--every {text:?}: {e}")))? as f64
-                / 1e6,
-        ),
+    let seconds = |flag: &str, text: Option<String>| -> anyhow::Result<Option<f64>> {
+        match text {
+            None => Ok(None),
+            Some(text) => Ok(Some(
+                sluice_engine::pipeline::duration_us(&text)
+                    .map_err(|e| crate::Usage(format!("{flag} {text:?}: {e}")))?
+                    as f64
+                    / 1e6,
+            )),
+        }
     };
-    let r = report(ctx, &window, &prices, &name, every_s).await?;
+    let rate = cost::Rate {
+        every_s: seconds("--every", every)?,
+        data_every_s: seconds("--data-every", data_every)?,
+    };
+    let r = report(ctx, &window, &prices, &name, rate).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(ExitCode::SUCCESS);
@@ -223,13 +231,30 @@ fn print_totals(r: &Report) {
         dollars(r.per_run),
         dollars(r.run_end.total())
     );
+    let every = |s: f64| crate::text::duration_ms((s * 1000.0).round() as u64);
     match (r.interval_s, r.runs_per_month, r.month) {
-        (Some(s), Some(n), Some(m)) => println!(
-            "month         {} at one run every {} ({}): {n:.0} runs",
-            dollars(m),
-            crate::text::duration_ms((s * 1000.0).round() as u64),
-            r.interval_from
-        ),
+        (Some(s), Some(n), Some(m)) => {
+            println!(
+                "month         {} at one run every {} ({}): {n:.0} runs",
+                dollars(m),
+                every(s),
+                r.interval_from
+            );
+            if let (Some(d), Some(with), Some(idle)) = (
+                r.data_interval_s,
+                r.data_runs_per_month,
+                r.idle_runs_per_month,
+            ) {
+                println!(
+                    "              {with:.0} find data (one arrival every {}) at {} a run; {idle:.0} \
+                     find nothing at {} each (a run's measured ending and its trigger: one Plan \
+                     that finds nothing)",
+                    every(d),
+                    dollars(r.per_run),
+                    dollars(r.idle_run.total())
+                );
+            }
+        }
         _ => println!(
             "month         not projected: {}; give the arrival rate with --every (e.g. --every \"5 minutes\")",
             r.interval_note

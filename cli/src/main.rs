@@ -134,6 +134,9 @@ enum Command {
         /// Project the month at one run every DURATION (e.g. "5 minutes") instead of the observed rate.
         #[arg(long)]
         every: Option<String>,
+        /// With --every: data arrives only every DURATION (e.g. "1 hour"); the runs in between find nothing and are priced as the measured idle run.
+        #[arg(long, requires = "every")]
+        data_every: Option<String>,
     },
     /// Show the last committed batch, totals and what is waiting.
     Show {
@@ -352,6 +355,7 @@ async fn dispatch(command: Command, json: bool) -> anyhow::Result<ExitCode> {
             since,
             prices,
             every,
+            data_every,
         } => {
             if last == 0 {
                 return Err(Usage("--last 0 prices no batch: give 1 or more".into()).into());
@@ -361,6 +365,7 @@ async fn dispatch(command: Command, json: bool) -> anyhow::Result<ExitCode> {
                 cost::Window { last, since },
                 prices,
                 every,
+                data_every,
                 json,
             )
             .await

@@ -64,7 +64,13 @@ pub(crate) async fn show(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             if let Some(lc) = &status.last_commit {
                 let run_commits = admin::run_commits(&ctx, lc.epoch).await?;
                 let (prices, _) = cost::prices(None)?;
-                let r = sluice_engine::cost::report(&run_commits, &c.totals, &prices, "", None);
+                let r = sluice_engine::cost::report(
+                    &run_commits,
+                    &c.totals,
+                    &prices,
+                    "",
+                    Default::default(),
+                );
                 let run = r.per_run;
                 println!(
                     "last run     cost {} on AWS at us-east-1 list prices (`sluice cost` for more)",

@@ -315,7 +315,22 @@ pub struct Report {
     pub interval_note: Option<String>,
     /// Runs in a month at that interval.
     pub runs_per_month: Option<f64>,
-    /// Dollars in a month at that interval.
+    /// Seconds between arrivals of data when runs come more often than
+    /// data (`--data-every`: a schedule that often finds nothing); `None`
+    /// when every run finds data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_interval_s: Option<f64>,
+    /// Of `runs_per_month`, those that find data (all of them without a
+    /// data interval).
+    pub data_runs_per_month: Option<f64>,
+    /// Of `runs_per_month`, those that find nothing.
+    pub idle_runs_per_month: Option<f64>,
+    /// What a run that finds nothing costs: the measured mean ending of a
+    /// run (its last Plan, which found nothing, its transitions and
+    /// requests) and its trigger, which is all an idle run does.
+    pub idle_run: Bill,
+    /// Dollars in a month at that interval: the runs that find data at
+    /// `per_run`, the idle ones at `idle_run`.
     pub month: Option<f64>,
     /// The always-on job, per hour and per month.
     pub always_on_hourly: f64,
@@ -325,16 +340,27 @@ pub struct Report {
     pub break_even_runs_per_hour: Option<f64>,
 }
 
+/// How often runs come, and data with them, when given (`sluice cost
+/// --every`, `--data-every`) instead of observed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rate {
+    /// Seconds between runs (a schedule, or one upload every so often).
+    pub every_s: Option<f64>,
+    /// Seconds between arrivals of data, when longer than between runs:
+    /// the runs in between find nothing.
+    pub data_every_s: Option<f64>,
+}
+
 /// Price `commits` (any order) with `prices`; `totals` give what is in no
 /// commit record (work after each record, runs' endings, triggers), as
-/// means over all batches and runs so far; `every_s` overrides the
-/// observed interval between runs.
+/// means over all batches and runs so far; `rate` overrides the observed
+/// interval between runs and adds idle runs between arrivals of data.
 pub fn report(
     commits: &[crate::checkpoint::Commit],
     totals: &crate::checkpoint::Totals,
     prices: &Prices,
     prices_name: &str,
-    every_s: Option<f64>,
+    rate: Rate,
 ) -> Report {
     let mut batches: Vec<BatchCost> = commits.iter().map(|c| batch_cost(c, prices)).collect();
     batches.sort_by_key(|b| b.batch);
@@ -370,12 +396,24 @@ pub fn report(
     // over the span would be thrown by a burst (runs back to back, as a
     // backlog or a demo makes them) and by a long pause alike.
     let (observed, interval_note) = observed_interval(&batches, &epochs);
-    let (interval_s, interval_from, interval_note) = match every_s {
+    let (interval_s, interval_from, interval_note) = match rate.every_s {
         Some(s) => (Some(s), "given", None),
         None => (observed, "observed", interval_note),
     };
     let month_s = prices.always_on.hours_per_month * 3600.0;
     let runs_per_month = interval_s.map(|s| month_s / s);
+    // Data arriving less often than runs come leaves the runs in between
+    // idle: each costs what a run's ending and its trigger cost.
+    let data_interval_s = rate
+        .data_every_s
+        .filter(|d| interval_s.is_some_and(|s| *d > s));
+    let data_runs_per_month =
+        runs_per_month.map(|n| data_interval_s.map_or(n, |d| (month_s / d).min(n)));
+    let idle_runs_per_month = runs_per_month.zip(data_runs_per_month).map(|(n, d)| n - d);
+    let idle_run = run_end;
+    let month = data_runs_per_month
+        .zip(idle_runs_per_month)
+        .map(|(d, i)| d * per_run + i * idle_run.total());
     Report {
         prices: prices_name.to_string(),
         free_tier: "not included",
@@ -390,7 +428,11 @@ pub fn report(
         interval_from,
         interval_note,
         runs_per_month,
-        month: runs_per_month.map(|n| n * per_run),
+        data_interval_s,
+        data_runs_per_month,
+        idle_runs_per_month,
+        idle_run,
+        month,
         always_on_hourly: prices.always_on_hourly(),
         always_on_month: prices.always_on_monthly(),
         break_even_runs_per_hour: (per_run > 0.0).then(|| prices.always_on_hourly() / per_run),
@@ -629,6 +671,13 @@ mod tests {
     /// of 1,000 ms at 1,024 MB with 1,000 GETs in all ($0.0000166667 and
     /// $0.0000002 a GB-s and request; $0.0004 per 1,000 GETs): per run
     /// (2 GB-s, 2 invocations, 1,000 GETs) / 2 = $0.0002168667 more.
+    fn every(s: f64) -> Rate {
+        Rate {
+            every_s: Some(s),
+            data_every_s: None,
+        }
+    }
+
     #[test]
     fn a_report_by_hand() {
         use crate::checkpoint::{Commit, Totals};
@@ -656,7 +705,7 @@ mod tests {
             ..Totals::default()
         };
         let p = Prices::default_table();
-        let r = report(&commits, &totals, &p, "default", None);
+        let r = report(&commits, &totals, &p, "default", Rate::default());
         assert_eq!(r.runs, 2);
         assert_eq!(r.batches[0].batch, 0);
         close(r.per_batch, 0.000_175);
@@ -664,13 +713,46 @@ mod tests {
         close(r.per_run, 0.000_25);
         assert_eq!(r.interval_s, None);
         assert!(r.interval_note.as_deref().unwrap().contains("too few"));
-        let every10 = report(&commits, &totals, &p, "default", Some(600.0));
+        let every10 = report(&commits, &totals, &p, "default", every(600.0));
         close(every10.runs_per_month.unwrap(), 4380.0);
         close(every10.month.unwrap(), 1.095);
         close(r.break_even_runs_per_hour.unwrap(), 0.605_904 / 0.000_25);
-        let given = report(&commits, &totals, &p, "default", Some(300.0));
+        let given = report(&commits, &totals, &p, "default", every(300.0));
         assert_eq!(given.interval_from, "given");
         close(given.month.unwrap(), 2.19);
+        // A schedule every 5 minutes with data once an hour: 8,760 runs,
+        // 730 with data at $0.00025 and 8,030 idle at the ending's
+        // $0.000075: 0.1825 + 0.60225 = 0.78475.
+        let scheduled = report(
+            &commits,
+            &totals,
+            &p,
+            "default",
+            Rate {
+                every_s: Some(300.0),
+                data_every_s: Some(3600.0),
+            },
+        );
+        close(scheduled.runs_per_month.unwrap(), 8760.0);
+        close(scheduled.data_runs_per_month.unwrap(), 730.0);
+        close(scheduled.idle_runs_per_month.unwrap(), 8030.0);
+        close(scheduled.idle_run.total(), 0.000_075);
+        close(scheduled.month.unwrap(), 0.784_75);
+        // Data as often as runs, or more often: every run finds data.
+        for d in [300.0, 60.0] {
+            let all = report(
+                &commits,
+                &totals,
+                &p,
+                "default",
+                Rate {
+                    every_s: Some(300.0),
+                    data_every_s: Some(d),
+                },
+            );
+            close(all.idle_runs_per_month.unwrap(), 0.0);
+            close(all.month.unwrap(), 2.19);
+        }
         let mut more = totals.clone();
         more.batches = 2;
         more.after_commits = RequestCounts {
@@ -692,7 +774,7 @@ mod tests {
             },
             ..p.clone()
         };
-        let r = report(&commits, &more, &p86, "x86", None);
+        let r = report(&commits, &more, &p86, "x86", Rate::default());
         close(r.after_commit.total(), 0.005);
         close(r.per_batch, 0.000_175 + 0.005);
         let trigger = 1.0 * 0.000_016_666_7 + 0.000_000_2 + 0.000_2;

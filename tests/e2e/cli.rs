@@ -497,6 +497,47 @@ fn cost_prices_the_recorded_usage() {
         "break-even",
     );
     assert_eq!(got["free_tier"], "not included");
+    // A schedule every 5 minutes and data once an hour: 8,760 runs, 730
+    // of them with data; the other 8,030 are priced as a run's measured
+    // ending (its last Plan found nothing, as an idle run's does).
+    let idle = bill(
+        &totals["run_ends"],
+        Some(&totals["run_end_requests"]),
+        0.0000133334,
+    ) / 2.0;
+    assert!(idle > 0.0 && idle < per_run);
+    let scheduled: serde_json::Value = serde_json::from_str(&stdout(&sluice(&[
+        "cost",
+        file,
+        "--json",
+        "--every",
+        "5m",
+        "--data-every",
+        "1 hour",
+    ])))
+    .unwrap();
+    close(
+        &scheduled["month"],
+        per_run * 730.0 + idle * (8760.0 - 730.0),
+        "month at a 5-minute schedule with data once an hour",
+    );
+    assert_eq!(scheduled["idle_runs_per_month"].as_f64(), Some(8030.0));
+    let text = stdout(&sluice(&[
+        "cost",
+        file,
+        "--every",
+        "5m",
+        "--data-every",
+        "1h",
+    ]));
+    assert!(
+        text.contains("730 find data (one arrival every 1h 0m)")
+            && text.contains("8030 find nothing at"),
+        "{text}"
+    );
+    // --data-every says nothing without the schedule: a command line error.
+    let alone = sluice(&["cost", file, "--data-every", "1h"]);
+    assert_eq!(alone.status.code(), Some(2), "{alone:?}");
     let table = stdout(&sluice(&["cost", file, "--every", "5 minutes"]));
     assert!(
         table.contains("break-even") && table.contains("free tier not included"),

@@ -1249,8 +1249,13 @@ async fn cost_prices_what_reads_of_an_on_demand_stream_retrieve() {
         let done = run(&ctx).await.unwrap();
         assert!(done.batches.len() >= 2, "{} batches", done.batches.len());
         let commits = sluice_engine::admin::history(&ctx, 100).await.unwrap();
-        let report =
-            sluice_engine::cost::report(&commits, &Default::default(), &prices, "built in", None);
+        let report = sluice_engine::cost::report(
+            &commits,
+            &Default::default(),
+            &prices,
+            "built in",
+            Default::default(),
+        );
         let read: u64 = report
             .batches
             .iter()
