@@ -115,8 +115,10 @@ if [ ! -x "$NODE_DIR/node_modules/.bin/asl-validator" ]; then
   mkdir -p "$NODE_DIR"
   npm install --silent --no-audit --no-fund --prefix "$NODE_DIR" asl-validator@4 >/dev/null
 fi
-echo "== asl-validator statemachines/microbatch.asl.json"
-"$NODE_DIR/node_modules/.bin/asl-validator" --json-path statemachines/microbatch.asl.json
+for definition in statemachines/microbatch.asl.json statemachines/microbatch-express.asl.json; do
+  echo "== asl-validator $definition"
+  "$NODE_DIR/node_modules/.bin/asl-validator" --json-path "$definition"
+done
 
 # The e2e and aws test targets live in tests/, outside the folders of the
 # packages that build them (cli, functions), so cargo records their sources

@@ -30,6 +30,9 @@ pub(crate) async fn wake_on_aws(
         &Event::Manual {
             pipeline: name.clone(),
             requested_by: Some(requested_by.into()),
+            // Standard: `--wait` follows the execution with
+            // DescribeExecution, which Express executions do not answer.
+            workflow: Some(sluice_engine::deploy::Workflow::Standard),
         },
         std::slice::from_ref(ctx),
         &sfn,
@@ -167,6 +170,26 @@ pub(crate) async fn cancel(
         return Ok(ExitCode::SUCCESS);
     }
     let owner = Owner::parse(c.owner.as_deref().unwrap_or_default());
+    if let Owner::Express {
+        name: execution, ..
+    } = &owner
+    {
+        // Express executions cannot be stopped (nor described): released,
+        // the run can commit nothing more, and it ends within its limit.
+        admin::release_cancelled(&ctx, c.epoch).await?;
+        emit(
+            json,
+            format!(
+                "{name}: released the lease of the Express execution {execution} (epoch {}); \
+                 it can commit nothing more and ends within its 5 minutes; the next run \
+                 resumes any planned batch",
+                c.epoch
+            ),
+            serde_json::json!({"pipeline": name, "cancelled": true, "execution": execution,
+                "epoch": c.epoch, "workflow": "express"}),
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let Some(execution) = owner.execution() else {
         anyhow::bail!(
             "{name}: the lease is held by {owner}, not by a Step Functions execution; stop that \

@@ -71,6 +71,7 @@ impl Executions for Noop {
         &self,
         name: &str,
         _input: &serde_json::Value,
+        _workflow: sluice_engine::deploy::Workflow,
     ) -> sluice_engine::Result<Started> {
         Ok(Started {
             execution: name.to_string(),
@@ -184,6 +185,7 @@ async fn measure(mode: DiscoveryMode, history: u64, new: u64) -> anyhow::Result<
         900_000,
         &Noop,
         "bench",
+        sluice_engine::deploy::Workflow::Standard,
         &|_, _| {},
     )
     .await?;

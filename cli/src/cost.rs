@@ -155,10 +155,11 @@ fn print_kinesis(r: &Report) {
 fn print_batches(r: &Report) {
     let kinesis = r.batches.iter().any(|b| b.kinesis.is_some());
     println!(
-        "{:>6}  {:<20}  {:>5}  {:>6}  {:>10}  {:>6}  {:>8}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {}{:>11}",
+        "{:>6}  {:<20}  {:>5}  {:<8}  {:>6}  {:>10}  {:>6}  {:>8}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {}{:>11}",
         "batch",
         "committed",
         "epoch",
+        "workflow",
         if kinesis { "shards" } else { "files" },
         "rows in",
         "calls",
@@ -184,10 +185,14 @@ fn print_batches(r: &Report) {
             _ => b.files,
         };
         println!(
-            "{:>6}  {:<20}  {:>5}  {:>6}  {:>10}  {:>6}  {:>8.3}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {}{:>11}",
+            "{:>6}  {:<20}  {:>5}  {:<8}  {:>6}  {:>10}  {:>6}  {:>8.3}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {}{:>11}",
             b.batch,
             when,
             b.epoch,
+            match b.workflow {
+                sluice_engine::deploy::Workflow::Express => "express",
+                sluice_engine::deploy::Workflow::Standard => "standard",
+            },
             read,
             b.rows_in,
             b.invocations,
@@ -231,6 +236,17 @@ fn print_totals(r: &Report) {
         dollars(r.per_run),
         dollars(r.run_end.total())
     );
+    if r.batches
+        .iter()
+        .any(|b| b.workflow == sluice_engine::deploy::Workflow::Express)
+    {
+        println!(
+            "workflow      express batches ran in Express executions, billed $1 per million \
+             executions and their duration (64 MB, rounded up to 100 ms), not per transition: \
+             in the run's ending above; a run that needs a Distributed Map or more than a few \
+             minutes is handed to a Standard execution"
+        );
+    }
     let every = |s: f64| crate::text::duration_ms((s * 1000.0).round() as u64);
     match (r.interval_s, r.runs_per_month, r.month) {
         (Some(s), Some(n), Some(m)) => {

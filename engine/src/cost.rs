@@ -199,7 +199,12 @@ pub fn bill(usage: &Usage, requests: &RequestCounts, prices: &Prices) -> Bill {
         .sum();
     let invocations: u64 = usage.functions.iter().map(|f| f.invocations).sum();
     let lambda = gb_s * prices.lambda_gb_second() + invocations as f64 * prices.lambda.per_request;
-    let step_functions = usage.transitions as f64 * prices.step_functions.standard_per_transition;
+    let sfn = &prices.step_functions;
+    let express = &usage.express;
+    let step_functions = usage.transitions as f64 * sfn.standard_per_transition
+        + express.executions as f64 * sfn.express_per_request
+        + gb_seconds(express.billed_ms, crate::deploy::EXPRESS_MEMORY_MB)
+            * sfn.express_per_gb_second;
     // S3 bills a conditional write as a PUT; a DELETE is free.
     let put_class = requests.put + requests.put_create + requests.put_update + requests.list;
     let s3 = put_class as f64 / 1000.0 * prices.s3.put_copy_post_list_per_1000
@@ -255,6 +260,10 @@ pub struct BatchCost {
     pub invocations: u64,
     /// State transitions.
     pub transitions: u64,
+    /// `standard` or `express`: the kind of execution that ran the batch.
+    /// (An Express batch's Step Functions cost is its execution's
+    /// duration, billed with the run's ending.)
+    pub workflow: crate::deploy::Workflow,
     /// Storage requests.
     pub requests: RequestCounts,
     /// Kinesis: bytes read, and whether the stream was on-demand.
@@ -455,7 +464,12 @@ fn batch_cost(c: &crate::checkpoint::Commit, prices: &Prices) -> BatchCost {
             .map(|f| gb_seconds(f.billed_ms, f.memory_mb))
             .sum(),
         invocations: c.usage.functions.iter().map(|f| f.invocations).sum(),
-        transitions: c.usage.transitions,
+        transitions: c.usage.all_transitions(),
+        workflow: if c.usage.express.transitions > 0 {
+            crate::deploy::Workflow::Express
+        } else {
+            crate::deploy::Workflow::Standard
+        },
         requests: c.requests,
         kinesis: c
             .stream
@@ -585,6 +599,7 @@ mod tests {
                 FunctionUsage::new("committer", 1, 40, 1769),
             ],
             transitions: 30,
+            ..Default::default()
         };
         let requests = RequestCounts {
             get: 100,
@@ -621,6 +636,7 @@ mod tests {
             gb_seconds: 0.0,
             invocations: 0,
             transitions: 0,
+            workflow: Default::default(),
             requests: RequestCounts::default(),
             kinesis: None,
             bill: Bill::default(),
@@ -701,6 +717,7 @@ mod tests {
             run_ends: Usage {
                 functions: Vec::new(),
                 transitions: 6,
+                ..Default::default()
             },
             ..Totals::default()
         };
@@ -761,7 +778,7 @@ mod tests {
         };
         more.wakes = Usage {
             functions: vec![FunctionUsage::new("trigger", 2, 2000, 1024)],
-            transitions: 0,
+            ..Default::default()
         };
         more.wake_requests = RequestCounts {
             get: 1000,

@@ -10,6 +10,69 @@
 /// The state machine definition, compiled in from `statemachines/`.
 pub(crate) const DEFINITION: &str = include_str!("../../statemachines/microbatch.asl.json");
 
+/// The Express definition: [`DEFINITION`] made fit for Express by
+/// [`express_of`] (a unit test keeps the file equal to it).
+pub(crate) const EXPRESS_DEFINITION: &str =
+    include_str!("../../statemachines/microbatch-express.asl.json");
+
+/// Which kind of Step Functions execution a run's step runs in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workflow {
+    /// Exactly-once, up to a year, billed per state transition.
+    #[default]
+    Standard,
+    /// At-least-once, 5 minutes at most, no Distributed Map, billed per
+    /// execution and its duration.
+    Express,
+}
+
+/// How long an Express execution may run: Step Functions stops it then.
+pub const EXPRESS_LIMIT_MS: i64 = 300_000;
+
+/// An Express execution hands its run over to a Standard one unless its
+/// next batch is expected to end by this long after the execution started
+/// (a minute of the limit kept for a slow batch, the commit and the end).
+pub const EXPRESS_BUDGET_MS: i64 = 240_000;
+
+/// The memory an Express execution is billed at: its definition and
+/// payloads in 64 MB steps. Sluice's payloads carry references (a few KB)
+/// and the definition is 20 KB: the first step.
+pub const EXPRESS_MEMORY_MB: u64 = 64;
+
+/// An Express execution's billed duration: rounded up to 100 ms.
+pub fn express_billed_ms(ms: u64) -> u64 {
+    ms.div_ceil(100) * 100
+}
+
+/// The Express definition made from the Standard one: no Distributed Map
+/// (`OperateMany`, `Settle`, and the choice that leads there), the
+/// 5-minute limit, and the Plan told it runs in Express and when the
+/// execution started.
+pub fn express_of(standard: &serde_json::Value) -> serde_json::Value {
+    let mut e = standard.clone();
+    e["Comment"] = serde_json::Value::String(
+        "Sluice, Express: the short runs of a pipeline (5 minutes at most, at-least-once). The \
+         same states as microbatch.asl.json without the Distributed Map (OperateMany, Settle): \
+         a batch that needs one, a batch an earlier execution left unfinished, or a run that \
+         would not end well inside 5 minutes is handed over to a Standard execution through \
+         Continue. Generated from microbatch.asl.json (engine/src/deploy.rs: express_of; a \
+         unit test keeps them equal)."
+            .into(),
+    );
+    e["TimeoutSeconds"] = (EXPRESS_LIMIT_MS / 1000).into();
+    let states = e["States"].as_object_mut().expect("States is an object");
+    states.remove("OperateMany");
+    states.remove("Settle");
+    if let Some(choices) = states["HasBatch"]["Choices"].as_array_mut() {
+        choices.retain(|c| c["Next"] != "OperateMany");
+    }
+    let plan = &mut states["Plan"]["Parameters"];
+    plan["workflow"] = "express".into();
+    plan["started.$"] = "$$.Execution.StartTime".into();
+    e
+}
+
 /// The functions, as usage records name them.
 pub(crate) const PLANNER: &str = "planner";
 /// The operator function (tasks and merges).
@@ -103,6 +166,27 @@ pub(crate) fn batch_events(tasks: u64, distributed: bool, merges: u64, dedups: u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Express file is the Standard one made fit for Express, and
+    /// names no state the Standard one lacks.
+    #[test]
+    fn the_express_definition_is_made_from_the_standard_one() {
+        let standard: serde_json::Value = serde_json::from_str(DEFINITION).unwrap();
+        let express: serde_json::Value = serde_json::from_str(EXPRESS_DEFINITION).unwrap();
+        assert_eq!(
+            express,
+            express_of(&standard),
+            "statemachines/microbatch-express.asl.json differs from express_of(microbatch.asl.json)"
+        );
+        let text = express.to_string();
+        assert!(
+            !text.contains("\"DISTRIBUTED\"") && express["States"].get("OperateMany").is_none()
+        );
+        assert_eq!(express["TimeoutSeconds"], 300);
+        assert_eq!(express_billed_ms(1), 100);
+        assert_eq!(express_billed_ms(100), 100);
+        assert_eq!(express_billed_ms(101), 200);
+    }
 
     /// The values template.yaml sets (read by hand): the operator 3008 MB,
     /// the trigger 256 MB, the planner and committer the Globals' 1769 MB.

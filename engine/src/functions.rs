@@ -15,6 +15,9 @@ pub(crate) const CHECKPOINT_ENV: &str = "SLUICE_CHECKPOINT_URI";
 
 /// The environment variable naming the state machine the trigger starts.
 pub(crate) const STATE_MACHINE_ENV: &str = "SLUICE_STATE_MACHINE_ARN";
+/// The Express state machine's ARN (optional: without it every run is
+/// Standard).
+pub(crate) const EXPRESS_STATE_MACHINE_ENV: &str = "SLUICE_EXPRESS_STATE_MACHINE_ARN";
 
 /// The Step Functions view of an engine error: its class name and message.
 pub(crate) fn diagnostic(e: &Error) -> Diagnostic {
@@ -199,7 +202,11 @@ pub async fn serve_trigger() -> std::result::Result<(), lambda_runtime::Error> {
     let arn = std::env::var(STATE_MACHINE_ENV).map_err(|_| {
         format!("{STATE_MACHINE_ENV} is not set: set it to the ARN of the Sluice state machine")
     })?;
-    let sfn = std::sync::Arc::new(crate::triggers::StepFunctions::from_env(arn).await);
+    let sfn = std::sync::Arc::new(
+        crate::triggers::StepFunctions::from_env(arn)
+            .await
+            .with_express(std::env::var(EXPRESS_STATE_MACHINE_ENV).ok()),
+    );
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let contexts = contexts.clone();
         let sfn = sfn.clone();
@@ -319,6 +326,8 @@ mod tests {
             retries: 0,
             pipeline: "fn".into(),
             run: None,
+            workflow: Default::default(),
+            started: None,
         };
         let d = handle(&contexts, req(), handle_plan).await.unwrap_err();
         assert_eq!(d.error_type, "Sluice.InvalidInput");

@@ -35,7 +35,7 @@
 pub mod admin;
 pub mod checkpoint;
 pub mod cost;
-mod deploy;
+pub mod deploy;
 pub mod discovery;
 pub mod error;
 #[cfg(feature = "lambda")]

@@ -26,7 +26,7 @@ use sluice_engine::checkpoint::RunStatus;
 use sluice_engine::handlers::Context;
 use sluice_engine::pipeline::Pipeline;
 use sluice_engine::storage::{PutMode, S3Config, S3Store, Store};
-use sluice_engine::triggers::{StepFunctions, execution_name};
+use sluice_engine::triggers::{StepFunctions, execution_input, execution_name};
 
 use support::*;
 
@@ -255,6 +255,10 @@ fn start_stack(bucket: &str) -> Stack {
     stack
 }
 
+fn express_arn() -> String {
+    format!("arn:aws:states:us-east-1:{ACCOUNT}:stateMachine:sluice-express")
+}
+
 /// Point a child process's AWS SDK at the emulated stack.
 fn emulated_aws(cmd: &mut Command, endpoint: &str) {
     cmd.env("AWS_ENDPOINT_URL", endpoint)
@@ -275,7 +279,12 @@ fn state_machine_arn() -> String {
 
 /// The definition as deployed: the template's substitutions applied.
 fn definition() -> String {
-    std::fs::read_to_string(workspace().join("statemachines/microbatch.asl.json"))
+    deployed("statemachines/microbatch.asl.json")
+}
+
+/// `file` as deployed: the template's substitutions applied.
+fn deployed(file: &str) -> String {
+    std::fs::read_to_string(workspace().join(file))
         .unwrap()
         .replace("${PlannerFunctionArn}", &function_arn("sluice-planner"))
         .replace("${OperatorFunctionArn}", &function_arn("sluice-operator"))
@@ -717,7 +726,203 @@ max_files_per_batch = 2
     //    Lambdas write partial states, the Merge map runs the operator
     //    function once per state partition, the committer records state.
     windowed(&stack, &cfg, &sfn, bucket).await;
+
+    // 10. Express: a trigger deployed with the Express state machine
+    //     starts short runs there; a duplicated execution of a run
+    //     changes nothing; a batch that needs the Distributed Map is
+    //     handed to a Standard execution.
+    express(&stack, &cfg, &sfn, bucket).await;
     eprintln!("aws e2e: proxy saw {}", stats(&stack));
+}
+
+/// Short runs on moto's Express state machine (moto refuses
+/// DescribeExecution and GetExecutionHistory for Express, as AWS does: the
+/// checkpoint tells when a run ended). A run of two batches in one
+/// Express execution, recorded as Express usage; a duplicate of that
+/// execution (Express is at-least-once) started once the run ended, which
+/// fails on the lease and changes nothing; then a batch of more tasks than
+/// `max_inline_tasks`, which the Express execution hands over to a Standard
+/// one through its Continue step.
+async fn express(stack: &Stack, cfg: &S3Config, sfn: &StepFunctions, bucket: &str) {
+    sfn.client()
+        .create_state_machine()
+        .name("sluice-express")
+        .r#type(aws_sdk_sfn::types::StateMachineType::Express)
+        .definition(deployed("statemachines/microbatch-express.asl.json"))
+        .role_arn(format!("arn:aws:iam::{ACCOUNT}:role/sluice"))
+        .send()
+        .await
+        .expect("moto accepts the Express definition as an Express state machine");
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input");
+    let files = gen_files(&input, 4, 200);
+    let source = S3Store::new(cfg, bucket, "quick");
+    let keys = upload_all(&source, &input, &files[..3], "quick").await;
+    let toml = |name: &str, limits: &str| {
+        format!(
+            r#"name = "{name}"
+[source]
+uri = "s3://{bucket}/{name}/"
+format = "parquet"
+table = "trips"
+[query]
+sql = '''{SQL}'''
+[sink]
+uri = "s3://{bucket}/{name}-out/"
+[checkpoint]
+uri = "s3://{bucket}/checkpoints/"
+[limits]
+{limits}
+"#
+        )
+    };
+    let open = |name: &str, limits: &str| {
+        let p = Pipeline::parse(&toml(name, limits), "quick.toml", dir.path()).unwrap();
+        Context::open(p, Some(cfg)).unwrap()
+    };
+    let ctx = open("quick", "max_files_per_batch = 2");
+    admin::register(&ctx).await.unwrap();
+    let out_rows = |name: &'static str| async move {
+        let out = tempfile::tempdir().unwrap();
+        download(cfg, bucket, &format!("{name}-out"), out.path()).await;
+        committed_rows(out.path(), name).await
+    };
+    // The run ended when control is idle at the last batch.
+    let ended = |ctx: &Context, last: u64| {
+        let ctx = ctx.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(120), async {
+                loop {
+                    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+                    if c.status == RunStatus::Idle && c.last_committed == Some(last) {
+                        return c;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("the Express run never ended{}", stack.logs()))
+        }
+    };
+
+    // The trigger as deployed with SLUICE_EXPRESS_STATE_MACHINE_ARN, run
+    // here (the Lambda emulator serves only the workspace's binaries by
+    // their names, and this stack's trigger function has no Express
+    // machine): it claims the lease and starts the execution on moto's
+    // Express machine, which drives the real planner, operator and
+    // committer functions.
+    let express_trigger = |event: String, ctx: Context| async move {
+        let starts = StepFunctions::new(sfn.client().clone(), state_machine_arn())
+            .with_express(Some(express_arn()));
+        let event = sluice_engine::triggers::parse_event(event.as_bytes()).unwrap();
+        let report = sluice_engine::triggers::trigger(&event, std::slice::from_ref(&ctx), &starts)
+            .await
+            .unwrap();
+        serde_json::to_value(report).unwrap()
+    };
+    let report = express_trigger(s3_event(bucket, &keys), ctx.clone()).await;
+    let e = started_epoch(&report, "quick");
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert!(
+        c.owner
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("sfn-express:quick-"),
+        "the lease names an Express execution: {:?}",
+        c.owner
+    );
+    let c = ended(&ctx, 1).await;
+    assert_eq!(out_rows("quick").await, duckdb_rows(&files[..3], SQL).await);
+    // One Express execution: a request and its duration; the batches'
+    // transitions counted, not billed.
+    assert_eq!(c.totals.run_ends.express.executions, 1, "{:?}", c.totals);
+    assert!(c.totals.run_ends.express.billed_ms >= 100, "{:?}", c.totals);
+    for b in [0, 1] {
+        let commit = ctx.checkpoint.commit(b).await.unwrap().unwrap();
+        assert_eq!(commit.epoch, e);
+        assert_eq!(commit.usage.transitions, 0, "{:?}", commit.usage);
+        assert!(commit.usage.express.transitions >= 6, "{:?}", commit.usage);
+    }
+
+    // The same execution again, as Express may run it twice: its Plan
+    // finds the lease no longer held by its epoch and stops; nothing
+    // changes.
+    let planner_before = stats(stack)["sluice-planner"]["invocations"]
+        .as_u64()
+        .unwrap();
+    sfn.client()
+        .start_execution()
+        .state_machine_arn(express_arn())
+        .name(format!("quick-{e}-again"))
+        .input(execution_input("quick", e, "s3").to_string())
+        .send()
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while stats(stack)["sluice-planner"]["invocations"]
+            .as_u64()
+            .unwrap()
+            == planner_before
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the duplicate execution's Plan ran");
+    // (Its Plan has answered once the next control read sees no change;
+    // give its failure a moment to end the execution.)
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (after, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(
+        (after.status, after.epoch, after.last_committed),
+        (RunStatus::Idle, e, Some(1)),
+        "{after:?}"
+    );
+    assert!(ctx.checkpoint.commit(2).await.unwrap().is_none());
+    assert_eq!(out_rows("quick").await, duckdb_rows(&files[..3], SQL).await);
+
+    // A batch that needs the Distributed Map (another pipeline over the
+    // same files, one task a file, one inline task at most): the Express
+    // execution hands the run over through Continue, whose trigger starts
+    // a Standard one.
+    let wide = open(
+        "wide",
+        "max_files_per_batch = 4\nmax_bytes_per_task = 1\nmax_inline_tasks = 1",
+    );
+    let wide_keys = upload_all(&S3Store::new(cfg, bucket, "wide"), &input, &files, "wide").await;
+    admin::register(&wide).await.unwrap();
+    let report = express_trigger(s3_event(bucket, &wide_keys), wide.clone()).await;
+    let e2 = started_epoch(&report, "wide");
+    // The Standard execution exists once the Continue step's trigger
+    // claimed the lease for it.
+    tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            let (c, _) = wide.checkpoint.control().await.unwrap().unwrap();
+            if c.epoch == e2 + 1 {
+                assert_eq!(
+                    c.owner.as_deref(),
+                    Some(format!("sfn:wide-{}", e2 + 1).as_str())
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the Express execution handed over to no Standard one{}",
+            stack.logs()
+        )
+    });
+    let end = wait_execution(sfn, stack, "wide", e2 + 1).await;
+    assert_eq!(end.status, "SUCCEEDED", "{end:?}{}", stack.logs());
+    let c = ended(&wide, 0).await;
+    let commit = wide.checkpoint.commit(0).await.unwrap().unwrap();
+    assert_eq!(commit.epoch, e2 + 1, "committed by the Standard execution");
+    assert!(commit.usage.transitions > 0, "{:?}", commit.usage);
+    assert_eq!(c.totals.run_ends.express.executions, 1, "{:?}", c.totals);
+    assert_eq!(out_rows("wide").await, duckdb_rows(&files, SQL).await);
 }
 
 /// A fifth pipeline with a windowed GROUP BY in append mode over three

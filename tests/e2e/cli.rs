@@ -403,7 +403,8 @@ fn schema_versions_show_in_run_show_and_history() {
 /// computed here from the commit records and control.json as plain JSON,
 /// with AWS's us-east-1 list prices typed in: Lambda arm64 $0.0000133334
 /// per GB-s and $0.20 per million requests, Step Functions $0.025 per
-/// 1,000 transitions, S3 $0.005 per 1,000 PUT/COPY/POST/LIST and $0.0004
+/// 1,000 Standard transitions, Express $1 per million executions and
+/// $0.00001667 per GB-s (64 MB), S3 $0.005 per 1,000 PUT/COPY/POST/LIST and $0.0004
 /// per 1,000 GET; the always-on job 2 x (4 vCPU x $0.052624 + 16 GB x
 /// $0.0057785) an hour. Then a price table of our own (`--prices`).
 #[test]
@@ -437,6 +438,10 @@ fn cost_prices_the_recorded_usage() {
         }
         let mut total = gb_s * gb_s_price + calls * 0.0000002;
         total += u["transitions"].as_f64().unwrap() * 0.000025;
+        // Express: $1 per million executions, $0.00001667 per GB-s at
+        // 64 MB; its transitions are not billed.
+        let x = |k: &str| u["express"][k].as_f64().unwrap_or(0.0);
+        total += x("executions") * 0.000001 + x("billed_ms") / 1000.0 * 0.0625 * 0.00001667;
         if let Some(r) = r {
             let n = |k: &str| r[k].as_f64().unwrap();
             total += (n("put") + n("put_create") + n("put_update") + n("list")) / 1000.0 * 0.005;
@@ -455,6 +460,15 @@ fn cost_prices_the_recorded_usage() {
         .sum();
     let totals = &read(&ck.join("control.json"))["totals"];
     assert_eq!(totals["runs"], 2);
+    // Both runs were one Express execution each (the default), whose
+    // transitions are counted and not billed.
+    assert_eq!(totals["run_ends"]["express"]["executions"], 2, "{totals}");
+    assert!(
+        commits
+            .iter()
+            .all(|c| c["usage"]["transitions"] == 0 && c["usage"]["express"]["transitions"] == 6),
+        "{commits:?}"
+    );
     // What no record holds: each run's ending (its Plan invocation,
     // transitions and requests), and each batch's work after its record.
     let outside = |gb_s_price: f64| {

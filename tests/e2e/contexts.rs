@@ -27,6 +27,8 @@ async fn run_through(planner: &Contexts, operator: &Contexts, committer: &Contex
             retries: 0,
             pipeline: "warm".into(),
             run: run.clone(),
+            workflow: Default::default(),
+            started: None,
         };
         let first = run
             .as_ref()
@@ -164,6 +166,8 @@ async fn a_step_whose_run_spec_is_no_longer_registered_stops_with_a_conflict() {
         retries: 0,
         pipeline: "warm".into(),
         run: None,
+        workflow: Default::default(),
+        started: None,
     };
     let PlanOutcome::Batch { run, batch } = planner
         .dispatch("warm", true, |ctx| handlers::handle_plan(ctx, req.clone()))

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use sluice_engine::deploy::Workflow;
 use sluice_engine::handlers::Context;
 use sluice_engine::operators::SqlOperator;
 
@@ -37,9 +38,18 @@ fn limited_context(
     )
 }
 
+/// Runs start as Express executions (as the trigger starts them); a rerun
+/// after a crash resumes the planned batch in a Standard execution.
 #[tokio::test(flavor = "multi_thread")]
 async fn failing_any_write_then_rerunning_gives_the_clean_output() {
-    each_write_fails_in_turn(LIMITS, 1).await;
+    each_write_fails_in_turn(LIMITS, 1, Workflow::Express).await;
+}
+
+/// The same with every execution Standard (a deployment without the
+/// Express state machine).
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_any_write_of_a_standard_run_then_rerunning_gives_the_clean_output() {
+    each_write_fails_in_turn(LIMITS, 1, Workflow::Standard).await;
 }
 
 /// The same where each execution hands over after one batch (the budget
@@ -48,10 +58,16 @@ async fn failing_any_write_then_rerunning_gives_the_clean_output() {
 /// fail in turn too.
 #[tokio::test(flavor = "multi_thread")]
 async fn failing_any_write_of_a_handed_over_run_then_rerunning_gives_the_clean_output() {
-    each_write_fails_in_turn("max_files_per_batch = 2\nmax_batches_per_execution = 1", 2).await;
+    each_write_fails_in_turn(
+        "max_files_per_batch = 2\nmax_batches_per_execution = 1",
+        2,
+        Workflow::Express,
+    )
+    .await;
 }
 
-async fn each_write_fails_in_turn(limits: &str, executions: u64) {
+async fn each_write_fails_in_turn(limits: &str, executions: u64, workflow: Workflow) {
+    let run = |ctx: Context| async move { runner().starting(workflow).run(&ctx, |_| {}).await };
     let faulty_context = |root: &std::path::Path, writes: Arc<AtomicU64>, fail_at: u64| {
         limited_context(root, limits, writes, fail_at)
     };
@@ -59,7 +75,7 @@ async fn each_write_fails_in_turn(limits: &str, executions: u64) {
     let clean = tempfile::tempdir().unwrap();
     gen_files(&clean.path().join("input"), 4, 60);
     let writes = Arc::new(AtomicU64::new(0));
-    let summary = run(&faulty_context(clean.path(), writes.clone(), 0))
+    let summary = run(faulty_context(clean.path(), writes.clone(), 0))
         .await
         .unwrap();
     assert_eq!(summary.batches.len(), 2, "the scenario needs two batches");
@@ -74,7 +90,7 @@ async fn each_write_fails_in_turn(limits: &str, executions: u64) {
         let dir = tempfile::tempdir().unwrap();
         gen_files(&dir.path().join("input"), 4, 60);
         let writes = Arc::new(AtomicU64::new(0));
-        let failed = run(&faulty_context(dir.path(), writes, k)).await;
+        let failed = run(faulty_context(dir.path(), writes, k)).await;
         assert!(
             failed.is_err(),
             "write {k} was injected to fail, yet the run succeeded"
@@ -92,7 +108,7 @@ async fn each_write_fails_in_turn(limits: &str, executions: u64) {
             seen.len()
         );
 
-        let again = run(&faulty_context(dir.path(), Arc::new(AtomicU64::new(0)), 0))
+        let again = run(faulty_context(dir.path(), Arc::new(AtomicU64::new(0)), 0))
             .await
             .unwrap_or_else(|e| panic!("rerun after failing write {k}: {e}"));
         assert_recovered(dir.path(), "crash", &again.end, &expected, k).await;

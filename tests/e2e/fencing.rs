@@ -82,6 +82,82 @@ enum Stale {
     Run,
     /// `sluice reset`, stopped at one of its writes.
     Reset,
+    /// An Express execution a trigger started, stopped at one of its
+    /// writes; Express is at-least-once, so the same run (same epoch, same
+    /// input) may run in a second execution meanwhile.
+    Express,
+}
+
+/// Executions that start nothing: the test runs the execution a trigger
+/// started itself (twice, for a duplicated Express execution).
+struct Started;
+
+#[async_trait::async_trait]
+impl sluice_engine::triggers::Executions for Started {
+    fn express(&self) -> bool {
+        true
+    }
+    async fn start(
+        &self,
+        name: &str,
+        _input: &serde_json::Value,
+        _workflow: sluice_engine::deploy::Workflow,
+    ) -> sluice_engine::Result<sluice_engine::triggers::Started> {
+        Ok(sluice_engine::triggers::Started {
+            execution: name.into(),
+            new: true,
+        })
+    }
+    async fn state(
+        &self,
+        _name: &str,
+    ) -> sluice_engine::Result<sluice_engine::triggers::ExecutionState> {
+        Ok(sluice_engine::triggers::ExecutionState::Running)
+    }
+    async fn stop(&self, _name: &str, _cause: &str) -> sluice_engine::Result<()> {
+        Ok(())
+    }
+}
+
+/// Claim the lease as a trigger does for an Express execution: the input
+/// that execution (and any duplicate of it) runs with.
+async fn claim_express(ctx: &Context) -> serde_json::Value {
+    use sluice_engine::triggers::{self, WakeOutcome};
+    let name = ctx.pipeline.name.clone();
+    // A trigger wakes registered pipelines.
+    admin::register(ctx).await.unwrap();
+    let woken = triggers::wake(
+        &ctx.checkpoint,
+        &name,
+        &ctx.pipeline.spec_hash(),
+        chrono::Utc::now().timestamp_millis(),
+        ctx.pipeline.limits.lease_ttl_seconds as i64 * 1000,
+        &Started,
+        "test",
+        sluice_engine::deploy::Workflow::Express,
+        &|_, _| {},
+    )
+    .await
+    .unwrap();
+    let WakeOutcome::Started { epoch, .. } = woken else {
+        panic!("the trigger did not start a run: {woken:?}");
+    };
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert!(
+        c.owner.as_deref().unwrap().starts_with("sfn-express:"),
+        "{:?}",
+        c.owner
+    );
+    triggers::execution_input(&name, epoch, "test")
+}
+
+/// An Express execution of `input` to its end.
+async fn express(ctx: &Context, input: serde_json::Value) -> sluice_engine::Result<()> {
+    runner()
+        .starting(sluice_engine::deploy::Workflow::Express)
+        .execute(ctx, input, |_| {})
+        .await
+        .map(|_| ())
 }
 
 /// What happens while it is stopped.
@@ -94,6 +170,9 @@ enum Meanwhile {
     /// `sluice reset`, held at its first delete while the stale writer
     /// goes on to its end; then let go, and a run to the end.
     HeldReset,
+    /// A duplicate of the stopped Express execution (same run, same
+    /// input) goes to the end.
+    Duplicate,
 }
 
 /// The pipelines the stale writer is tried on.
@@ -528,7 +607,11 @@ async fn assert_consistent(root: &Path, s: Scenario, inputs: u64, what: &str) {
         batches += 1;
     }
     assert_eq!(c.totals.batches, batches, "{what}: totals.batches");
-    assert_eq!(c.totals.files, inputs, "{what}: totals.files");
+    assert_eq!(
+        c.totals.files, inputs,
+        "{what}: totals.files (last committed {:?}, {} batches, epoch {})",
+        c.last_committed, c.totals.batches, c.epoch
+    );
     let plans: Vec<String> = ctx
         .checkpoint
         .store()
@@ -642,6 +725,10 @@ async fn count_writes(s: Scenario, stale: Stale) -> u64 {
         Stale::Run => {
             run(&ctx).await.unwrap();
         }
+        Stale::Express => {
+            let input = claim_express(&local_context(&pipeline(root, &s.toml(root)))).await;
+            express(&ctx, input).await.unwrap();
+        }
         Stale::Reset => {
             run(&local_context(&pipeline(root, &s.toml(root))))
                 .await
@@ -676,12 +763,18 @@ async fn each_write_held(s: Scenario, stale: Stale, meanwhile: Meanwhile) {
             ..Pause::default()
         });
         let ctx = paused_context(root, &toml, &pause);
+        let input = match stale {
+            Stale::Express => Some(claim_express(&local()).await),
+            _ => None,
+        };
+        let duplicate = input.clone();
         let held = tokio::spawn(async move {
             match stale {
                 // Whether it was stale when it went on: a reset held
                 // before its first write starts when let go, a reset of
                 // the history that followed.
                 Stale::Run => run(&ctx).await.map(|_| true),
+                Stale::Express => express(&ctx, input.unwrap()).await.map(|_| true),
                 Stale::Reset => admin::reset(&ctx).await.map(|r| r.finished_by_another),
             }
         });
@@ -692,6 +785,18 @@ async fn each_write_held(s: Scenario, stale: Stale, meanwhile: Meanwhile) {
         let what = format!("{s:?} {stale:?} held at write {k} ({at}), {meanwhile:?}");
         s.fix(root);
         match meanwhile {
+            Meanwhile::Duplicate => {
+                // The duplicate goes to the end, or stops at a step the
+                // held execution has done first (a conflict: the run is
+                // the held one's to finish, or the next run's).
+                match express(&local(), duplicate.expect("an Express execution's input")).await {
+                    Ok(()) => {}
+                    Err(e) if e.class() == sluice_engine::ErrorClass::Conflict => {
+                        eprintln!("{what}: the duplicate stopped: {e}");
+                    }
+                    Err(e) => panic!("{what}: the duplicate execution: {e}"),
+                }
+            }
             Meanwhile::TakeOver => {
                 s.arrive(root).await;
                 run(&local())
@@ -837,6 +942,24 @@ async fn check_end(
             .files,
         2
     );
+}
+
+/// Express is at-least-once: a run's execution may run twice at once.
+/// One held at each of its writes in turn while its duplicate goes to the
+/// end changes nothing when let go.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_duplicated_express_execution_held_at_any_write_changes_nothing() {
+    each_write_held(Scenario::List, Stale::Express, Meanwhile::Duplicate).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_duplicated_express_execution_of_a_windowed_query_held_at_any_write_changes_nothing() {
+    each_write_held(Scenario::Windowed, Stale::Express, Meanwhile::Duplicate).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_duplicated_express_execution_into_delta_held_at_any_write_changes_nothing() {
+    each_write_held(Scenario::Delta, Stale::Express, Meanwhile::Duplicate).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -341,6 +341,7 @@ impl triggers::Executions for NoExecutions {
         &self,
         name: &str,
         _input: &serde_json::Value,
+        _workflow: sluice_engine::deploy::Workflow,
     ) -> sluice_engine::Result<triggers::Started> {
         Ok(triggers::Started {
             execution: format!("local:{name}"),

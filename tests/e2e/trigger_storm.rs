@@ -15,6 +15,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use sluice_engine::admin;
 use sluice_engine::checkpoint::RunStatus;
+use sluice_engine::deploy::Workflow;
 use sluice_engine::handlers::Context;
 use sluice_engine::pipeline::Pipeline;
 use sluice_engine::runner;
@@ -35,7 +36,15 @@ struct InProcess {
 
 #[async_trait::async_trait]
 impl Executions for InProcess {
-    async fn start(&self, name: &str, input: &Value) -> sluice_engine::Result<Started> {
+    fn express(&self) -> bool {
+        true
+    }
+    async fn start(
+        &self,
+        name: &str,
+        input: &Value,
+        workflow: Workflow,
+    ) -> sluice_engine::Result<Started> {
         let mut runs = self.runs.lock().unwrap();
         if runs.contains_key(name) {
             return Ok(Started {
@@ -47,9 +56,12 @@ impl Executions for InProcess {
         let input = input.clone();
         runs.insert(
             name.to_string(),
-            tokio::spawn(
-                async move { crate::support::runner().execute(&ctx, input, |_| {}).await },
-            ),
+            tokio::spawn(async move {
+                crate::support::runner()
+                    .starting(workflow)
+                    .execute(&ctx, input, |_| {})
+                    .await
+            }),
         );
         Ok(Started {
             execution: name.into(),

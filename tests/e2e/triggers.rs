@@ -16,6 +16,7 @@ use aws_lambda_events::event::sns::SnsEvent;
 use serde_json::Value;
 use sluice_engine::admin;
 use sluice_engine::checkpoint::RunStatus;
+use sluice_engine::deploy::Workflow;
 use sluice_engine::handlers::{self, Context, Contexts};
 use sluice_engine::pipeline::Pipeline;
 use sluice_engine::runner::{self, RunEnd};
@@ -212,6 +213,7 @@ fn bad_payloads_are_refused_with_a_clear_error() {
         &Event::Manual {
             pipeline: "nope".into(),
             requested_by: None,
+            workflow: None,
         },
         std::slice::from_ref(&taxi),
     )
@@ -323,6 +325,13 @@ struct Recorder {
     started: Mutex<Vec<(String, Value)>>,
     ended: Mutex<Vec<String>>,
     fail: AtomicBool,
+    /// Express executions can be started (a deployment with the Express
+    /// state machine).
+    express: AtomicBool,
+    /// The kind of each execution started.
+    workflows: Mutex<Vec<Workflow>>,
+    /// Times an execution's state was asked.
+    asked: AtomicU64,
 }
 
 #[async_trait::async_trait]
@@ -332,7 +341,12 @@ impl Executions for Recorder {
         Ok(())
     }
 
+    fn express(&self) -> bool {
+        self.express.load(Ordering::SeqCst)
+    }
+
     async fn state(&self, name: &str) -> sluice_engine::Result<ExecutionState> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
         Ok(if self.ended.lock().unwrap().iter().any(|n| n == name) {
             ExecutionState::Ended
         } else if self.started.lock().unwrap().iter().any(|(n, _)| n == name) {
@@ -342,7 +356,13 @@ impl Executions for Recorder {
         })
     }
 
-    async fn start(&self, name: &str, input: &Value) -> sluice_engine::Result<Started> {
+    async fn start(
+        &self,
+        name: &str,
+        input: &Value,
+        workflow: Workflow,
+    ) -> sluice_engine::Result<Started> {
+        self.workflows.lock().unwrap().push(workflow);
         if self.fail.load(Ordering::SeqCst) {
             return Err(Error::Service {
                 service: "Step Functions",
@@ -371,6 +391,7 @@ fn manual(name: &str) -> Event {
     Event::Manual {
         pipeline: name.into(),
         requested_by: None,
+        workflow: None,
     }
 }
 
@@ -612,6 +633,106 @@ async fn started_once(name: &str) -> (tempfile::TempDir, Pipeline, Context, Reco
     (dir, p, ctx, rec)
 }
 
+/// Express: the trigger starts runs on the Express state machine and
+/// names the execution in the lease with the time it claimed it. Step
+/// Functions cannot be asked about an Express execution, so until 6
+/// minutes after the claim (its 5-minute limit and a minute for clocks) a
+/// later trigger asks the run to look again; after that it takes over.
+/// A continuation (the Continue step's payload) asks for Standard.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_express_run_is_taken_over_once_its_limit_has_certainly_passed() {
+    use sluice_engine::checkpoint::owner::Owner;
+    let dir = tempfile::tempdir().unwrap();
+    gen_files(&dir.path().join("input"), 2, 20);
+    let p = pipeline(dir.path(), &pipeline_toml("quick", "parquet", "", ""));
+    let ctx = local_context(&p);
+    admin::register(&ctx).await.unwrap();
+    let rec = Recorder {
+        express: true.into(),
+        ..Default::default()
+    };
+    let first = trigger(&ctx, &rec).await.unwrap();
+    assert!(
+        matches!(
+            first,
+            WakeOutcome::Started {
+                epoch: 1,
+                recover: false,
+                ..
+            }
+        ),
+        "{first:?}"
+    );
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    let Owner::Express { name, claimed_ms } = Owner::parse(c.owner.as_deref().unwrap()) else {
+        panic!("the lease names an Express execution: {:?}", c.owner);
+    };
+    assert_eq!(name, "quick-1");
+    let at = |after_ms: i64| {
+        let mut later = local_context(&p);
+        later.clock = Arc::new(move || claimed_ms + after_ms);
+        later
+    };
+    // Five minutes on (heartbeat 5 minutes old, TTL 15): it may still run.
+    assert_eq!(
+        trigger(&at(5 * 60_000), &rec).await.unwrap(),
+        WakeOutcome::Requested { epoch: 1 }
+    );
+    // Exactly 6 minutes on: not yet certain.
+    assert_eq!(
+        trigger(&at(6 * 60_000), &rec).await.unwrap(),
+        WakeOutcome::Requested { epoch: 1 }
+    );
+    // A moment later it has certainly ended: taken over, as Express again.
+    let next = trigger(&at(6 * 60_000 + 1), &rec).await.unwrap();
+    assert!(
+        matches!(
+            next,
+            WakeOutcome::Started {
+                epoch: 2,
+                recover: true,
+                ..
+            }
+        ),
+        "{next:?}"
+    );
+    assert_eq!(
+        rec.asked.load(Ordering::SeqCst),
+        0,
+        "an Express execution cannot be described"
+    );
+    runner()
+        .starting(Workflow::Express)
+        .execute(&ctx, execution_input("quick", 2, "manual"), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        control_of(dir.path(), &pipeline_toml("quick", "parquet", "", ""))
+            .await
+            .totals
+            .files,
+        2
+    );
+    // The Continue step's payload asks for a Standard execution.
+    let continuation = triggers::parse_event(
+        br#"{"pipeline": "quick", "requested_by": "continuation", "workflow": "standard"}"#,
+    )
+    .unwrap();
+    let report = triggers::trigger(&continuation, std::slice::from_ref(&ctx), &rec)
+        .await
+        .unwrap();
+    assert!(
+        matches!(report.woken["quick"], WakeOutcome::Started { epoch: 3, .. }),
+        "{report:?}"
+    );
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(c.owner.as_deref(), Some("sfn:quick-3"));
+    assert_eq!(
+        *rec.workflows.lock().unwrap(),
+        [Workflow::Express, Workflow::Express, Workflow::Standard]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lease_kept_by_an_ended_execution_is_taken_over_without_waiting_for_the_ttl() {
     let (dir, _p, ctx, rec) = started_once("ended").await;
@@ -806,6 +927,7 @@ async fn history_names_what_started_each_run() {
     let event = Event::Manual {
         pipeline: "hist".into(),
         requested_by: Some("sluice refresh".into()),
+        workflow: None,
     };
     let report = triggers::trigger(&event, std::slice::from_ref(&ctx), &rec)
         .await

@@ -13,6 +13,7 @@
 //! invocations and transitions.
 
 use crate::support::*;
+use sluice_engine::deploy::Workflow;
 use sluice_engine::handlers::Context;
 use sluice_engine::storage::{LocalStore, Store};
 use std::collections::BTreeMap;
@@ -29,21 +30,32 @@ fn by_function(u: &sluice_engine::checkpoint::Usage) -> BTreeMap<String, (u64, u
     out
 }
 
-async fn check(name: &str, toml: &str, files: u64, expect_executions: u64, tasks_per_batch: u64) {
+/// Run `toml` over `files` files with the run's first execution a
+/// `workflow` one; `expect` executions of each kind (Standard, Express).
+async fn check(
+    name: &str,
+    toml: &str,
+    files: u64,
+    workflow: Workflow,
+    expect: (u64, u64),
+    tasks_per_batch: u64,
+) {
+    let name = &format!("{name} ({workflow:?} first)");
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     gen_files(&root.join("input"), files, 60);
     let ctx = local_context(&pipeline(root, toml));
     let before = ctx.counts();
-    let ran = run(&ctx).await.unwrap();
+    let ran = runner().starting(workflow).run(&ctx, |_| {}).await.unwrap();
     let spent = ctx.counts().since(&before);
-    assert_eq!(ran.executions, expect_executions, "{name}");
+    assert_eq!(ran.executions, expect.0 + expect.1, "{name}");
+    assert_eq!(ran.usage.express.executions, expect.1, "{name}");
     let commits = commit_records(root, toml).await;
     assert_eq!(commits.len(), ran.batches.len(), "{name}");
     assert!(
         commits
             .iter()
-            .all(|c| c.usage.transitions > 0 && c.usage.functions.len() == 3),
+            .all(|c| c.usage.all_transitions() > 0 && c.usage.functions.len() == 3),
         "{name}: every record has its usage: {:?}",
         commits.iter().map(|c| &c.usage).collect::<Vec<_>>()
     );
@@ -57,8 +69,13 @@ async fn check(name: &str, toml: &str, files: u64, expect_executions: u64, tasks
     }
     let mut recorded: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let mut transitions = 0;
+    let mut express = sluice_engine::checkpoint::ExpressUsage::default();
     for c in &commits {
         transitions += c.usage.transitions;
+        express.transitions += c.usage.express.transitions;
+        // A batch's Express duration is its execution's, recorded at the
+        // execution's ending.
+        assert_eq!(c.usage.express.executions, 0, "{name}");
         for (f, (n, ms)) in by_function(&c.usage) {
             let e = recorded.entry(f).or_default();
             e.0 += n;
@@ -86,11 +103,14 @@ async fn check(name: &str, toml: &str, files: u64, expect_executions: u64, tasks
     );
     let handovers = ran.executions - 1;
     assert_eq!(
-        totals.run_ends.transitions,
+        totals.run_ends.all_transitions(),
         3 * ran.executions + handovers,
         "{name}: transitions of the executions' endings"
     );
     transitions += totals.run_ends.transitions;
+    express.transitions += totals.run_ends.express.transitions;
+    express.executions += totals.run_ends.express.executions;
+    express.billed_ms += totals.run_ends.express.billed_ms;
     for (f, (n, ms)) in by_function(&totals.run_ends) {
         let e = recorded.entry(f).or_default();
         e.0 += n;
@@ -103,6 +123,26 @@ async fn check(name: &str, toml: &str, files: u64, expect_executions: u64, tasks
     }
     let counted = by_function(&ran.usage);
     assert_eq!(ran.usage.transitions, transitions, "{name}: transitions");
+    // Express: the transitions (counted, not billed) and executions as
+    // the runner counted them; the duration recorded from the execution's
+    // start to its ending Plan, the runner's to the execution's end: no
+    // more, each rounded up to 100 ms.
+    assert_eq!(
+        ran.usage.express.transitions, express.transitions,
+        "{name}: Express transitions"
+    );
+    assert_eq!(
+        ran.usage.express.executions, express.executions,
+        "{name}: Express executions"
+    );
+    assert!(
+        express.billed_ms <= ran.usage.express.billed_ms
+            && (express.executions == 0) == (express.billed_ms == 0)
+            && express.billed_ms % 100 == 0,
+        "{name}: Express duration recorded {} ms, counted {} ms",
+        express.billed_ms,
+        ran.usage.express.billed_ms
+    );
     let invocations = |m: &BTreeMap<String, (u64, u64)>| -> BTreeMap<String, u64> {
         m.iter().map(|(f, (n, _))| (f.clone(), *n)).collect()
     };
@@ -132,16 +172,21 @@ async fn recorded_usage_adds_up_to_what_the_runner_counted() {
         "",
         "max_files_per_batch = 2\nmax_bytes_per_task = 1",
     );
-    check("inline", &plain, 6, 1, 2).await;
-    // The same through the Distributed Map (one child execution per task).
+    let (standard, express) = (Workflow::Standard, Workflow::Express);
+    check("inline", &plain, 6, standard, (1, 0), 2).await;
+    check("inline", &plain, 6, express, (0, 1), 2).await;
+    // The same through the Distributed Map (one child execution per task):
+    // an Express execution hands the batch over to a Standard one.
     let many = plain.replace(
         "max_bytes_per_task = 1",
         "max_bytes_per_task = 1\nmax_inline_tasks = 1",
     );
-    check("distributed", &many, 4, 1, 2).await;
+    check("distributed", &many, 4, standard, (1, 0), 2).await;
+    check("distributed", &many, 4, express, (1, 1), 2).await;
     // Two executions: the first hands over after one batch.
     let handed = plain.replace("max_bytes_per_task = 1", "max_batches_per_execution = 1");
-    check("handed over", &handed, 4, 2, 1).await;
+    check("handed over", &handed, 4, standard, (2, 0), 1).await;
+    check("handed over", &handed, 4, express, (1, 1), 1).await;
     // A stateful query: two state partitions merged per batch, and the
     // closing batch with no input.
     let windowed = r#"SELECT window.start AS ws, "PULocationID", count(*) AS n FROM trips GROUP BY window(tpep_pickup_datetime, '15 minutes'), "PULocationID""#;
@@ -160,7 +205,8 @@ async fn recorded_usage_adds_up_to_what_the_runner_counted() {
         stateful.contains("window(") && stateful.contains("[watermark]"),
         "{stateful}"
     );
-    check("stateful", &stateful, 2, 1, 1).await;
+    check("stateful", &stateful, 2, standard, (1, 0), 1).await;
+    check("stateful", &stateful, 2, express, (0, 1), 1).await;
     // `[deduplicate]`: a Dedup map of two steps per batch before the
     // commit (a row query), or before the Merge map (the windowed query).
     let dedup = "[deduplicate]\nkey = [\"PULocationID\"]\n[watermark]\ncolumn = \
@@ -169,12 +215,14 @@ async fn recorded_usage_adds_up_to_what_the_runner_counted() {
         "max_bytes_per_task = 1",
         "max_bytes_per_task = 1\nstate_partitions = 2",
     );
-    check("dedup", &dedup_rows, 4, 1, 2).await;
+    check("dedup", &dedup_rows, 4, standard, (1, 0), 2).await;
+    check("dedup", &dedup_rows, 4, express, (0, 1), 2).await;
     let dedup_windowed = stateful.replace(
         "[watermark]",
         "[deduplicate]\nkey = [\"PULocationID\"]\n[watermark]",
     );
-    check("dedup windowed", &dedup_windowed, 2, 1, 1).await;
+    check("dedup windowed", &dedup_windowed, 2, standard, (1, 0), 1).await;
+    check("dedup windowed", &dedup_windowed, 2, express, (0, 1), 1).await;
 }
 
 /// The SQL `pipeline_toml` writes.
@@ -260,13 +308,16 @@ async fn retried_steps_count_as_invocations_and_transitions() {
     let commits = commit_records(root, &toml).await;
     let totals = control_of(root, &toml).await.totals;
     let mut recorded: BTreeMap<String, u64> = BTreeMap::new();
-    let mut transitions = totals.run_ends.transitions;
+    let mut transitions = totals.run_ends.all_transitions();
     for u in commits.iter().map(|c| &c.usage).chain([&totals.run_ends]) {
         for (f, (n, _)) in by_function(u) {
             *recorded.entry(f).or_default() += n;
         }
     }
-    transitions += commits.iter().map(|c| c.usage.transitions).sum::<u64>();
+    transitions += commits
+        .iter()
+        .map(|c| c.usage.all_transitions())
+        .sum::<u64>();
     let counted: BTreeMap<String, u64> = by_function(&ran.usage)
         .into_iter()
         .map(|(f, (n, _))| (f, n))
@@ -276,5 +327,5 @@ async fn retried_steps_count_as_invocations_and_transitions() {
     assert_eq!(counted["operator"], 4, "{counted:?}");
     assert_eq!(counted["committer"], 3, "{counted:?}");
     assert_eq!(recorded, counted, "invocations recorded vs counted");
-    assert_eq!(transitions, ran.usage.transitions, "transitions");
+    assert_eq!(transitions, ran.usage.all_transitions(), "transitions");
 }

@@ -29,11 +29,11 @@ pub use control::{Attempts, CONTROL_TRIES, ControlRead};
 pub use index::{Index, IndexKeep, KeyClaim};
 pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};
 pub use records::{
-    Commit, Control, DeltaPart, Durations, FORMAT_VERSION, FunctionUsage, InputFile, ListingState,
-    Manifest, Offsets, OutputFile, PipelineRecord, Quarantined, QueryShape, RecordRange, RunStatus,
-    SchemaVersion, ShardCursor, ShardLoss, ShardRead, ShardUnit, ShardUntil, SinkOwner,
-    SourceCursor, StatefulState, StaticPin, StaticUsed, StreamPlan, StreamUntil, TaskPlan, Totals,
-    Usage, seq_cmp,
+    Commit, Control, DeltaPart, Durations, ExpressUsage, FORMAT_VERSION, FunctionUsage, InputFile,
+    ListingState, Manifest, Offsets, OutputFile, PipelineRecord, Quarantined, QueryShape,
+    RecordRange, RunStatus, SchemaVersion, ShardCursor, ShardLoss, ShardRead, ShardUnit,
+    ShardUntil, SinkOwner, SourceCursor, StatefulState, StaticPin, StaticUsed, StreamPlan,
+    StreamUntil, TaskPlan, Totals, Usage, seq_cmp,
 };
 
 /// Whether a record of history `found` is not of history `ours`: both

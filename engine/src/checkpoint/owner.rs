@@ -7,7 +7,10 @@
 //! reuses the pid, is never taken for it. Only a local process in this
 //! host's boot and pid namespace can be seen to have exited; every other
 //! owner's lease ends by release or by its TTL (an execution's also when
-//! Step Functions says it ended).
+//! Step Functions says it ended). An Express execution
+//! (`sfn-express:<name>@<claimed ms>`) cannot be asked (no
+//! DescribeExecution): it has ended once its 5-minute limit (and a margin
+//! for clocks) has passed since its lease was claimed for it.
 
 use std::fmt;
 
@@ -29,6 +32,14 @@ pub enum Owner {
     Lambda(String),
     /// A Step Functions execution, by its name (`<pipeline>-<epoch>`).
     Execution(String),
+    /// An Express execution, by its name, and when its lease was claimed
+    /// (ms since the Unix epoch), before it started.
+    Express {
+        /// `<pipeline>-<epoch>`.
+        name: String,
+        /// When the trigger claimed the lease for it.
+        claimed_ms: i64,
+    },
     /// Anything else (written by another tool or a later version).
     Other(String),
 }
@@ -36,6 +47,12 @@ pub enum Owner {
 const LOCAL: &str = "local:";
 const LAMBDA: &str = "lambda:";
 const EXECUTION: &str = "sfn:";
+const EXPRESS: &str = "sfn-express:";
+
+/// How long after its claim an Express execution has certainly ended: its
+/// 5-minute limit, and a minute for the clocks of the trigger that
+/// claimed it and the one that reads the claim.
+pub const EXPRESS_ENDED_AFTER_MS: i64 = crate::deploy::EXPRESS_LIMIT_MS + 60_000;
 
 impl Owner {
     /// This process, as a local owner.
@@ -75,13 +92,36 @@ impl Owner {
         if let Some(name) = s.strip_prefix(EXECUTION) {
             return Owner::Execution(name.to_string());
         }
+        if let Some((name, claimed)) = s
+            .strip_prefix(EXPRESS)
+            .and_then(|rest| rest.rsplit_once('@'))
+            && let Ok(claimed_ms) = claimed.parse()
+        {
+            return Owner::Express {
+                name: name.to_string(),
+                claimed_ms,
+            };
+        }
         Owner::Other(s.to_string())
     }
 
+    /// Whether this owner is known to have exited at `now_ms`: an Express
+    /// execution past its limit since its claim, or what [`Owner::gone`]
+    /// says.
+    pub fn gone_at(&self, now_ms: i64) -> bool {
+        match self {
+            Owner::Express { claimed_ms, .. } => now_ms - claimed_ms > EXPRESS_ENDED_AFTER_MS,
+            _ => self.gone(),
+        }
+    }
+
     /// Whether this owner is known to have exited: a local process on this
-    /// host that no longer exists. Other owners are never known to be gone
-    /// (their lease expires).
+    /// host that no longer exists, or an Express execution past its limit
+    /// now. Other owners are never known to be gone (their lease expires).
     pub fn gone(&self) -> bool {
+        if let Owner::Express { .. } = self {
+            return self.gone_at(chrono::Utc::now().timestamp_millis());
+        }
         let Owner::Local {
             host,
             pid,
@@ -127,6 +167,7 @@ impl fmt::Display for Owner {
             } => write!(f, "{LOCAL}{host}:{pid}/{i}"),
             Owner::Lambda(stream) => write!(f, "{LAMBDA}{stream}"),
             Owner::Execution(name) => write!(f, "{EXECUTION}{name}"),
+            Owner::Express { name, claimed_ms } => write!(f, "{EXPRESS}{name}@{claimed_ms}"),
             Owner::Other(s) => f.write_str(s),
         }
     }
@@ -157,10 +198,25 @@ mod tests {
             },
             Owner::Lambda("2026/12/01/[$LATEST]ab".into()),
             Owner::Execution("taxi-3".into()),
+            Owner::Express {
+                name: "taxi-4".into(),
+                claimed_ms: 1_000,
+            },
             Owner::Other("someone".into()),
         ] {
             assert_eq!(Owner::parse(&o.to_string()), o);
         }
+        // An Express execution has ended 6 minutes after its claim (its 5
+        // and one for clocks), not before; an owner string without a claim
+        // time is someone else's.
+        let express = Owner::parse("sfn-express:taxi-4@1000");
+        assert!(!express.gone_at(1_000 + 360_000));
+        assert!(express.gone_at(1_000 + 360_001));
+        assert_eq!(express.execution(), None);
+        assert_eq!(
+            Owner::parse("sfn-express:taxi-4"),
+            Owner::Other("sfn-express:taxi-4".into())
+        );
         assert_eq!(Owner::parse("sfn:taxi-3").execution(), Some("taxi-3"));
         assert!(!Owner::this_process().gone());
         assert!(!Owner::Lambda("x".into()).gone());

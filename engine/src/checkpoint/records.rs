@@ -880,10 +880,38 @@ pub struct Usage {
     /// Per function.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub functions: Vec<FunctionUsage>,
-    /// State transitions of the execution for this batch (Map iterations
-    /// included).
+    /// State transitions of a Standard execution for this batch (Map
+    /// iterations included): billed each.
     #[serde(default)]
     pub transitions: u64,
+    /// What ran in Express executions, which bill requests and duration,
+    /// not transitions.
+    #[serde(default, skip_serializing_if = "ExpressUsage::is_empty")]
+    pub express: ExpressUsage,
+}
+
+/// What Express executions used: each execution is a request, billed with
+/// its duration (rounded up to 100 ms) at the memory it used; its
+/// transitions are counted, not billed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ExpressUsage {
+    /// Executions ended (each an Express request).
+    #[serde(default)]
+    pub executions: u64,
+    /// Their billed duration, ms: each execution's, from its start to its
+    /// ending Plan, rounded up to 100 ms.
+    #[serde(default)]
+    pub billed_ms: u64,
+    /// State transitions taken in them (not billed).
+    #[serde(default)]
+    pub transitions: u64,
+}
+
+impl ExpressUsage {
+    /// Nothing used.
+    pub fn is_empty(&self) -> bool {
+        *self == ExpressUsage::default()
+    }
 }
 
 /// The invocations of one function.
@@ -903,7 +931,12 @@ pub struct FunctionUsage {
 impl Usage {
     /// Nothing used.
     pub fn is_empty(&self) -> bool {
-        self.functions.is_empty() && self.transitions == 0
+        self.functions.is_empty() && self.transitions == 0 && self.express.is_empty()
+    }
+
+    /// State transitions, whichever workflow took them.
+    pub fn all_transitions(&self) -> u64 {
+        self.transitions + self.express.transitions
     }
 
     /// `self` and `other` together (per function, by name and memory).
@@ -924,6 +957,11 @@ impl Usage {
         Usage {
             functions,
             transitions: self.transitions + other.transitions,
+            express: ExpressUsage {
+                executions: self.express.executions + other.express.executions,
+                billed_ms: self.express.billed_ms + other.express.billed_ms,
+                transitions: self.express.transitions + other.express.transitions,
+            },
         }
     }
 }

@@ -393,14 +393,29 @@ fn batch_usage(
         record.durations.commit_ms,
         memory_mb(COMMITTER),
     ));
-    Usage {
-        functions,
-        transitions: batch_transitions(
-            off.tasks.len() as u64,
-            merges,
-            dedups,
-            run.plan_retries + operator_retries + commit_retries,
-        ),
+    let transitions = batch_transitions(
+        off.tasks.len() as u64,
+        merges,
+        dedups,
+        run.plan_retries + operator_retries + commit_retries,
+    );
+    // In an Express execution the transitions are not billed: the
+    // execution's duration is, recorded at its ending.
+    if run.express {
+        Usage {
+            functions,
+            transitions: 0,
+            express: crate::checkpoint::ExpressUsage {
+                transitions,
+                ..Default::default()
+            },
+        }
+    } else {
+        Usage {
+            functions,
+            transitions,
+            express: Default::default(),
+        }
     }
 }
 

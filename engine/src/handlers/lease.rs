@@ -22,7 +22,7 @@ pub(crate) async fn release_idle(ctx: &Context, run: &RunState) -> Result<bool> 
                 checkpoint::end_of_run(ctx.checkpoint.owned(read, run.epoch)?, now, &spec_hash);
             if !again {
                 c.totals.runs += 1;
-                c.totals.run_ends = c.totals.run_ends.plus(&super::usage::run_end(false));
+                c.totals.run_ends = c.totals.run_ends.plus(&super::usage::run_end(false, now));
                 c.totals.run_end_requests = c.totals.run_end_requests.plus(&ending_requests(ctx));
             }
             Ok((c, again))
@@ -42,14 +42,18 @@ pub(crate) async fn release_idle(ctx: &Context, run: &RunState) -> Result<bool> 
 /// batches already planned.
 pub(crate) async fn continue_run(ctx: &Context, run: RunState) -> Result<PlanOutcome> {
     let now = ctx.now();
-    let end = super::usage::run_end(true);
+    let end = super::usage::run_end(true, now);
     ctx.checkpoint
         .update_control(run.epoch, &|c| {
             c.status = RunStatus::Idle;
             c.requested = true;
             c.resume = true;
-            // A stream's end holds for the run's next execution.
-            if let Some(u) = c.stream_until.as_mut() {
+            // A stream's end this run captured holds for its next
+            // execution. (An end a dead run captured does not: this run
+            // took over and hands over before it looked, as an Express
+            // execution does with a batch left unfinished; the next
+            // execution finishes the batch and looks anew.)
+            if let Some(u) = c.stream_until.as_mut().filter(|u| u.epoch == run.epoch) {
                 u.handed_over = true;
             }
             c.heartbeat_ms = Some(now);

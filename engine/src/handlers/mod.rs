@@ -54,10 +54,15 @@ pub(crate) type HandlerFuture<'a, T> = futures::future::BoxFuture<'a, Result<T>>
 /// The planner function's entry point.
 pub fn handle_plan(ctx: &Context, req: PlanRequest) -> HandlerFuture<'_, PlanOutcome> {
     Box::pin(async move {
+        let now = ctx.now();
         usage::timed(req.retries, async move {
             ctx.check_pipeline(&req.pipeline)?;
             let ctx = &ctx.counted();
-            let mut outcome = plan(ctx, req.run).await?;
+            // (Boxed: a debug build's plan future is large, and moving it
+            // into the scope below would copy it through the stack.)
+            let planned = Box::pin(plan(ctx, req.run));
+            let mut outcome =
+                usage::in_execution(req.workflow, req.started.as_deref(), now, planned).await?;
             // The invocation that hands out a batch is billed to it (the
             // commit reads this from the run it is given).
             if let PlanOutcome::Batch { run, .. } = &mut outcome {

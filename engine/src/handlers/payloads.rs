@@ -43,6 +43,14 @@ pub struct RunState {
     /// Functions' `Retry`): invocations and transitions billed too.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub plan_retries: u64,
+    /// The current batch runs in an Express execution (its transitions
+    /// are not billed; the execution's duration is).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub express: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -183,6 +191,15 @@ pub struct PlanRequest {
     /// transition too.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub retries: u64,
+    /// The kind of execution this step runs in (the Express definition
+    /// passes `express`).
+    #[serde(default)]
+    pub workflow: crate::deploy::Workflow,
+    /// When that execution started (`$$.Execution.StartTime`, RFC 3339):
+    /// an Express execution hands over before its 5 minutes run out, and
+    /// its ending records its duration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<String>,
 }
 
 /// Input of the operator function: one task of a planned batch.

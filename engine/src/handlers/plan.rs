@@ -65,13 +65,22 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
                 if release_idle(ctx, &run).await? {
                     return Ok(PlanOutcome::Done { run });
                 }
-            } else if control.resume {
+            } else {
                 // A run whose lease a trigger claimed (`triggers::wake`)
-                // after a dead run, a hand-over or a cancel.
-                if let Some(off) = resume_planned(ctx, &run, &control).await? {
+                // after a dead run, a hand-over or a cancel
+                // (`control.resume`); or a duplicate of this run's own
+                // execution (Express is at-least-once) that another
+                // execution of it got ahead of: its plans and records are
+                // this run's, finished and resumed before anything new is
+                // discovered, never left behind by a release (two reads
+                // when there is nothing).
+                let (planned, finished) = resume_planned(ctx, &run, &control).await?;
+                if let Some(off) = planned {
                     return batch_outcome(ctx, run, &off).await;
                 }
-                control = ctx.checkpoint.owned_control(run.epoch).await?.0;
+                if control.resume || finished {
+                    control = ctx.checkpoint.owned_control(run.epoch).await?.0;
+                }
             }
             discover_and_plan(ctx, run, &control, Seen::Nothing, &clock).await
         }
@@ -95,13 +104,21 @@ async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Resul
         merge.len() as u64,
         dedup.len() as u64,
     );
+    let resumed = off.epoch != run.epoch;
     // The first batch of an execution always goes: one batch must fit.
     if run.batches >= ctx.pipeline.limits.max_batches_per_execution
         || (run.batches > 0 && run.events + events > EVENT_BUDGET)
     {
         return continue_run(ctx, run).await;
     }
-    let resumed = off.epoch != run.epoch;
+    let express = super::usage::express_started();
+    if let Some(why) =
+        express.and_then(|started| needs_standard(&run, distributed, resumed, started, ctx.now()))
+    {
+        tracing::info!(pipeline = %ctx.pipeline.name, batch = off.batch, why, "handing the run over to a Standard execution");
+        return continue_run(ctx, run).await;
+    }
+    run.express = express.is_some();
     run.batches += 1;
     run.events += events;
     let mut task_list = None;
@@ -127,6 +144,36 @@ async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Resul
             dedup,
         },
     })
+}
+
+/// Why an Express execution that started at `started_ms` must hand its
+/// run over to a Standard one before `run`'s next batch, if it must: the
+/// batch needs a Distributed Map (Express has none); an earlier execution
+/// planned it and did not finish it (it may not fit in 5 minutes, and an
+/// Express execution stopped at its limit would leave it to the next one
+/// again); or, at the mean pace of this execution's batches so far, the
+/// batch would end past [`EXPRESS_BUDGET_MS`](crate::deploy::EXPRESS_BUDGET_MS).
+fn needs_standard(
+    run: &RunState,
+    distributed: bool,
+    resumed: bool,
+    started_ms: i64,
+    now_ms: i64,
+) -> Option<&'static str> {
+    if distributed {
+        return Some("the batch needs a Distributed Map");
+    }
+    if resumed {
+        return Some("an earlier execution planned the batch and did not finish it");
+    }
+    let elapsed = (now_ms - started_ms).max(0);
+    let pace = if run.batches == 0 {
+        0
+    } else {
+        elapsed / run.batches as i64
+    };
+    (elapsed + 2 * pace > crate::deploy::EXPRESS_BUDGET_MS)
+        .then_some("the batch would not end well inside the Express execution's 5 minutes")
 }
 
 /// After a run's last batch of a stateful query over windows: when the
@@ -315,7 +362,7 @@ async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
         // Temporary files of the dead run's killed writes.
         ctx.sink.sweep().await?;
         ctx.checkpoint.sweep_temp().await?;
-        if let Some(off) = resume_planned(ctx, &run, &next).await? {
+        if let (Some(off), _) = resume_planned(ctx, &run, &next).await? {
             return batch_outcome(ctx, run, &off).await;
         }
         ctx.checkpoint.owned_control(epoch).await?.0
@@ -555,17 +602,19 @@ async fn checked_schema(
     Ok(Some((schema, current)))
 }
 
-/// After a dead run, a hand-over or a cancel (`control.resume`): finish the
-/// batches from the next one on that were committed but not recorded in
-/// control, and return the first batch planned and not committed, if any
-/// (two reads when there is nothing). Records of another history (a run a
+/// After a dead run, a hand-over or a cancel (`control.resume`), or
+/// another execution of this run: finish the batches from the next one on
+/// that were committed but not recorded in control (`true` if any), and
+/// return the first batch planned and not committed, if any (two reads
+/// when there is nothing). Records of another history (a run a
 /// reset retired wrote them late) are not this history's: removed.
 async fn resume_planned(
     ctx: &Context,
     run: &RunState,
     control: &Control,
-) -> Result<Option<Offsets>> {
-    let mut n = control.next_batch();
+) -> Result<(Option<Offsets>, bool)> {
+    let first = control.next_batch();
+    let mut n = first;
     while let Some(commit) = ctx
         .checkpoint
         .commit_of(n, &control.history, run.epoch)
@@ -581,7 +630,7 @@ async fn resume_planned(
     if off.is_some() {
         tracing::info!(pipeline = %ctx.pipeline.name, batch = n, "resuming a batch planned by an earlier run");
     }
-    Ok(off)
+    Ok((off, n != first))
 }
 
 /// The plans of the batches `fresh` is cut into, numbered after the last

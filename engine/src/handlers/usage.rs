@@ -11,10 +11,39 @@ tokio::task_local! {
     static STARTED: (Instant, u64);
 }
 
+tokio::task_local! {
+    /// The Express execution the Plan invocation in progress runs in, and
+    /// when it started (ms since the Unix epoch).
+    static EXPRESS: Option<i64>;
+}
+
 /// Run `f` as one handler invocation, timed from now, after `retries`
 /// failed attempts of the same step (`$$.State.RetryCount`).
 pub(crate) async fn timed<F: std::future::Future>(retries: u64, f: F) -> F::Output {
     STARTED.scope((Instant::now(), retries), f).await
+}
+
+/// Run the Plan invocation `f` in the execution `workflow`, started at
+/// `started` (RFC 3339; an Express execution's Plan is given it). An
+/// Express execution without a start time is taken to have started now.
+pub(crate) fn in_execution<F: std::future::Future>(
+    workflow: crate::deploy::Workflow,
+    started: Option<&str>,
+    now_ms: i64,
+    f: F,
+) -> impl std::future::Future<Output = F::Output> {
+    let express = (workflow == crate::deploy::Workflow::Express).then(|| {
+        started
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map_or(now_ms, |t| t.timestamp_millis())
+    });
+    EXPRESS.scope(express, f)
+}
+
+/// When the Express execution the Plan in progress runs in started, ms
+/// since the Unix epoch (`None`: a Standard execution, or no Plan).
+pub(crate) fn express_started() -> Option<i64> {
+    EXPRESS.try_with(|e| *e).ok().flatten()
 }
 
 /// Failed attempts of the step before the invocation in progress (0
@@ -34,16 +63,34 @@ pub(crate) fn invocation_ms() -> u64 {
 /// unknown), and the transitions `Plan`, `HasBatch` and `Finished` (and
 /// `Continue` when it hands over; the trigger invocation that step makes
 /// records itself when it claims the lease).
-pub(crate) fn run_end(handover: bool) -> crate::checkpoint::Usage {
+pub(crate) fn run_end(handover: bool, now_ms: i64) -> crate::checkpoint::Usage {
     let retries = retries();
-    crate::checkpoint::Usage {
-        functions: vec![crate::checkpoint::FunctionUsage::new(
-            crate::deploy::PLANNER,
-            1 + retries,
-            invocation_ms(),
-            crate::deploy::memory_mb(crate::deploy::PLANNER),
-        )],
-        transitions: crate::deploy::run_end_transitions(handover) + retries,
+    let transitions = crate::deploy::run_end_transitions(handover) + retries;
+    let functions = vec![crate::checkpoint::FunctionUsage::new(
+        crate::deploy::PLANNER,
+        1 + retries,
+        invocation_ms(),
+        crate::deploy::memory_mb(crate::deploy::PLANNER),
+    )];
+    match express_started() {
+        // An Express execution: one request, its duration from its start
+        // to now (what follows this Plan is a Choice and its end, or the
+        // Continue step's trigger invocation), and its ending's
+        // transitions, not billed.
+        Some(started) => crate::checkpoint::Usage {
+            functions,
+            transitions: 0,
+            express: crate::checkpoint::ExpressUsage {
+                executions: 1,
+                billed_ms: crate::deploy::express_billed_ms((now_ms - started).max(0) as u64),
+                transitions,
+            },
+        },
+        None => crate::checkpoint::Usage {
+            functions,
+            transitions,
+            express: Default::default(),
+        },
     }
 }
 

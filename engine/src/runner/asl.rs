@@ -11,7 +11,7 @@
 //! max delay) and `Catch`; `TimeoutSeconds` on tasks; `MaxConcurrency` on
 //! maps; the context object's `$$.Map.Item.Value` / `Index`,
 //! `$$.State.Name` / `RetryCount` (in Task and Map states) and
-//! `$$.Execution.Input`. A definition using anything else is refused at
+//! `$$.Execution.Input` / `StartTime`. A definition using anything else is refused at
 //! parse time with the state named. JSONPath queries use `serde_json_path`
 //! (RFC 9535).
 
@@ -284,7 +284,8 @@ impl StateMachine {
         tasks: &dyn TaskInvoker,
         sleep: &Sleeper,
     ) -> Result<Value, Failure> {
-        let context = json!({ "Execution": { "Input": input.clone() } });
+        let started = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let context = json!({ "Execution": { "Input": input.clone(), "StartTime": started } });
         let run = self.run(input, &context, tasks, sleep);
         match self.timeout {
             Some(t) => tokio::time::timeout(Duration::from_secs_f64(t), run)

@@ -17,8 +17,9 @@ use crate::error::{Error, ErrorClass, Result};
 use crate::handlers::{self, CommitRequest, Context, PlanOutcome, PlanRequest, TaskRequest};
 use asl::{Failure, Sleeper, StateMachine, TaskInvoker};
 
-/// The state machine definition, compiled in from `statemachines/`.
-pub(crate) use crate::deploy::DEFINITION;
+use crate::deploy::Workflow;
+/// The state machine definitions, compiled in from `statemachines/`.
+pub(crate) use crate::deploy::{DEFINITION, EXPRESS_DEFINITION};
 
 /// Task resources of the definition, as SAM substitutes them.
 pub(crate) const PLANNER: &str = "${PlannerFunctionArn}";
@@ -313,24 +314,40 @@ impl TaskInvoker for LocalInvoker<'_> {
     }
 }
 
-/// How the local runner waits between Retry attempts and in Wait states.
+/// How the local runner waits between Retry attempts and in Wait states,
+/// and which workflow a run's first execution runs as.
 #[derive(Clone)]
 pub struct Runner {
     sleep: Sleeper,
+    workflow: Workflow,
 }
 
 impl Default for Runner {
     fn default() -> Self {
         Runner {
             sleep: real_sleep(),
+            workflow: DEFAULT_WORKFLOW,
         }
     }
 }
 
+/// The workflow a run's first execution runs as, as a deployment's
+/// trigger starts it: Express; an execution that hands over starts a
+/// Standard one.
+pub const DEFAULT_WORKFLOW: Workflow = Workflow::Express;
+
 impl Runner {
     /// A runner that waits with `sleep` (tests pass one that returns at once).
     pub fn with_sleep(sleep: Sleeper) -> Runner {
-        Runner { sleep }
+        Runner {
+            sleep,
+            ..Runner::default()
+        }
+    }
+
+    /// The same runner, starting runs as `workflow` executions.
+    pub fn starting(self, workflow: Workflow) -> Runner {
+        Runner { workflow, ..self }
     }
 
     /// Run the pipeline until everything available at the start is
@@ -359,11 +376,15 @@ impl Runner {
         input: Value,
         mut on_batch: impl FnMut(&BatchReport) + Send,
     ) -> Result<RunSummary> {
-        let machine = StateMachine::parse(DEFINITION).map_err(|e| Error::Run {
-            pipeline: ctx.pipeline.name.clone(),
-            message: format!("the compiled-in state machine does not parse: {e}"),
-            class: ErrorClass::Fatal,
-        })?;
+        let parse = |definition: &str| {
+            StateMachine::parse(definition).map_err(|e| Error::Run {
+                pipeline: ctx.pipeline.name.clone(),
+                message: format!("the compiled-in state machine does not parse: {e}"),
+                class: ErrorClass::Fatal,
+            })
+        };
+        let standard = parse(DEFINITION)?;
+        let express = parse(EXPRESS_DEFINITION)?;
         let started = Instant::now();
         let counts_at_start = ctx.counts();
         let mut batches = Vec::new();
@@ -371,10 +392,32 @@ impl Runner {
         let mut executions = 0;
         let mut counted: std::collections::BTreeMap<&'static str, (u64, u64)> = Default::default();
         let mut transitions = 0;
+        let mut express_usage = crate::checkpoint::ExpressUsage::default();
+        let mut workflow = self.workflow;
         loop {
-            let observed = execute_once(ctx, &machine, input, &self.sleep, &mut on_batch).await?;
+            let machine = match workflow {
+                Workflow::Standard => &standard,
+                Workflow::Express => &express,
+            };
+            let began = Instant::now();
+            let observed = Box::pin(execute_once(
+                ctx,
+                machine,
+                input,
+                &self.sleep,
+                &mut on_batch,
+            ))
+            .await?;
             executions += 1;
-            transitions += observed.transitions;
+            match workflow {
+                Workflow::Standard => transitions += observed.transitions,
+                Workflow::Express => {
+                    express_usage.executions += 1;
+                    express_usage.transitions += observed.transitions;
+                    express_usage.billed_ms +=
+                        crate::deploy::express_billed_ms(began.elapsed().as_millis() as u64);
+                }
+            }
             for (f, (n, ms)) in &observed.invocations {
                 let e = counted.entry(f).or_default();
                 e.0 += n;
@@ -399,6 +442,7 @@ impl Runner {
                             })
                             .collect(),
                         transitions,
+                        express: express_usage,
                     },
                     millis: started.elapsed().as_millis() as u64,
                     requests: ctx.counts().since(&counts_at_start),
@@ -408,6 +452,8 @@ impl Runner {
             // the next one claims it and resumes the planned batches, as the
             // trigger's execution would on AWS.
             input = json!({ "pipeline": ctx.pipeline.name, "run": null });
+            // The Continue step's trigger starts a Standard execution.
+            workflow = Workflow::Standard;
         }
     }
 }
@@ -505,6 +551,17 @@ mod tests {
     #[test]
     fn definition_parses_and_names_exactly_the_known_errors_and_resources() {
         use std::collections::BTreeSet;
+        StateMachine::parse(EXPRESS_DEFINITION).expect("the local runner accepts the definition");
+        let express: Value = serde_json::from_str(EXPRESS_DEFINITION).unwrap();
+        let mut nodes = Vec::new();
+        walk(&express, &mut nodes);
+        assert!(
+            nodes
+                .iter()
+                .filter_map(|n| n["Resource"].as_str())
+                .all(|r| r != ITEM_READER),
+            "the Express definition reads no task list"
+        );
         StateMachine::parse(DEFINITION).expect("the local runner accepts the definition");
         let v: Value = serde_json::from_str(DEFINITION).unwrap();
         let mut nodes = Vec::new();

@@ -58,6 +58,9 @@ pub enum Event {
         pipeline: String,
         /// Who asked.
         requested_by: Option<String>,
+        /// The kind of execution to start (the Continue step asks for a
+        /// Standard one); `None`: Express where the deployment has it.
+        workflow: Option<crate::deploy::Workflow>,
     },
 }
 
@@ -76,6 +79,18 @@ impl Event {
             Event::Records { msk: false, .. } => "kafka",
             Event::Streams { .. } => "kinesis",
             Event::Manual { .. } => "manual",
+        }
+    }
+
+    /// The kind of execution this event starts: what a manual refresh
+    /// asks for (the Continue step asks for Standard), else Express (a
+    /// deployment without an Express state machine starts Standard).
+    pub fn workflow(&self) -> crate::deploy::Workflow {
+        match self {
+            Event::Manual {
+                workflow: Some(w), ..
+            } => *w,
+            _ => crate::deploy::Workflow::Express,
         }
     }
 
@@ -123,6 +138,10 @@ pub struct ManualRefresh {
     /// Who asked, for the logs.
     #[serde(default)]
     pub requested_by: Option<String>,
+    /// `"standard"` or `"express"`: the kind of execution to start (the
+    /// state machine's Continue step asks for `standard`).
+    #[serde(default)]
+    pub workflow: Option<crate::deploy::Workflow>,
 }
 
 /// The `detail` of an EventBridge S3 "Object Created" event.
@@ -253,6 +272,7 @@ fn parse_value(value: Value) -> Result<Event> {
         return Ok(Event::Manual {
             pipeline: m.pipeline,
             requested_by: m.requested_by,
+            workflow: m.workflow,
         });
     }
     Err(refused(

@@ -86,7 +86,7 @@ fn charge_wake(
             ms,
             memory_mb(TRIGGER),
         )],
-        transitions: 0,
+        ..Default::default()
     };
     c.totals.wakes = c.totals.wakes.plus(&usage);
     c.totals.wake_requests = c.totals.wake_requests.plus(&requests);
@@ -184,6 +184,7 @@ pub(crate) async fn trigger_carrying(
             ctx.ttl_ms(),
             executions,
             &event.label(),
+            event.workflow(),
             &charge,
         )
         .await

@@ -4,20 +4,32 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::wake::{ExecutionState, Executions, Started};
+use crate::deploy::Workflow;
 use crate::error::{Error, ErrorClass, Result};
 
 /// Step Functions as the place executions start.
 pub struct StepFunctions {
     client: aws_sdk_sfn::Client,
     state_machine_arn: String,
+    express_arn: Option<String>,
 }
 
 impl StepFunctions {
-    /// Executions of `state_machine_arn`, through `client`.
+    /// Executions of `state_machine_arn` (Standard), through `client`.
     pub fn new(client: aws_sdk_sfn::Client, state_machine_arn: impl Into<String>) -> StepFunctions {
         StepFunctions {
             client,
             state_machine_arn: state_machine_arn.into(),
+            express_arn: None,
+        }
+    }
+
+    /// The same, starting short runs on the Express state machine
+    /// `express_arn` (`statemachines/microbatch-express.asl.json`).
+    pub fn with_express(self, express_arn: Option<String>) -> StepFunctions {
+        StepFunctions {
+            express_arn: express_arn.filter(|a| !a.is_empty()),
+            ..self
         }
     }
 
@@ -152,12 +164,20 @@ impl Executions for StepFunctions {
         }
     }
 
-    async fn start(&self, name: &str, input: &Value) -> Result<Started> {
+    fn express(&self) -> bool {
+        self.express_arn.is_some()
+    }
+
+    async fn start(&self, name: &str, input: &Value, workflow: Workflow) -> Result<Started> {
         use aws_sdk_sfn::operation::start_execution::StartExecutionError as E;
+        let state_machine = match (workflow, &self.express_arn) {
+            (Workflow::Express, Some(arn)) => arn,
+            _ => &self.state_machine_arn,
+        };
         let out = self
             .client
             .start_execution()
-            .state_machine_arn(&self.state_machine_arn)
+            .state_machine_arn(state_machine)
             .name(name)
             .input(input.to_string())
             .send()
@@ -187,7 +207,7 @@ impl Executions for StepFunctions {
                 };
                 Err(sfn_error(
                     "StartExecution",
-                    &format!("{name} on {}", self.state_machine_arn),
+                    &format!("{name} on {state_machine}"),
                     &e,
                     class,
                 ))

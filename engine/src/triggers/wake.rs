@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::checkpoint::owner::Owner;
 use crate::checkpoint::{self, Checkpoint, Control, RunStatus};
+use crate::deploy::Workflow;
 use crate::error::{Error, Result};
 use crate::handlers::RunState;
 
@@ -119,9 +120,17 @@ pub enum ExecutionState {
 /// Where executions start: Step Functions on AWS; tests record them.
 #[async_trait::async_trait]
 pub trait Executions: Send + Sync {
-    /// Start an execution named `name` with `input`; an existing execution
-    /// of that name is not an error (`new: false`).
-    async fn start(&self, name: &str, input: &Value) -> Result<Started>;
+    /// Start an execution named `name` with `input`, of the kind
+    /// `workflow`; an existing execution of that name is not an error
+    /// (`new: false`; an Express one may start twice: Express does not
+    /// keep names).
+    async fn start(&self, name: &str, input: &Value, workflow: Workflow) -> Result<Started>;
+
+    /// Whether Express executions can be started here (a deployment with
+    /// an Express state machine); otherwise every run is Standard.
+    fn express(&self) -> bool {
+        false
+    }
 
     /// Whether the execution named `name` runs, ended or never started.
     async fn state(&self, name: &str) -> Result<ExecutionState>;
@@ -159,8 +168,9 @@ pub type Charge<'a> = &'a (dyn Fn(&mut Control, bool) + Send + Sync);
 
 /// Apply the lease protocol to one pipeline: claim and start, or request.
 /// `spec_hash` is the registered spec's hash (a first claim writes it);
-/// `trigger` is what the run records as its cause; `charge` adds the
-/// trigger's usage to any control record it writes.
+/// `trigger` is what the run records as its cause; `workflow` the kind of
+/// execution it asks for (Express only where `executions` has it);
+/// `charge` adds the trigger's usage to any control record it writes.
 #[allow(clippy::too_many_arguments)]
 pub async fn wake(
     checkpoint: &Checkpoint,
@@ -170,8 +180,13 @@ pub async fn wake(
     ttl_ms: i64,
     executions: &dyn Executions,
     trigger: &str,
+    workflow: Workflow,
     charge: Charge<'_>,
 ) -> Result<WakeOutcome> {
+    let workflow = match workflow {
+        Workflow::Express if executions.express() => Workflow::Express,
+        _ => Workflow::Standard,
+    };
     // Another trigger or run changing control in between makes it decide
     // again.
     let mut attempts = checkpoint.attempts();
@@ -179,7 +194,11 @@ pub async fn wake(
         let (control, etag) = (read.control(), read.etag());
         let holder = holding_execution(control);
         let holder_state = match &holder {
-            Some(name) => Some(executions.state(name).await?),
+            Some(Holder::Standard(name)) => Some(executions.state(name).await?),
+            // An Express execution cannot be asked: it has ended once its
+            // limit passed since its claim; until then its heartbeat and
+            // TTL decide, as for any owner.
+            Some(Holder::Express(owner)) => owner.gone_at(now_ms).then_some(ExecutionState::Ended),
             None => None,
         };
         let done = match decide_wake(control, now_ms, ttl_ms, holder_state) {
@@ -191,10 +210,12 @@ pub async fn wake(
                     before: control,
                     etag,
                 };
-                start(
-                    claim, spec_hash, now_ms, recover, executions, trigger, charge,
-                )
-                .await?
+                let how = How {
+                    executions,
+                    trigger,
+                    workflow,
+                };
+                start(claim, spec_hash, now_ms, recover, &how, charge).await?
             }
             Wake::Hold { already } => {
                 let c = control.expect("a paused pipeline has a record");
@@ -212,10 +233,15 @@ pub async fn wake(
                     // between claim and start): start it now, by the same
                     // name.
                     let name = execution_name(pipeline, epoch);
-                    if holder_state == Some(ExecutionState::Missing) && holder == Some(name.clone())
+                    if holder_state == Some(ExecutionState::Missing)
+                        && holder == Some(Holder::Standard(name.clone()))
                     {
                         executions
-                            .start(&name, &execution_input(pipeline, epoch, trigger))
+                            .start(
+                                &name,
+                                &execution_input(pipeline, epoch, trigger),
+                                Workflow::Standard,
+                            )
                             .await?;
                     }
                     tracing::info!(pipeline, epoch, "run in progress; asked it to look again");
@@ -233,14 +259,34 @@ pub async fn wake(
     })
 }
 
-/// The execution holding the lease, if an execution holds it: Step
-/// Functions is asked whether it still runs (DescribeExecution) before its
-/// lease is taken over, expired or not.
-fn holding_execution(control: Option<&Control>) -> Option<String> {
+/// An execution holding a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Holder {
+    /// A Standard execution, by name: Step Functions is asked whether it
+    /// still runs (DescribeExecution) before its lease is taken over,
+    /// expired or not.
+    Standard(String),
+    /// An Express execution, which cannot be asked.
+    Express(Owner),
+}
+
+/// The execution holding the lease, if an execution holds it.
+fn holding_execution(control: Option<&Control>) -> Option<Holder> {
     let c = control.filter(|c| c.status == RunStatus::Running)?;
-    Owner::parse(c.owner.as_deref()?)
-        .execution()
-        .map(str::to_string)
+    match Owner::parse(c.owner.as_deref()?) {
+        Owner::Execution(name) => Some(Holder::Standard(name)),
+        o @ Owner::Express { .. } => Some(Holder::Express(o)),
+        _ => None,
+    }
+}
+
+/// How a claimed run is started: where, with what cause, as which kind of
+/// execution.
+#[derive(Clone, Copy)]
+struct How<'a> {
+    executions: &'a dyn Executions,
+    trigger: &'a str,
+    workflow: Workflow,
 }
 
 /// Set `requested` on `control` (unless `already` set). `false` when
@@ -278,10 +324,14 @@ async fn start(
     spec_hash: &str,
     now_ms: i64,
     recover: bool,
-    executions: &dyn Executions,
-    trigger: &str,
+    how: &How<'_>,
     charge: Charge<'_>,
 ) -> Result<Option<WakeOutcome>> {
+    let How {
+        executions,
+        trigger,
+        workflow,
+    } = *how;
     let Claim {
         checkpoint,
         pipeline,
@@ -290,18 +340,25 @@ async fn start(
         etag,
     } = claim;
     let name = execution_name(pipeline, epoch);
-    let owner = Owner::Execution(name.clone()).to_string();
+    let owner = match workflow {
+        Workflow::Standard => Owner::Execution(name.clone()),
+        Workflow::Express => Owner::Express {
+            name: name.clone(),
+            claimed_ms: now_ms,
+        },
+    }
+    .to_string();
     let mut next = checkpoint::claimed(before, epoch, &owner, now_ms, spec_hash);
     charge(&mut next, before.is_none());
     let Some(claimed) = checkpoint.swap_control(&next, etag).await? else {
         return Ok(None);
     };
     match executions
-        .start(&name, &execution_input(pipeline, epoch, trigger))
+        .start(&name, &execution_input(pipeline, epoch, trigger), workflow)
         .await
     {
         Ok(s) => {
-            tracing::info!(pipeline, epoch, execution = %s.execution, recover, "run started");
+            tracing::info!(pipeline, epoch, execution = %s.execution, recover, ?workflow, "run started");
             Ok(Some(WakeOutcome::Started {
                 epoch,
                 execution: s.execution,
