@@ -31,10 +31,15 @@ pub async fn register(ctx: &Context) -> Result<PipelineRecord> {
         .await?
         .ok_or_else(|| Error::Spec {
             file: p.name.clone(),
-            message: if p.source.discovery == crate::pipeline::DiscoveryMode::Kinesis {
+            message: if discovery::Source::of(p).is_stream() {
+                let what = if p.source.discovery == crate::pipeline::DiscoveryMode::Kinesis {
+                    "stream"
+                } else {
+                    "topic"
+                };
                 format!(
                     "no records of {} read yet to infer the source schema from (a run infers it \
-                     from the stream's first records); declare source.schema, or run the \
+                     from the {what}'s first records); declare source.schema, or run the \
                      pipeline once with `sluice run`, then register again",
                     p.source.location.display()
                 )

@@ -70,6 +70,7 @@ pub fn express_of(standard: &serde_json::Value) -> serde_json::Value {
     let plan = &mut states["Plan"]["Parameters"];
     plan["workflow"] = "express".into();
     plan["started.$"] = "$$.Execution.StartTime".into();
+    plan["execution.$"] = "$$.Execution.Id".into();
     e
 }
 

@@ -328,6 +328,7 @@ mod tests {
             run: None,
             workflow: Default::default(),
             started: None,
+            execution: None,
         };
         let d = handle(&contexts, req(), handle_plan).await.unwrap_err();
         assert_eq!(d.error_type, "Sluice.InvalidInput");

@@ -881,6 +881,60 @@ uri = "s3://{bucket}/checkpoints/"
     assert!(ctx.checkpoint.commit(2).await.unwrap().is_none());
     assert_eq!(out_rows("quick").await, duckdb_rows(&files[..3], SQL).await);
 
+    // Express is at-least-once: the same run executed twice at once (the
+    // trigger's execution, and a duplicate with the same input started
+    // right after it). The first Plan to claim the run for its execution
+    // runs it; the other stops before writing anything (or, arriving
+    // after the run ended, on the lease). The output is DuckDB's, once.
+    let twice = open("twice", "max_files_per_batch = 2");
+    let twice_keys = upload_all(
+        &S3Store::new(cfg, bucket, "twice"),
+        &input,
+        &files[..3],
+        "twice",
+    )
+    .await;
+    admin::register(&twice).await.unwrap();
+    let report = express_trigger(s3_event(bucket, &twice_keys), twice.clone()).await;
+    let e3 = started_epoch(&report, "twice");
+    let dup = sfn
+        .client()
+        .start_execution()
+        .state_machine_arn(express_arn())
+        .name(format!("twice-{e3}-dup"))
+        .input(execution_input("twice", e3, "s3").to_string())
+        .send()
+        .await
+        .unwrap();
+    let c = ended(&twice, 1).await;
+    let claimed = c
+        .execution
+        .clone()
+        .expect("the run was claimed for one execution");
+    assert_eq!(claimed.epoch, e3);
+    let trigger_name = format!("twice-{e3}");
+    assert!(
+        claimed.id == dup.execution_arn() || claimed.id.split(':').any(|part| part == trigger_name),
+        "claimed for {} (the duplicate is {})",
+        claimed.id,
+        dup.execution_arn()
+    );
+    // (Give the other execution's Plan time to answer.)
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (after, _) = twice.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(
+        (
+            after.status,
+            after.epoch,
+            after.last_committed,
+            after.execution.clone()
+        ),
+        (RunStatus::Idle, e3, Some(1), Some(claimed)),
+        "{after:?}"
+    );
+    assert!(twice.checkpoint.commit(2).await.unwrap().is_none());
+    assert_eq!(out_rows("twice").await, duckdb_rows(&files[..3], SQL).await);
+
     // A batch that needs the Distributed Map (another pipeline over the
     // same files, one task a file, one inline task at most): the Express
     // execution hands the run over through Continue, whose trigger starts

@@ -460,11 +460,13 @@ fn cost_prices_the_recorded_usage() {
         .sum();
     let totals = &read(&ck.join("control.json"))["totals"];
     assert_eq!(totals["runs"], 2);
-    // Both runs were Standard executions (the default), billed per
-    // transition: 6 for a one-task batch.
-    assert!(totals["run_ends"]["express"].is_null(), "{totals}");
+    // Both runs were one Express execution each (the default), whose
+    // transitions are counted and not billed.
+    assert_eq!(totals["run_ends"]["express"]["executions"], 2, "{totals}");
     assert!(
-        commits.iter().all(|c| c["usage"]["transitions"] == 6),
+        commits
+            .iter()
+            .all(|c| c["usage"]["transitions"] == 0 && c["usage"]["express"]["transitions"] == 6),
         "{commits:?}"
     );
     // What no record holds: each run's ending (its Plan invocation,

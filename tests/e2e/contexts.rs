@@ -29,6 +29,7 @@ async fn run_through(planner: &Contexts, operator: &Contexts, committer: &Contex
             run: run.clone(),
             workflow: Default::default(),
             started: None,
+            execution: None,
         };
         let first = run
             .as_ref()
@@ -168,6 +169,7 @@ async fn a_step_whose_run_spec_is_no_longer_registered_stops_with_a_conflict() {
         run: None,
         workflow: Default::default(),
         started: None,
+        execution: None,
     };
     let PlanOutcome::Batch { run, batch } = planner
         .dispatch("warm", true, |ctx| handlers::handle_plan(ctx, req.clone()))

@@ -45,6 +45,16 @@ async fn failing_any_write_then_rerunning_gives_the_clean_output() {
     each_write_fails_in_turn(LIMITS, 1, Workflow::Express).await;
 }
 
+/// A run a trigger started as an Express execution, whose first Plan
+/// claims the run for that execution before any other write: each write
+/// fails in turn (the claim among them; the trigger's lease claim is the
+/// test's), then a run that takes over (the failed execution has
+/// certainly ended) gives the clean output.
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_any_write_of_a_triggered_express_run_then_taking_over_gives_the_clean_output() {
+    each_write_fails_in_turn(LIMITS, 1, Triggered).await;
+}
+
 /// The same with every execution Standard (a deployment without the
 /// Express state machine).
 #[tokio::test(flavor = "multi_thread")]
@@ -66,18 +76,75 @@ async fn failing_any_write_of_a_handed_over_run_then_rerunning_gives_the_clean_o
     .await;
 }
 
-async fn each_write_fails_in_turn(limits: &str, executions: u64, workflow: Workflow) {
-    let run = |ctx: Context| async move { runner().starting(workflow).run(&ctx, |_| {}).await };
+/// How the runs of [`each_write_fails_in_turn`] start.
+trait Start: Copy + Send + 'static {
+    /// Run `ctx`'s pipeline to its end, from `claims`, which counts no
+    /// write (a trigger's claim is not the run's).
+    fn run(
+        self,
+        ctx: Context,
+        claims: Context,
+    ) -> impl std::future::Future<Output = sluice_engine::Result<sluice_engine::runner::RunSummary>> + Send;
+}
+
+/// `sluice run`: the run claims the lease itself, its first execution
+/// `Workflow`.
+impl Start for Workflow {
+    async fn run(
+        self,
+        ctx: Context,
+        _: Context,
+    ) -> sluice_engine::Result<sluice_engine::runner::RunSummary> {
+        runner().starting(self).run(&ctx, |_| {}).await
+    }
+}
+
+/// A trigger claims the lease and starts an Express execution.
+#[derive(Clone, Copy)]
+struct Triggered;
+
+impl Start for Triggered {
+    async fn run(
+        self,
+        ctx: Context,
+        claims: Context,
+    ) -> sluice_engine::Result<sluice_engine::runner::RunSummary> {
+        let (c, _) = claims.checkpoint.control().await?.unwrap_or_else(|| {
+            (
+                sluice_engine::checkpoint::Control::new(String::new()),
+                String::new(),
+            )
+        });
+        if c.status == sluice_engine::checkpoint::RunStatus::Running {
+            // A failed execution holds the lease: taking over once it has
+            // certainly ended is `sluice run`'s (as a trigger's would be).
+            let mut ctx = ctx;
+            ctx.owner_gone = Arc::new(|_| true);
+            return runner().run(&ctx, |_| {}).await;
+        }
+        let input = claim_express(&claims).await;
+        runner()
+            .starting(Workflow::Express)
+            .execute(&ctx, input, |_| {})
+            .await
+    }
+}
+
+async fn each_write_fails_in_turn(limits: &str, executions: u64, start: impl Start) {
     let faulty_context = |root: &std::path::Path, writes: Arc<AtomicU64>, fail_at: u64| {
         limited_context(root, limits, writes, fail_at)
+    };
+    let run = |root: &std::path::Path, writes: Arc<AtomicU64>, fail_at: u64| {
+        start.run(
+            faulty_context(root, writes, fail_at),
+            faulty_context(root, Arc::new(AtomicU64::new(0)), 0),
+        )
     };
     // A clean run, counting its writes.
     let clean = tempfile::tempdir().unwrap();
     gen_files(&clean.path().join("input"), 4, 60);
     let writes = Arc::new(AtomicU64::new(0));
-    let summary = run(faulty_context(clean.path(), writes.clone(), 0))
-        .await
-        .unwrap();
+    let summary = run(clean.path(), writes.clone(), 0).await.unwrap();
     assert_eq!(summary.batches.len(), 2, "the scenario needs two batches");
     assert_eq!(summary.executions, executions);
     let total_writes = writes.load(Ordering::SeqCst);
@@ -90,7 +157,7 @@ async fn each_write_fails_in_turn(limits: &str, executions: u64, workflow: Workf
         let dir = tempfile::tempdir().unwrap();
         gen_files(&dir.path().join("input"), 4, 60);
         let writes = Arc::new(AtomicU64::new(0));
-        let failed = run(faulty_context(dir.path(), writes, k)).await;
+        let failed = run(dir.path(), writes, k).await;
         assert!(
             failed.is_err(),
             "write {k} was injected to fail, yet the run succeeded"
@@ -108,7 +175,7 @@ async fn each_write_fails_in_turn(limits: &str, executions: u64, workflow: Workf
             seen.len()
         );
 
-        let again = run(faulty_context(dir.path(), Arc::new(AtomicU64::new(0)), 0))
+        let again = run(dir.path(), Arc::new(AtomicU64::new(0)), 0)
             .await
             .unwrap_or_else(|e| panic!("rerun after failing write {k}: {e}"));
         assert_recovered(dir.path(), "crash", &again.end, &expected, k).await;

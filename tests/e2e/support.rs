@@ -699,3 +699,66 @@ pub fn check_emf(dir: &Path, lines: &[String]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
+
+/// Executions that start nothing: the test runs the execution a trigger
+/// started itself (twice, for a duplicated Express execution).
+pub struct Started;
+
+#[async_trait::async_trait]
+impl sluice_engine::triggers::Executions for Started {
+    fn express(&self) -> bool {
+        true
+    }
+    async fn start(
+        &self,
+        name: &str,
+        _input: &serde_json::Value,
+        _workflow: sluice_engine::deploy::Workflow,
+    ) -> sluice_engine::Result<sluice_engine::triggers::Started> {
+        Ok(sluice_engine::triggers::Started {
+            execution: name.into(),
+            new: true,
+        })
+    }
+    async fn state(
+        &self,
+        _name: &str,
+    ) -> sluice_engine::Result<sluice_engine::triggers::ExecutionState> {
+        Ok(sluice_engine::triggers::ExecutionState::Running)
+    }
+    async fn stop(&self, _name: &str, _cause: &str) -> sluice_engine::Result<()> {
+        Ok(())
+    }
+}
+
+/// Claim the lease as a trigger does for an Express execution: the input
+/// that execution (and any duplicate of it) runs with.
+pub async fn claim_express(ctx: &Context) -> serde_json::Value {
+    use sluice_engine::triggers::{self, WakeOutcome};
+    let name = ctx.pipeline.name.clone();
+    // A trigger wakes registered pipelines.
+    sluice_engine::admin::register(ctx).await.unwrap();
+    let woken = triggers::wake(
+        &ctx.checkpoint,
+        &name,
+        &ctx.pipeline.spec_hash(),
+        chrono::Utc::now().timestamp_millis(),
+        ctx.pipeline.limits.lease_ttl_seconds as i64 * 1000,
+        &Started,
+        "test",
+        sluice_engine::deploy::Workflow::Express,
+        &|_, _| {},
+    )
+    .await
+    .unwrap();
+    let WakeOutcome::Started { epoch, .. } = woken else {
+        panic!("the trigger did not start a run: {woken:?}");
+    };
+    let (c, _) = ctx.checkpoint.control().await.unwrap().unwrap();
+    assert!(
+        c.owner.as_deref().unwrap().starts_with("sfn-express:"),
+        "{:?}",
+        c.owner
+    );
+    triggers::execution_input(&name, epoch, "test")
+}

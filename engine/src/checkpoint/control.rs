@@ -106,6 +106,28 @@ impl Checkpoint {
         Ok((c, read.map(|(_, e)| e).unwrap_or_default()))
     }
 
+    /// The first Plan of Express execution `id` (after `retries` failed
+    /// attempts): claim the run of `epoch` for it before anything else is
+    /// written, or stop (a conflict) when another execution of the same
+    /// run claimed it: [`decide_execution`](super::lease::decide_execution).
+    pub async fn claim_execution(&self, epoch: u64, id: &str, retries: u64) -> Result<()> {
+        let mut attempts = self.attempts();
+        while let Some(read) = attempts.next(self).await? {
+            let c = self.owned(read.control(), epoch)?;
+            let next = match super::lease::decide_execution(c, epoch, id, retries) {
+                super::lease::ExecutionClaim::Claim(next) => *next,
+                super::lease::ExecutionClaim::Ours => return Ok(()),
+                super::lease::ExecutionClaim::Duplicate(message) => {
+                    return Err(self.conflict(&message));
+                }
+            };
+            if self.swap_control(&next, read.etag()).await?.is_some() {
+                return Ok(());
+            }
+        }
+        Err(self.conflict("control.json keeps changing under this run; it stops"))
+    }
+
     /// Change control while the run with `epoch` holds the lease; the
     /// record written.
     pub async fn update_control(

@@ -27,13 +27,15 @@ pub use work::{PartitionStep, TaskId};
 
 pub use control::{Attempts, CONTROL_TRIES, ControlRead};
 pub use index::{Index, IndexKeep, KeyClaim};
-pub use lease::{Claim, claimed, decide_claim, end_of_run, owns, requested};
+pub use lease::{
+    Claim, ExecutionClaim, claimed, decide_claim, decide_execution, end_of_run, owns, requested,
+};
 pub use records::{
     Commit, Control, DeltaPart, Durations, ExpressUsage, FORMAT_VERSION, FunctionUsage, InputFile,
     ListingState, Manifest, Offsets, OutputFile, PipelineRecord, Quarantined, QueryShape,
-    RecordRange, RunStatus, SchemaVersion, ShardCursor, ShardLoss, ShardRead, ShardUnit,
-    ShardUntil, SinkOwner, SourceCursor, StatefulState, StaticPin, StaticUsed, StreamPlan,
-    StreamUntil, TaskPlan, Totals, Usage, seq_cmp,
+    RecordRange, RunExecution, RunStatus, SchemaVersion, ShardCursor, ShardLoss, ShardRead,
+    ShardUnit, ShardUntil, SinkOwner, SourceCursor, StatefulState, StaticPin, StaticUsed,
+    StreamPlan, StreamUntil, TaskPlan, Totals, Usage, seq_cmp,
 };
 
 /// Whether a record of history `found` is not of history `ours`: both

@@ -234,6 +234,21 @@ pub struct Control {
     /// captured once by its first plan (Spark's `Trigger.AvailableNow`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_until: Option<StreamUntil>,
+    /// The one execution that runs the run of an epoch a trigger started
+    /// on Express, claimed by its first Plan before any write: a duplicate
+    /// execution of the same run (Express is at-least-once) finds another
+    /// id here and stops without writing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution: Option<RunExecution>,
+}
+
+/// The execution an epoch's run is claimed for (see [`Control::execution`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RunExecution {
+    /// The epoch.
+    pub epoch: u64,
+    /// The execution's id (`$$.Execution.Id`, its ARN on AWS).
+    pub id: String,
 }
 
 /// A Kinesis shard's place in the checkpoint.
@@ -400,6 +415,7 @@ impl Control {
             stream_arn: String::new(),
             stream_shards: BTreeMap::new(),
             stream_until: None,
+            execution: None,
         }
     }
 

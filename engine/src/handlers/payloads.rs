@@ -200,6 +200,12 @@ pub struct PlanRequest {
     /// its ending records its duration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<String>,
+    /// That execution's id (`$$.Execution.Id`): the first Plan of an
+    /// Express execution claims the run's epoch for it, so a duplicate
+    /// execution of the same run (Express is at-least-once) stops before
+    /// it writes anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution: Option<String>,
 }
 
 /// Input of the operator function: one task of a planned batch.

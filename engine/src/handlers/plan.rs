@@ -47,6 +47,9 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
             }
             let (mut control, _) = ctx.checkpoint.owned_control(run.epoch).await?;
             if first {
+                if let Some(claim) = claim_execution(ctx, &run).await? {
+                    control.execution = Some(claim);
+                }
                 own_sink(ctx, &run, &control).await?;
             }
             if run.discovered {
@@ -85,6 +88,41 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
             discover_and_plan(ctx, run, &control, Seen::Nothing, &clock).await
         }
     }
+}
+
+/// The first Plan of an Express execution a trigger started: claim the
+/// run for this execution before anything is written (the claim it made).
+/// Express is at-least-once: the same run may be executed twice at once,
+/// with the same input and epoch, which the lease alone cannot tell
+/// apart; the duplicate finds the other's claim and stops without
+/// writing (a conflict; it releases nothing). A Standard execution is
+/// started once by name: nothing to claim.
+async fn claim_execution(
+    ctx: &Context,
+    run: &RunState,
+) -> Result<Option<checkpoint::RunExecution>> {
+    let Some(id) = super::usage::express_execution() else {
+        return Ok(None);
+    };
+    let Some(id) = id else {
+        return Err(Error::Run {
+            pipeline: ctx.pipeline.name.clone(),
+            message: "this Express execution's Plan was not given its execution id \
+                      (`execution.$: $$.Execution.Id`), without which a duplicate execution of \
+                      the run cannot be told from it: deploy the Express state machine of this \
+                      release (statemachines/microbatch-express.asl.json, template.yaml)"
+                .into(),
+            class: ErrorClass::InvalidInput,
+        });
+    };
+    ctx.checkpoint
+        .claim_execution(run.epoch, &id, super::usage::retries())
+        .await?;
+    tracing::info!(pipeline = %ctx.pipeline.name, epoch = run.epoch, execution = %id, "run claimed for this Express execution");
+    Ok(Some(checkpoint::RunExecution {
+        epoch: run.epoch,
+        id,
+    }))
 }
 
 /// The plan step's answer for a planned batch: the batch, or, once this

@@ -12,9 +12,17 @@ tokio::task_local! {
 }
 
 tokio::task_local! {
-    /// The Express execution the Plan invocation in progress runs in, and
-    /// when it started (ms since the Unix epoch).
-    static EXPRESS: Option<i64>;
+    /// The Express execution the Plan invocation in progress runs in.
+    static EXPRESS: Option<Express>;
+}
+
+/// An Express execution, as its Plan is told of it.
+#[derive(Clone)]
+struct Express {
+    /// When it started, ms since the Unix epoch.
+    started: i64,
+    /// Its id (`$$.Execution.Id`).
+    id: Option<String>,
 }
 
 /// Run `f` as one handler invocation, timed from now, after `retries`
@@ -23,19 +31,22 @@ pub(crate) async fn timed<F: std::future::Future>(retries: u64, f: F) -> F::Outp
     STARTED.scope((Instant::now(), retries), f).await
 }
 
-/// Run the Plan invocation `f` in the execution `workflow`, started at
-/// `started` (RFC 3339; an Express execution's Plan is given it). An
-/// Express execution without a start time is taken to have started now.
+/// Run the Plan invocation `f` in the execution `workflow` with id
+/// `execution`, started at `started` (RFC 3339; an Express execution's
+/// Plan is given both). An Express execution without a start time is
+/// taken to have started now.
 pub(crate) fn in_execution<F: std::future::Future>(
     workflow: crate::deploy::Workflow,
     started: Option<&str>,
+    execution: Option<&str>,
     now_ms: i64,
     f: F,
 ) -> impl std::future::Future<Output = F::Output> {
-    let express = (workflow == crate::deploy::Workflow::Express).then(|| {
-        started
+    let express = (workflow == crate::deploy::Workflow::Express).then(|| Express {
+        started: started
             .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-            .map_or(now_ms, |t| t.timestamp_millis())
+            .map_or(now_ms, |t| t.timestamp_millis()),
+        id: execution.map(str::to_string),
     });
     EXPRESS.scope(express, f)
 }
@@ -43,7 +54,20 @@ pub(crate) fn in_execution<F: std::future::Future>(
 /// When the Express execution the Plan in progress runs in started, ms
 /// since the Unix epoch (`None`: a Standard execution, or no Plan).
 pub(crate) fn express_started() -> Option<i64> {
-    EXPRESS.try_with(|e| *e).ok().flatten()
+    EXPRESS
+        .try_with(|e| e.as_ref().map(|e| e.started))
+        .ok()
+        .flatten()
+}
+
+/// The Express execution the Plan in progress runs in: `Some` with its id
+/// if its definition passes one (`None`: a Standard execution, or no
+/// Plan).
+pub(crate) fn express_execution() -> Option<Option<String>> {
+    EXPRESS
+        .try_with(|e| e.as_ref().map(|e| e.id.clone()))
+        .ok()
+        .flatten()
 }
 
 /// Failed attempts of the step before the invocation in progress (0

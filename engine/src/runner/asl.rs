@@ -11,7 +11,7 @@
 //! max delay) and `Catch`; `TimeoutSeconds` on tasks; `MaxConcurrency` on
 //! maps; the context object's `$$.Map.Item.Value` / `Index`,
 //! `$$.State.Name` / `RetryCount` (in Task and Map states) and
-//! `$$.Execution.Input` / `StartTime`. A definition using anything else is refused at
+//! `$$.Execution.Id` / `Input` / `StartTime`. A definition using anything else is refused at
 //! parse time with the state named. JSONPath queries use `serde_json_path`
 //! (RFC 9535).
 
@@ -285,7 +285,14 @@ impl StateMachine {
         sleep: &Sleeper,
     ) -> Result<Value, Failure> {
         let started = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        let context = json!({ "Execution": { "Input": input.clone(), "StartTime": started } });
+        // Every execution its own id, as on AWS (where it is the ARN).
+        let id = format!(
+            "arn:aws:states:local:000000000000:execution:sluice:{}",
+            uuid::Uuid::new_v4()
+        );
+        let context = json!({
+            "Execution": { "Id": id, "Input": input.clone(), "StartTime": started }
+        });
         let run = self.run(input, &context, tasks, sleep);
         match self.timeout {
             Some(t) => tokio::time::timeout(Duration::from_secs_f64(t), run)

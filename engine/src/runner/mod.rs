@@ -332,11 +332,9 @@ impl Default for Runner {
 }
 
 /// The workflow a run's first execution runs as, as a deployment's
-/// trigger starts it: Standard. (Express is built and tested, and off by
-/// default: two executions of one Express run share the epoch's staged
-/// keys, and a late publish of one can add a part the other replaced; see
-/// docs/aws.md.)
-pub const DEFAULT_WORKFLOW: Workflow = Workflow::Standard;
+/// trigger starts it: Express; an execution that hands over starts a
+/// Standard one.
+pub const DEFAULT_WORKFLOW: Workflow = Workflow::Express;
 
 impl Runner {
     /// A runner that waits with `sleep` (tests pass one that returns at once).
