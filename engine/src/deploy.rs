@@ -71,6 +71,29 @@ pub fn express_of(standard: &serde_json::Value) -> serde_json::Value {
     plan["workflow"] = "express".into();
     plan["started.$"] = "$$.Execution.StartTime".into();
     plan["execution.$"] = "$$.Execution.Id".into();
+    // Express is at-least-once: the same execution may run twice, even
+    // under the same id. Each copy draws a token before its first Plan
+    // (a Pass state, so a retry of that Plan keeps it), and the first Plan
+    // claims the run for it: a copy that finds another token stops.
+    let mut first = states["Plan"].clone();
+    first["Parameters"]["copy.$"] = "$.copy.token".into();
+    first["Comment"] = "The first Plan of this copy of the execution: it claims the run for \
+                        the copy's token before anything is written, or stops (Sluice.Conflict) \
+                        when another copy claimed it."
+        .into();
+    states.insert("FirstPlan".into(), first);
+    states.insert(
+        "Copy".into(),
+        serde_json::json!({
+            "Comment": "A token of this copy of the execution (Express runs an execution at \
+                        least once, possibly twice under one id).",
+            "Type": "Pass",
+            "Parameters": { "token.$": "States.UUID()" },
+            "ResultPath": "$.copy",
+            "Next": "FirstPlan"
+        }),
+    );
+    e["StartAt"] = "Copy".into();
     e
 }
 

@@ -329,6 +329,7 @@ mod tests {
             workflow: Default::default(),
             started: None,
             execution: None,
+            copy: None,
         };
         let d = handle(&contexts, req(), handle_plan).await.unwrap_err();
         assert_eq!(d.error_type, "Sluice.InvalidInput");

@@ -30,6 +30,7 @@ async fn run_through(planner: &Contexts, operator: &Contexts, committer: &Contex
             workflow: Default::default(),
             started: None,
             execution: None,
+            copy: None,
         };
         let first = run
             .as_ref()
@@ -170,6 +171,7 @@ async fn a_step_whose_run_spec_is_no_longer_registered_stops_with_a_conflict() {
         workflow: Default::default(),
         started: None,
         execution: None,
+        copy: None,
     };
     let PlanOutcome::Batch { run, batch } = planner
         .dispatch("warm", true, |ctx| handlers::handle_plan(ctx, req.clone()))

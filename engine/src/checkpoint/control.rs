@@ -106,15 +106,16 @@ impl Checkpoint {
         Ok((c, read.map(|(_, e)| e).unwrap_or_default()))
     }
 
-    /// The first Plan of Express execution `id` (after `retries` failed
-    /// attempts): claim the run of `epoch` for it before anything else is
-    /// written, or stop (a conflict) when another execution of the same
-    /// run claimed it: [`decide_execution`](super::lease::decide_execution).
-    pub async fn claim_execution(&self, epoch: u64, id: &str, retries: u64) -> Result<()> {
+    /// The first Plan of copy `copy` of Express execution `id`: claim the
+    /// run of `epoch` for it before anything else is written, or stop (a
+    /// conflict) when another execution of the same run, or another copy
+    /// of this one, claimed it:
+    /// [`decide_execution`](super::lease::decide_execution).
+    pub async fn claim_execution(&self, epoch: u64, id: &str, copy: &str) -> Result<()> {
         let mut attempts = self.attempts();
         while let Some(read) = attempts.next(self).await? {
             let c = self.owned(read.control(), epoch)?;
-            let next = match super::lease::decide_execution(c, epoch, id, retries) {
+            let next = match super::lease::decide_execution(c, epoch, id, copy) {
                 super::lease::ExecutionClaim::Claim(next) => *next,
                 super::lease::ExecutionClaim::Ours => return Ok(()),
                 super::lease::ExecutionClaim::Duplicate(message) => {

@@ -123,38 +123,39 @@ pub fn requested(control: &Control) -> Control {
     next
 }
 
-/// What the first Plan of execution `id` does with the run of `epoch` a
-/// trigger started on Express, after `retries` failed attempts of that
-/// Plan (see [`Control::execution`]).
+/// What the first Plan of copy `copy` of execution `id` does with the run
+/// of `epoch` a trigger started on Express (see [`Control::execution`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExecutionClaim {
-    /// No execution claimed the run yet: write this control, then go on.
+    /// No copy claimed the run yet: write this control, then go on.
     Claim(Box<Control>),
-    /// This execution claimed it in an earlier attempt of the same Plan.
+    /// This copy claimed it in an earlier attempt of the same Plan (a
+    /// retry keeps the token; so does a claim whose write succeeded and
+    /// whose answer was lost).
     Ours,
-    /// Another execution of the same run claimed it (or this execution
-    /// runs again from its start, as Express may, with the claim its
-    /// first run made: a first attempt never finds its own claim). The
-    /// message says which; this one stops without writing.
+    /// Another execution of the same run, or another copy of this one,
+    /// claimed it. The message says which; this one stops without writing.
     Duplicate(String),
 }
 
 /// Decide [`ExecutionClaim`] from `control`, which the run of `epoch`
 /// holds (the caller checked).
-pub fn decide_execution(control: &Control, epoch: u64, id: &str, retries: u64) -> ExecutionClaim {
+pub fn decide_execution(control: &Control, epoch: u64, id: &str, copy: &str) -> ExecutionClaim {
     match control.execution.as_ref().filter(|e| e.epoch == epoch) {
         None => {
             let mut next = control.clone();
             next.execution = Some(super::records::RunExecution {
                 epoch,
                 id: id.to_string(),
+                copy: copy.to_string(),
             });
             ExecutionClaim::Claim(Box::new(next))
         }
-        Some(e) if e.id == id && retries > 0 => ExecutionClaim::Ours,
+        Some(e) if e.copy == copy => ExecutionClaim::Ours,
         Some(e) if e.id == id => ExecutionClaim::Duplicate(format!(
-            "execution {id} runs from its start again (Express is at-least-once) and finds the \
-             run of epoch {epoch} claimed by its earlier run; this copy stops without writing"
+            "execution {id} runs twice (Express is at-least-once): the run of epoch {epoch} is \
+             its other copy's ({}); this copy ({copy}) stops without writing",
+            e.copy
         )),
         Some(e) => ExecutionClaim::Duplicate(format!(
             "the run of epoch {epoch} is execution {}'s; this one ({id}) is a duplicate of it \
@@ -226,30 +227,37 @@ mod tests {
         assert!(!owns(&live, 3));
         assert!(!owns(&idle, 4));
     }
-    /// One execution of an Express run claims it; its own retries go on;
-    /// any other execution, or the same one run again from its start,
-    /// stops; a claim of an earlier epoch is no claim.
+    /// One copy of one execution of an Express run claims it; its own
+    /// retries go on; another execution, or another copy of the same
+    /// execution, stops; a claim of an earlier epoch is no claim.
     #[test]
     fn execution_claims() {
         let live = control(RunStatus::Running, 4, 0);
-        let ExecutionClaim::Claim(claimed) = decide_execution(&live, 4, "x", 0) else {
+        let ExecutionClaim::Claim(claimed) = decide_execution(&live, 4, "x", "c1") else {
             panic!("an unclaimed run is claimed");
         };
         assert_eq!(
             claimed.execution,
             Some(super::super::records::RunExecution {
                 epoch: 4,
-                id: "x".into()
+                id: "x".into(),
+                copy: "c1".into(),
             })
         );
-        assert_eq!(decide_execution(&claimed, 4, "x", 1), ExecutionClaim::Ours);
-        for (id, retries) in [("y", 0), ("y", 2), ("x", 0)] {
+        assert_eq!(
+            decide_execution(&claimed, 4, "x", "c1"),
+            ExecutionClaim::Ours
+        );
+        for (id, copy, says) in [
+            ("y", "c2", "is a duplicate of it"),
+            ("x", "c2", "runs twice"),
+        ] {
             assert!(
                 matches!(
-                    decide_execution(&claimed, 4, id, retries),
-                    ExecutionClaim::Duplicate(m) if m.contains("stops without writing")
+                    decide_execution(&claimed, 4, id, copy),
+                    ExecutionClaim::Duplicate(m) if m.contains(says) && m.contains("stops without writing")
                 ),
-                "{id} after {retries} retries"
+                "{id} {copy}"
             );
         }
         let next_run = Control {
@@ -257,8 +265,8 @@ mod tests {
             ..(*claimed).clone()
         };
         assert!(matches!(
-            decide_execution(&next_run, 5, "y", 0),
-            ExecutionClaim::Claim(c) if c.execution.as_ref().is_some_and(|e| e.epoch == 5 && e.id == "y")
+            decide_execution(&next_run, 5, "y", "c2"),
+            ExecutionClaim::Claim(c) if c.execution.as_ref().is_some_and(|e| e.epoch == 5 && e.copy == "c2")
         ));
     }
 }

@@ -234,10 +234,11 @@ pub struct Control {
     /// captured once by its first plan (Spark's `Trigger.AvailableNow`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_until: Option<StreamUntil>,
-    /// The one execution that runs the run of an epoch a trigger started
-    /// on Express, claimed by its first Plan before any write: a duplicate
-    /// execution of the same run (Express is at-least-once) finds another
-    /// id here and stops without writing.
+    /// The one copy of an execution that runs the run of an epoch a
+    /// trigger started on Express, claimed by its first Plan before any
+    /// write: a duplicate execution of the same run, or a second copy of
+    /// the same execution (Express is at-least-once), finds another token
+    /// here and stops without writing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub execution: Option<RunExecution>,
 }
@@ -247,8 +248,11 @@ pub struct Control {
 pub struct RunExecution {
     /// The epoch.
     pub epoch: u64,
-    /// The execution's id (`$$.Execution.Id`, its ARN on AWS).
+    /// The execution's id (`$$.Execution.Id`, its ARN on AWS), for people.
     pub id: String,
+    /// The token the claiming copy of the execution drew: what tells two
+    /// copies of one execution (same id) apart.
+    pub copy: String,
 }
 
 /// A Kinesis shard's place in the checkpoint.

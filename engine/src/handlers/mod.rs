@@ -60,15 +60,8 @@ pub fn handle_plan(ctx: &Context, req: PlanRequest) -> HandlerFuture<'_, PlanOut
             let ctx = &ctx.counted();
             // (Boxed: a debug build's plan future is large, and moving it
             // into the scope below would copy it through the stack.)
-            let planned = Box::pin(plan(ctx, req.run));
-            let mut outcome = usage::in_execution(
-                req.workflow,
-                req.started.as_deref(),
-                req.execution.as_deref(),
-                now,
-                planned,
-            )
-            .await?;
+            let planned = Box::pin(plan(ctx, req.run.clone()));
+            let mut outcome = usage::in_execution(&req, now, planned).await?;
             // The invocation that hands out a batch is billed to it (the
             // commit reads this from the run it is given).
             if let PlanOutcome::Batch { run, .. } = &mut outcome {

@@ -206,6 +206,12 @@ pub struct PlanRequest {
     /// it writes anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub execution: Option<String>,
+    /// The first Plan of an Express execution: the token this copy of the
+    /// execution drew (`States.UUID()`, before its first Plan, so a retry
+    /// keeps it). Express may run one execution twice, even under one id:
+    /// the run is claimed for the token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy: Option<String>,
 }
 
 /// Input of the operator function: one task of a planned batch.

@@ -91,37 +91,41 @@ pub async fn plan(ctx: &Context, run: Option<RunState>) -> Result<PlanOutcome> {
 }
 
 /// The first Plan of an Express execution a trigger started: claim the
-/// run for this execution before anything is written (the claim it made).
-/// Express is at-least-once: the same run may be executed twice at once,
-/// with the same input and epoch, which the lease alone cannot tell
-/// apart; the duplicate finds the other's claim and stops without
-/// writing (a conflict; it releases nothing). A Standard execution is
-/// started once by name: nothing to claim.
+/// run for this copy of the execution before anything is written (the
+/// claim it made). Express is at-least-once: the same run may be executed
+/// twice at once, with the same input and epoch, even under the same
+/// execution id, which the lease alone cannot tell apart; each copy draws
+/// a token before its first Plan (the Express definition's `Copy` state),
+/// and a copy that finds another's token stops without writing (a
+/// conflict; it releases nothing). A Standard execution is started once by
+/// name: nothing to claim.
 async fn claim_execution(
     ctx: &Context,
     run: &RunState,
 ) -> Result<Option<checkpoint::RunExecution>> {
-    let Some(id) = super::usage::express_execution() else {
+    let Some(express) = super::usage::express_execution() else {
         return Ok(None);
     };
-    let Some(id) = id else {
+    let (Some(id), Some(copy)) = (express.id, express.copy) else {
         return Err(Error::Run {
             pipeline: ctx.pipeline.name.clone(),
-            message: "this Express execution's Plan was not given its execution id \
-                      (`execution.$: $$.Execution.Id`), without which a duplicate execution of \
-                      the run cannot be told from it: deploy the Express state machine of this \
-                      release (statemachines/microbatch-express.asl.json, template.yaml)"
+            message: "this Express execution's first Plan was not given its execution id and \
+                      copy token (`execution.$: $$.Execution.Id`, `copy.$: $.copy.token`), \
+                      without which a duplicate execution of the run cannot be told from it: \
+                      deploy the Express state machine of this release \
+                      (statemachines/microbatch-express.asl.json, template.yaml)"
                 .into(),
             class: ErrorClass::InvalidInput,
         });
     };
     ctx.checkpoint
-        .claim_execution(run.epoch, &id, super::usage::retries())
+        .claim_execution(run.epoch, &id, &copy)
         .await?;
-    tracing::info!(pipeline = %ctx.pipeline.name, epoch = run.epoch, execution = %id, "run claimed for this Express execution");
+    tracing::info!(pipeline = %ctx.pipeline.name, epoch = run.epoch, execution = %id, copy = %copy, "run claimed for this copy of the Express execution");
     Ok(Some(checkpoint::RunExecution {
         epoch: run.epoch,
         id,
+        copy,
     }))
 }
 

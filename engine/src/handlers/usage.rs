@@ -23,6 +23,17 @@ struct Express {
     started: i64,
     /// Its id (`$$.Execution.Id`).
     id: Option<String>,
+    /// The token of this copy of it (first Plan only).
+    copy: Option<String>,
+}
+
+/// The Express execution the Plan in progress runs in, as its first Plan
+/// is told of it.
+pub(crate) struct ExpressCopy {
+    /// Its id (`$$.Execution.Id`), if the definition passes it.
+    pub id: Option<String>,
+    /// The token of this copy of it, if the definition draws one.
+    pub copy: Option<String>,
 }
 
 /// Run `f` as one handler invocation, timed from now, after `retries`
@@ -31,22 +42,22 @@ pub(crate) async fn timed<F: std::future::Future>(retries: u64, f: F) -> F::Outp
     STARTED.scope((Instant::now(), retries), f).await
 }
 
-/// Run the Plan invocation `f` in the execution `workflow` with id
-/// `execution`, started at `started` (RFC 3339; an Express execution's
-/// Plan is given both). An Express execution without a start time is
-/// taken to have started now.
+/// Run the Plan invocation `f` of `req` (its execution's workflow, id,
+/// start time in RFC 3339, and on a first Plan the copy's token). An
+/// Express execution without a start time is taken to have started now.
 pub(crate) fn in_execution<F: std::future::Future>(
-    workflow: crate::deploy::Workflow,
-    started: Option<&str>,
-    execution: Option<&str>,
+    req: &crate::handlers::PlanRequest,
     now_ms: i64,
     f: F,
 ) -> impl std::future::Future<Output = F::Output> {
-    let express = (workflow == crate::deploy::Workflow::Express).then(|| Express {
-        started: started
+    let express = (req.workflow == crate::deploy::Workflow::Express).then(|| Express {
+        started: req
+            .started
+            .as_deref()
             .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
             .map_or(now_ms, |t| t.timestamp_millis()),
-        id: execution.map(str::to_string),
+        id: req.execution.clone(),
+        copy: req.copy.clone(),
     });
     EXPRESS.scope(express, f)
 }
@@ -60,12 +71,16 @@ pub(crate) fn express_started() -> Option<i64> {
         .flatten()
 }
 
-/// The Express execution the Plan in progress runs in: `Some` with its id
-/// if its definition passes one (`None`: a Standard execution, or no
-/// Plan).
-pub(crate) fn express_execution() -> Option<Option<String>> {
+/// The Express execution the Plan in progress runs in (`None`: a
+/// Standard execution, or no Plan).
+pub(crate) fn express_execution() -> Option<ExpressCopy> {
     EXPRESS
-        .try_with(|e| e.as_ref().map(|e| e.id.clone()))
+        .try_with(|e| {
+            e.as_ref().map(|e| ExpressCopy {
+                id: e.id.clone(),
+                copy: e.copy.clone(),
+            })
+        })
         .ok()
         .flatten()
 }
@@ -101,13 +116,14 @@ pub(crate) fn run_end(handover: bool, now_ms: i64) -> crate::checkpoint::Usage {
         // to now (what follows this Plan is a Choice and its end, or the
         // Continue step's trigger invocation), and its ending's
         // transitions, not billed.
+        // (And its `Copy` state, entered once before its first Plan.)
         Some(started) => crate::checkpoint::Usage {
             functions,
             transitions: 0,
             express: crate::checkpoint::ExpressUsage {
                 executions: 1,
                 billed_ms: crate::deploy::express_billed_ms((now_ms - started).max(0) as u64),
-                transitions,
+                transitions: transitions + 1,
             },
         },
         None => crate::checkpoint::Usage {

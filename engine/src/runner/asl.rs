@@ -11,7 +11,7 @@
 //! max delay) and `Catch`; `TimeoutSeconds` on tasks; `MaxConcurrency` on
 //! maps; the context object's `$$.Map.Item.Value` / `Index`,
 //! `$$.State.Name` / `RetryCount` (in Task and Map states) and
-//! `$$.Execution.Id` / `Input` / `StartTime`. A definition using anything else is refused at
+//! `$$.Execution.Id` / `Input` / `StartTime`; the intrinsic `States.UUID()`. A definition using anything else is refused at
 //! parse time with the state named. JSONPath queries use `serde_json_path`
 //! (RFC 9535).
 
@@ -262,17 +262,18 @@ impl StateMachine {
         Ok(())
     }
 
-    /// Run an execution with `input` to its end; also returns the state
-    /// transitions it took.
+    /// Run an execution with `input` to its end, as execution `id` (a new
+    /// one if `None`); also returns the state transitions it took.
     pub async fn execute_counted(
         &self,
         input: Value,
+        id: Option<&str>,
         tasks: &dyn TaskInvoker,
         sleep: &Sleeper,
     ) -> (Result<Value, Failure>, u64) {
         let counter = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let result = TRANSITIONS
-            .scope(counter.clone(), self.execute(input, tasks, sleep))
+            .scope(counter.clone(), self.execute_as(input, id, tasks, sleep))
             .await;
         (result, counter.load(std::sync::atomic::Ordering::Relaxed))
     }
@@ -284,11 +285,28 @@ impl StateMachine {
         tasks: &dyn TaskInvoker,
         sleep: &Sleeper,
     ) -> Result<Value, Failure> {
+        self.execute_as(input, None, tasks, sleep).await
+    }
+
+    /// Run an execution with `input` to its end as execution `id`: every
+    /// execution has its own (`None`: a new one, as on AWS, where it is the
+    /// ARN); Express may run one execution twice under the same id.
+    pub async fn execute_as(
+        &self,
+        input: Value,
+        id: Option<&str>,
+        tasks: &dyn TaskInvoker,
+        sleep: &Sleeper,
+    ) -> Result<Value, Failure> {
         let started = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        // Every execution its own id, as on AWS (where it is the ARN).
-        let id = format!(
-            "arn:aws:states:local:000000000000:execution:sluice:{}",
-            uuid::Uuid::new_v4()
+        let id = id.map_or_else(
+            || {
+                format!(
+                    "arn:aws:states:local:000000000000:execution:sluice:{}",
+                    uuid::Uuid::new_v4()
+                )
+            },
+            str::to_string,
         );
         let context = json!({
             "Execution": { "Id": id, "Input": input.clone(), "StartTime": started }
@@ -610,9 +628,14 @@ fn resolve(template: &Value, data: &Value, context: &Value) -> Result<Value, Fai
                         let path = v.as_str().ok_or_else(|| {
                             Failure::runtime(format!("{k} must be a path string"))
                         })?;
+                        if path == "States.UUID()" {
+                            out.insert(key.to_string(), uuid::Uuid::new_v4().to_string().into());
+                            continue;
+                        }
                         if path.starts_with("States.") {
                             return Err(Failure::runtime(format!(
-                                "{k}: intrinsic functions are not supported by the local runner"
+                                "{k}: of the intrinsic functions the local runner supports only \
+                                 States.UUID()"
                             )));
                         }
                         out.insert(key.to_string(), get(path, data, context)?);

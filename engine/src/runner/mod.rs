@@ -320,6 +320,7 @@ impl TaskInvoker for LocalInvoker<'_> {
 pub struct Runner {
     sleep: Sleeper,
     workflow: Workflow,
+    execution_id: Option<String>,
 }
 
 impl Default for Runner {
@@ -327,6 +328,7 @@ impl Default for Runner {
         Runner {
             sleep: real_sleep(),
             workflow: DEFAULT_WORKFLOW,
+            execution_id: None,
         }
     }
 }
@@ -348,6 +350,15 @@ impl Runner {
     /// The same runner, starting runs as `workflow` executions.
     pub fn starting(self, workflow: Workflow) -> Runner {
         Runner { workflow, ..self }
+    }
+
+    /// The same runner, whose first execution has id `id` (tests: a second
+    /// copy of one Express execution, which AWS may run under the same id).
+    pub fn as_execution(self, id: &str) -> Runner {
+        Runner {
+            execution_id: Some(id.to_string()),
+            ..self
+        }
     }
 
     /// Run the pipeline until everything available at the start is
@@ -400,10 +411,16 @@ impl Runner {
                 Workflow::Express => &express,
             };
             let began = Instant::now();
+            let id = if executions == 0 {
+                self.execution_id.as_deref()
+            } else {
+                None
+            };
             let observed = Box::pin(execute_once(
                 ctx,
                 machine,
                 input,
+                id,
                 &self.sleep,
                 &mut on_batch,
             ))
@@ -477,6 +494,7 @@ async fn execute_once(
     ctx: &Context,
     machine: &StateMachine,
     input: Value,
+    id: Option<&str>,
     sleep: &Sleeper,
     on_batch: &mut (dyn FnMut(&BatchReport) + Send),
 ) -> Result<Observed> {
@@ -495,7 +513,7 @@ async fn execute_once(
         }),
         on_batch: Mutex::new(on_batch),
     };
-    let (result, transitions) = machine.execute_counted(input, &invoker, sleep).await;
+    let (result, transitions) = machine.execute_counted(input, id, &invoker, sleep).await;
     let mut observed = invoker.observed.into_inner().expect("not poisoned");
     observed.transitions = transitions;
     if let Some(h) = &observed.heartbeat {
