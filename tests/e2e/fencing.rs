@@ -977,6 +977,52 @@ async fn a_duplicated_express_execution_of_a_windowed_query_held_at_any_write_ch
     each_write_held(Scenario::Windowed, Stale::Express, Meanwhile::Duplicate).await;
 }
 
+/// The first Plan of a copy of an Express execution whose claim landed
+/// and whose answer was lost is retried with the same token (drawn before
+/// it) and goes on; another copy of the same execution, under the same
+/// id, stops before writing, whether its Plan is a first attempt or a
+/// retry (the claim rests on the token, not on the retry count).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retried_first_plan_keeps_its_claim_and_another_copy_stops() {
+    use sluice_engine::handlers::{self, PlanOutcome, PlanRequest, RunState};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    Scenario::List.setup(root).await;
+    let toml = Scenario::List.toml(root);
+    let ctx = local_context(&pipeline(root, &toml));
+    let input = claim_express(&ctx).await;
+    let run: RunState = serde_json::from_value(input["run"].clone()).unwrap();
+    // The claim's write landed; its answer was lost.
+    ctx.checkpoint
+        .claim_execution(run.epoch, HELD, "first")
+        .await
+        .unwrap();
+    let plan = |copy: &str, retries: u64| PlanRequest {
+        pipeline: ctx.pipeline.name.clone(),
+        run: Some(run.clone()),
+        retries,
+        workflow: sluice_engine::deploy::Workflow::Express,
+        started: None,
+        execution: Some(HELD.into()),
+        copy: Some(copy.into()),
+    };
+    for retries in [0, 1] {
+        let writes = Arc::new(AtomicU64::new(0));
+        let counted = fault_context(root, &toml, writes.clone(), 0);
+        let e = handlers::handle_plan(&counted, plan("second", retries))
+            .await
+            .unwrap_err();
+        assert_eq!(e.class(), sluice_engine::ErrorClass::Conflict, "{e}");
+        assert!(e.to_string().contains("runs twice"), "{e}");
+        assert_eq!(writes.load(Ordering::SeqCst), 0, "the second copy wrote");
+    }
+    let outcome = handlers::handle_plan(&ctx, plan("first", 1)).await.unwrap();
+    assert!(
+        matches!(outcome, PlanOutcome::Batch { .. }),
+        "the claiming copy's retry: {outcome:?}"
+    );
+}
+
 /// A topic's offsets and a stream's cursors are written to control from
 /// what the run read of it: a duplicate must not write them from its own
 /// older read.
