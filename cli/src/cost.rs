@@ -58,13 +58,7 @@ pub async fn report(
     name: &str,
     rate: cost::Rate,
 ) -> anyhow::Result<Report> {
-    let mut commits = admin::history(ctx, window.last).await?;
-    if let Some(text) = &window.since {
-        let us = sluice_engine::pipeline::duration_us(text)
-            .map_err(|e| crate::Usage(format!("--since {text:?}: {e}")))?;
-        let from = chrono::Utc::now().timestamp_millis() - us / 1000;
-        commits.retain(|c| c.committed_ms >= from);
-    }
+    let commits = commits(ctx, window).await?;
     let totals = ctx
         .checkpoint
         .control()
@@ -72,6 +66,68 @@ pub async fn report(
         .map(|(c, _)| c.totals)
         .unwrap_or_default();
     Ok(cost::report(&commits, &totals, prices, name, rate))
+}
+
+/// The committed batches of `ctx`'s pipeline in `window`.
+async fn commits(
+    ctx: &Context,
+    window: &Window,
+) -> anyhow::Result<Vec<sluice_engine::checkpoint::Commit>> {
+    let mut commits = admin::history(ctx, window.last).await?;
+    if let Some(text) = &window.since {
+        let us = sluice_engine::pipeline::duration_us(text)
+            .map_err(|e| crate::Usage(format!("--since {text:?}: {e}")))?;
+        let from = chrono::Utc::now().timestamp_millis() - us / 1000;
+        commits.retain(|c| c.committed_ms >= from);
+    }
+    Ok(commits)
+}
+
+/// `sluice tune`.
+pub async fn tune(
+    ctx: &Context,
+    window: &Window,
+    prices_file: Option<PathBuf>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let (prices, name) = prices(prices_file.as_deref())?;
+    let commits = commits(ctx, window).await?;
+    let r = sluice_engine::tune::tune(&commits, &prices);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let p = &ctx.pipeline.name;
+    if r.batches == 0 {
+        println!("{p}: no committed batches to tune from");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{p}: from the last {} ({}), Lambda priced with {}",
+        crate::text::count(r.batches as u64, "batch"),
+        crate::text::count(r.runs as u64, "run"),
+        name
+    );
+    for f in &r.functions {
+        let measured = match f.cpu_share {
+            Some(s) => format!(", CPU {:.0}% of it", s * 100.0),
+            None => String::new(),
+        };
+        println!(
+            "  {}: {} MB, {} invocations, {} ms billed{measured}",
+            f.function, f.memory_mb, f.invocations, f.billed_ms
+        );
+        match f.recommended_mb {
+            Some(_) => println!(
+                "    {} a run -> {} a run; {}",
+                dollars(f.per_run_now),
+                dollars(f.per_run_after),
+                f.why
+            ),
+            None => println!("    {}", f.why),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `sluice cost`.

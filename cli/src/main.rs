@@ -138,6 +138,20 @@ enum Command {
         #[arg(long, requires = "every")]
         data_every: Option<String>,
     },
+    /// The memory each function should run with, from what its invocations measured (CPU time over billed time), with the Lambda cost a run before and after.
+    Tune {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// How many batches, newest first.
+        #[arg(long, default_value_t = 100)]
+        last: usize,
+        /// Only batches committed within this long before now (e.g. "7 days").
+        #[arg(long)]
+        since: Option<String>,
+        /// A price table (default: us-east-1 list prices, engine/prices/us-east-1.toml).
+        #[arg(long)]
+        prices: Option<PathBuf>,
+    },
     /// Show the last committed batch, totals and what is waiting.
     Show {
         /// The pipeline file.
@@ -366,6 +380,23 @@ async fn dispatch(command: Command, json: bool) -> anyhow::Result<ExitCode> {
                 prices,
                 every,
                 data_every,
+                json,
+            )
+            .await
+        }
+        Command::Tune {
+            pipeline,
+            last,
+            since,
+            prices,
+        } => {
+            if last == 0 {
+                return Err(Usage("--last 0 reads no batch: give 1 or more".into()).into());
+            }
+            cost::tune(
+                &open(&pipeline).await?,
+                &cost::Window { last, since },
+                prices,
                 json,
             )
             .await

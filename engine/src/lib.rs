@@ -53,6 +53,7 @@ pub mod sinks;
 mod state;
 pub mod storage;
 pub mod triggers;
+pub mod tune;
 
 pub use error::{Error, ErrorClass, Result};
 

@@ -36,4 +36,5 @@ mod statics;
 mod storage_contract;
 mod trigger_storm;
 mod triggers;
+mod tune;
 mod usage;

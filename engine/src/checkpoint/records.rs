@@ -946,6 +946,16 @@ pub struct FunctionUsage {
     pub billed_ms: u64,
     /// The function's configured memory, MB.
     pub memory_mb: u64,
+    /// CPU time the invocations used, ms (the operator's tasks: the
+    /// process's user and system time over each invocation; on Lambda, one
+    /// invocation to a process at a time, that is the invocation's). 0:
+    /// not measured. `sluice tune` reads the share of the billed time it
+    /// is.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpu_ms: u64,
+    /// Of `billed_ms`, the invocations whose CPU time `cpu_ms` holds.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpu_measured_ms: u64,
 }
 
 impl Usage {
@@ -970,6 +980,8 @@ impl Usage {
                 Some(g) => {
                     g.invocations += f.invocations;
                     g.billed_ms += f.billed_ms;
+                    g.cpu_ms += f.cpu_ms;
+                    g.cpu_measured_ms += f.cpu_measured_ms;
                 }
                 None => functions.push(f.clone()),
             }
@@ -994,6 +1006,18 @@ impl FunctionUsage {
             invocations,
             billed_ms,
             memory_mb,
+            cpu_ms: 0,
+            cpu_measured_ms: 0,
+        }
+    }
+
+    /// The same, with `cpu_ms` of CPU time measured over invocations
+    /// billed `measured_ms`.
+    pub fn with_cpu(self, cpu_ms: u64, measured_ms: u64) -> FunctionUsage {
+        FunctionUsage {
+            cpu_ms,
+            cpu_measured_ms: measured_ms,
+            ..self
         }
     }
 }

@@ -381,12 +381,18 @@ fn batch_usage(
             run.plan_memory_mb,
         ));
     }
-    functions.push(FunctionUsage::new(
-        OPERATOR,
-        off.tasks.len() as u64 + merges + dedups + operator_retries,
-        operator_ms,
-        operator_mb,
-    ));
+    // (CPU time is measured for the tasks, not yet for merges.)
+    let task_cpu_ms: u64 = results.iter().map(|r| r.cpu_ms).sum();
+    let task_ms: u64 = results.iter().map(|r| r.millis).sum();
+    functions.push(
+        FunctionUsage::new(
+            OPERATOR,
+            off.tasks.len() as u64 + merges + dedups + operator_retries,
+            operator_ms,
+            operator_mb,
+        )
+        .with_cpu(task_cpu_ms, task_ms),
+    );
     functions.push(FunctionUsage::new(
         COMMITTER,
         1 + commit_retries,

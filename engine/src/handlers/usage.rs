@@ -134,6 +134,15 @@ pub(crate) fn run_end(handover: bool, now_ms: i64) -> crate::checkpoint::Usage {
     }
 }
 
+/// The CPU time (user and system) this process has used, microseconds.
+/// On Lambda a process runs one invocation at a time, so the difference
+/// over an invocation is the invocation's; locally, invocations that
+/// overlap (a batch's tasks) each count the others' too.
+pub(crate) fn process_cpu_us() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec.max(0) as u64 * 1_000_000 + t.tv_nsec.max(0) as u64 / 1_000
+}
+
 /// Billed duration of an invocation that started at `started`: its wall
 /// time so far rounded up to the millisecond (Lambda's billing unit).
 pub(crate) fn billed_ms(started: Instant) -> u64 {

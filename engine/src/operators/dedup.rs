@@ -325,6 +325,7 @@ impl SqlOperator {
             rows_out: 0,
             bytes_read: files.iter().map(|f| f.size).sum(),
             millis: started.elapsed().as_millis() as u64,
+            cpu_ms: 0,
             requests: source.counts().plus(&RequestCounts {
                 put: partials.len() as u64,
                 ..Default::default()

@@ -80,6 +80,10 @@ pub struct TaskResult {
     pub bytes_read: u64,
     /// Billed duration of the task's invocation, ms.
     pub millis: u64,
+    /// CPU time of the process over the task's invocation, ms (see
+    /// [`FunctionUsage::cpu_ms`](crate::checkpoint::FunctionUsage::cpu_ms)).
+    #[serde(default)]
+    pub cpu_ms: u64,
     /// The operator function's configured memory, MB.
     #[serde(default)]
     pub memory_mb: u64,
@@ -582,6 +586,7 @@ impl SqlOperator {
             bytes_read: read.bytes,
             outputs: read.outputs,
             millis: started.elapsed().as_millis() as u64,
+            cpu_ms: 0,
             memory_mb: 0,
             retries: 0,
             // The scans' requests included (the access counts them).

@@ -149,6 +149,7 @@ impl SqlOperator {
             bytes_read: files.iter().map(|f| f.size).sum(),
             outputs: Vec::new(),
             millis: started.elapsed().as_millis() as u64,
+            cpu_ms: 0,
             memory_mb: 0,
             retries: 0,
             requests: source.counts().plus(&RequestCounts {
