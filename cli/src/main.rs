@@ -424,7 +424,8 @@ async fn pause(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             "{}: paused; triggers record requests and start nothing{}",
             ctx.pipeline.name,
             if running {
-                " (the run in progress finishes)"
+                " (the run in progress stops at the end of its current execution; batches it \
+                 planned and did not run wait for `sluice resume`)"
             } else {
                 ""
             }
@@ -676,11 +677,25 @@ async fn run(path: &Path, json: bool, reconcile: bool) -> anyhow::Result<ExitCod
             duration_ms(summary.millis),
             count(summary.requests.total(), "storage request")
         ),
-        RunEnd::Busy(why) => println!("{name}: not started: {why}"),
-        RunEnd::Paused => {
+        RunEnd::Busy(why) if summary.batches.is_empty() => {
+            println!("{name}: not started: {why}")
+        }
+        RunEnd::Busy(why) => println!(
+            "{}; then its next execution did not start: {why}",
+            committed_line(&name, &summary, stream)
+        ),
+        RunEnd::Paused if summary.batches.is_empty() => {
             println!(
                 "{name}: paused: nothing started; the request is recorded and `sluice resume` \
                  starts it"
+            );
+            return Ok(ExitCode::from(exit::PAUSED));
+        }
+        RunEnd::Paused => {
+            println!(
+                "{}; then paused: the batches it planned and did not run wait for `sluice \
+                 resume`",
+                committed_line(&name, &summary, stream)
             );
             return Ok(ExitCode::from(exit::PAUSED));
         }

@@ -77,6 +77,7 @@ mod layering {
         ("sinks", 5),
         ("discovery", 6),
         ("metrics", 6),
+        ("tune", 6),
         ("operators", 7),
         ("state", 8),
         ("handlers", 9),

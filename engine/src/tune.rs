@@ -11,7 +11,8 @@
 //! same at any memory up to what its threads use, and is faster with more;
 //! a task that mostly waits costs in proportion to its memory and is no
 //! faster with more. The measured CPU time over the billed time tells the
-//! two apart (`FunctionUsage::cpu_ms`; measured for the operator's tasks).
+//! two apart (`FunctionUsage::cpu_ms`: the operator's tasks, the Plan that
+//! handed out the batch, the commit).
 //!
 //! The model, for a function billed `B` ms with `C` ms of CPU time at `M`
 //! MB: it uses `p = max(1, C / B)` threads at once; at memory `m` it
@@ -127,7 +128,7 @@ pub fn tune(commits: &[Commit], prices: &Prices) -> TuneReport {
             duration_factor: 1.0,
             per_run_now: now,
             per_run_after: now,
-            why: "its CPU time is not measured yet (only the operator's tasks are): no \
+            why: "no CPU time recorded (batches committed before it was measured): no \
                   recommendation"
                 .into(),
         };

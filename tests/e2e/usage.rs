@@ -330,3 +330,29 @@ async fn retried_steps_count_as_invocations_and_transitions() {
     assert_eq!(recorded, counted, "invocations recorded vs counted");
     assert_eq!(transitions, ran.usage.all_transitions(), "transitions");
 }
+
+/// A batch's operate time runs from the Plan that handed it out, not from
+/// when the run planned it (a run plans all its batches first): it fits
+/// in the time since the batch before it was committed. (It counted the
+/// batches before it: 21, 36, 51 ms... for batches of 14 ms each.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batchs_operate_time_is_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    gen_files(&root.join("input"), 5, 2_000);
+    let toml = pipeline_toml("own", "parquet", "", "max_files_per_batch = 1");
+    let ctx = local_context(&pipeline(root, &toml));
+    runner().run(&ctx, |_| {}).await.unwrap();
+    let commits = commit_records(root, &toml).await;
+    assert_eq!(commits.len(), 5);
+    for w in commits.windows(2) {
+        assert!(
+            w[1].durations.operate_ms as i64 <= w[1].committed_ms - w[0].committed_ms,
+            "batch {}: operate {} ms, yet committed {} ms after batch {}",
+            w[1].batch,
+            w[1].durations.operate_ms,
+            w[1].committed_ms - w[0].committed_ms,
+            w[0].batch
+        );
+    }
+}

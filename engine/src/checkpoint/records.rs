@@ -946,11 +946,11 @@ pub struct FunctionUsage {
     pub billed_ms: u64,
     /// The function's configured memory, MB.
     pub memory_mb: u64,
-    /// CPU time the invocations used, ms (the operator's tasks: the
-    /// process's user and system time over each invocation; on Lambda, one
-    /// invocation to a process at a time, that is the invocation's). 0:
-    /// not measured. `sluice tune` reads the share of the billed time it
-    /// is.
+    /// CPU time the invocations used, ms (the process's user and system
+    /// time over each invocation; on Lambda, one invocation to a process
+    /// at a time, that is the invocation's; merges, dedups and failed
+    /// attempts are not measured). 0: not measured. `sluice tune` reads
+    /// the share of the billed time it is.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cpu_ms: u64,
     /// Of `billed_ms`, the invocations whose CPU time `cpu_ms` holds.

@@ -150,7 +150,8 @@ async fn write_record(
     } = ready;
     let batch = record.batch;
     record.durations.commit_ms = super::usage::billed_ms(started);
-    record.usage = batch_usage(run, &off, &results, merged.as_ref(), &record);
+    let commit_cpu_ms = super::usage::invocation_cpu_ms();
+    record.usage = batch_usage(run, &off, &results, merged.as_ref(), &record, commit_cpu_ms);
     // Planner, tasks and this committer (its context counts this
     // invocation's requests, loading the context included), including the
     // commit write itself.
@@ -304,7 +305,16 @@ fn build_record(
         rows_out,
         durations: Durations {
             plan_ms: off.plan_ms,
-            operate_ms: (started_ms - off.planned_ms).max(0) as u64,
+            // From the Plan that handed the batch out (a run plans its
+            // batches ahead: from the plan, it would count the batches
+            // before it).
+            operate_ms: (started_ms
+                - if run.batch_ms > 0 {
+                    run.batch_ms
+                } else {
+                    off.planned_ms
+                })
+            .max(0) as u64,
             task_max_ms: results.iter().map(|r| r.millis).max().unwrap_or(0),
             merge_max_ms: merged.map_or(0, |m| m.millis),
             commit_ms: 0,
@@ -354,6 +364,7 @@ fn batch_usage(
     results: &[TaskResult],
     merged: Option<&Merged>,
     record: &Commit,
+    commit_cpu_ms: u64,
 ) -> Usage {
     use super::usage::retries;
     use crate::deploy::{COMMITTER, OPERATOR, PLANNER, batch_transitions, memory_mb};
@@ -374,14 +385,17 @@ fn batch_usage(
         .unwrap_or_else(|| memory_mb(OPERATOR));
     let mut functions = Vec::new();
     if run.plan_ms > 0 {
-        functions.push(FunctionUsage::new(
-            PLANNER,
-            1 + run.plan_retries,
-            run.plan_ms,
-            run.plan_memory_mb,
-        ));
+        functions.push(
+            FunctionUsage::new(
+                PLANNER,
+                1 + run.plan_retries,
+                run.plan_ms,
+                run.plan_memory_mb,
+            )
+            .with_cpu(run.plan_cpu_ms, run.plan_ms),
+        );
     }
-    // (CPU time is measured for the tasks, not yet for merges.)
+    // (CPU time is measured for the tasks, not for merges and dedups.)
     let task_cpu_ms: u64 = results.iter().map(|r| r.cpu_ms).sum();
     let task_ms: u64 = results.iter().map(|r| r.millis).sum();
     functions.push(
@@ -393,12 +407,15 @@ fn batch_usage(
         )
         .with_cpu(task_cpu_ms, task_ms),
     );
-    functions.push(FunctionUsage::new(
-        COMMITTER,
-        1 + commit_retries,
-        record.durations.commit_ms,
-        memory_mb(COMMITTER),
-    ));
+    functions.push(
+        FunctionUsage::new(
+            COMMITTER,
+            1 + commit_retries,
+            record.durations.commit_ms,
+            memory_mb(COMMITTER),
+        )
+        .with_cpu(commit_cpu_ms, record.durations.commit_ms),
+    );
     let transitions = batch_transitions(
         off.tasks.len() as u64,
         merges,

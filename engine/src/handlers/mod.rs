@@ -66,6 +66,7 @@ pub fn handle_plan(ctx: &Context, req: PlanRequest) -> HandlerFuture<'_, PlanOut
             // commit reads this from the run it is given).
             if let PlanOutcome::Batch { run, .. } = &mut outcome {
                 run.plan_ms = usage::invocation_ms();
+                run.plan_cpu_ms = usage::invocation_cpu_ms();
                 run.plan_memory_mb = crate::deploy::memory_mb(crate::deploy::PLANNER);
                 run.plan_requests = ctx.counts();
                 run.plan_retries = req.retries;

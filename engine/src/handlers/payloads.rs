@@ -36,6 +36,14 @@ pub struct RunState {
     /// That invocation's configured memory, MB.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub plan_memory_mb: u64,
+    /// When that invocation handed the batch out (ms since the Unix
+    /// epoch): the batch's operate time runs from here, not from when it
+    /// was planned (a run plans its batches ahead).
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub batch_ms: i64,
+    /// That invocation's CPU time, ms (`sluice tune`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub plan_cpu_ms: u64,
     /// That invocation's storage requests.
     #[serde(default, skip_serializing_if = "RequestCounts::is_empty")]
     pub plan_requests: RequestCounts,
@@ -51,6 +59,10 @@ pub struct RunState {
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+fn is_zero_i64(n: &i64) -> bool {
+    *n == 0
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -161,6 +161,7 @@ async fn batch_outcome(ctx: &Context, mut run: RunState, off: &Offsets) -> Resul
         return continue_run(ctx, run).await;
     }
     run.express = express.is_some();
+    run.batch_ms = ctx.now();
     run.batches += 1;
     run.events += events;
     let mut task_list = None;

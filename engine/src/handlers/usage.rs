@@ -6,9 +6,10 @@
 use std::time::Instant;
 
 tokio::task_local! {
-    /// When the handler invocation running in this task started, and how
-    /// many attempts of its step failed before it.
-    static STARTED: (Instant, u64);
+    /// When the handler invocation running in this task started, how
+    /// many attempts of its step failed before it, and the process's CPU
+    /// time then (µs).
+    static STARTED: (Instant, u64, u64);
 }
 
 tokio::task_local! {
@@ -39,7 +40,9 @@ pub(crate) struct ExpressCopy {
 /// Run `f` as one handler invocation, timed from now, after `retries`
 /// failed attempts of the same step (`$$.State.RetryCount`).
 pub(crate) async fn timed<F: std::future::Future>(retries: u64, f: F) -> F::Output {
-    STARTED.scope((Instant::now(), retries), f).await
+    STARTED
+        .scope((Instant::now(), retries, process_cpu_us()), f)
+        .await
 }
 
 /// Run the Plan invocation `f` of `req` (its execution's workflow, id,
@@ -89,6 +92,14 @@ pub(crate) fn express_execution() -> Option<ExpressCopy> {
 /// outside [`timed`]).
 pub(crate) fn retries() -> u64 {
     STARTED.try_with(|s| s.1).unwrap_or(0)
+}
+
+/// CPU time of the process since the handler invocation in progress
+/// started, ms (0 outside [`timed`]; see [`process_cpu_us`]).
+pub(crate) fn invocation_cpu_ms() -> u64 {
+    STARTED
+        .try_with(|s| process_cpu_us().saturating_sub(s.2) / 1000)
+        .unwrap_or(0)
 }
 
 /// Billed duration of the handler invocation in progress so far (0
