@@ -419,7 +419,21 @@ pub fn report(
     let data_runs_per_month =
         runs_per_month.map(|n| data_interval_s.map_or(n, |d| (month_s / d).min(n)));
     let idle_runs_per_month = runs_per_month.zip(data_runs_per_month).map(|(n, d)| n - d);
-    let idle_run = run_end;
+    // An idle run: its ending as recorded for executions that handed out
+    // no batch (on AWS, a trigger's run that found nothing), else the
+    // mean ending; and its trigger's share.
+    let idle_run = if totals.idle_runs > 0 {
+        mean(
+            bill(&totals.idle_ends, &totals.idle_end_requests, prices),
+            totals.idle_runs,
+        )
+        .plus(&mean(
+            bill(&totals.wakes, &totals.wake_requests, prices),
+            totals.runs,
+        ))
+    } else {
+        run_end
+    };
     let month = data_runs_per_month
         .zip(idle_runs_per_month)
         .map(|(d, i)| d * per_run + i * idle_run.total());

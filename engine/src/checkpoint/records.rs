@@ -130,6 +130,17 @@ pub struct Totals {
     /// The storage requests of those trigger invocations.
     #[serde(default, skip_serializing_if = "RequestCounts::is_empty")]
     pub wake_requests: RequestCounts,
+    /// Of the runs ended, those whose execution handed out no batch (a
+    /// schedule or event that found nothing), counted apart as well:
+    /// `sluice cost` prices an idle run from them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub idle_runs: u64,
+    /// What their endings used (as `run_ends`).
+    #[serde(default, skip_serializing_if = "Usage::is_empty")]
+    pub idle_ends: Usage,
+    /// Their endings' storage requests (as `run_end_requests`).
+    #[serde(default, skip_serializing_if = "RequestCounts::is_empty")]
+    pub idle_end_requests: RequestCounts,
 }
 
 fn is_zero(n: &u64) -> bool {

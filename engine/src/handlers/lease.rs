@@ -21,9 +21,16 @@ pub(crate) async fn release_idle(ctx: &Context, run: &RunState) -> Result<bool> 
             let (mut c, again) =
                 checkpoint::end_of_run(ctx.checkpoint.owned(read, run.epoch)?, now, &spec_hash);
             if !again {
+                let end = super::usage::run_end(false, now);
+                let requests = ending_requests(ctx);
                 c.totals.runs += 1;
-                c.totals.run_ends = c.totals.run_ends.plus(&super::usage::run_end(false, now));
-                c.totals.run_end_requests = c.totals.run_end_requests.plus(&ending_requests(ctx));
+                c.totals.run_ends = c.totals.run_ends.plus(&end);
+                c.totals.run_end_requests = c.totals.run_end_requests.plus(&requests);
+                if run.batches == 0 {
+                    c.totals.idle_runs += 1;
+                    c.totals.idle_ends = c.totals.idle_ends.plus(&end);
+                    c.totals.idle_end_requests = c.totals.idle_end_requests.plus(&requests);
+                }
             }
             Ok((c, again))
         })
