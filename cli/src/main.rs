@@ -42,6 +42,40 @@ struct Cli {
     json: bool,
 }
 
+/// The pipeline and batches `sluice cost` and `sluice tune` read.
+#[derive(clap::Args)]
+struct Batches {
+    /// The pipeline file.
+    pipeline: PathBuf,
+    /// How many batches, newest first.
+    #[arg(long, default_value_t = 100)]
+    last: usize,
+    /// Only batches committed within this long before now (e.g. "7 days").
+    #[arg(long)]
+    since: Option<String>,
+    /// A price table (default: us-east-1 list prices, engine/prices/us-east-1.toml).
+    #[arg(long)]
+    prices: Option<PathBuf>,
+}
+
+impl Batches {
+    /// The pipeline's context, the window and the price table; `--last 0`
+    /// is refused (`what`: what the command does with no batch).
+    async fn open(self, what: &str) -> anyhow::Result<(Context, cost::Window, Option<PathBuf>)> {
+        if self.last == 0 {
+            return Err(Usage(format!("--last 0 {what} no batch: give 1 or more")).into());
+        }
+        Ok((
+            open(&self.pipeline).await?,
+            cost::Window {
+                last: self.last,
+                since: self.since,
+            },
+            self.prices,
+        ))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Process everything that arrived since the last checkpoint, in batches, then stop.
@@ -120,17 +154,8 @@ enum Command {
     },
     /// What the last batches cost on AWS (Lambda, Step Functions, S3), per batch and per run, the month at an arrival rate, and the always-on Spark job it replaces.
     Cost {
-        /// The pipeline file.
-        pipeline: PathBuf,
-        /// How many batches, newest first.
-        #[arg(long, default_value_t = 100)]
-        last: usize,
-        /// Only batches committed within this long before now (e.g. "7 days").
-        #[arg(long)]
-        since: Option<String>,
-        /// A price table (default: us-east-1 list prices, engine/prices/us-east-1.toml).
-        #[arg(long)]
-        prices: Option<PathBuf>,
+        #[command(flatten)]
+        batches: Batches,
         /// Project the month at one run every DURATION (e.g. "5 minutes") instead of the observed rate.
         #[arg(long)]
         every: Option<String>,
@@ -140,17 +165,8 @@ enum Command {
     },
     /// The memory each function should run with, from what its invocations measured (CPU time over billed time), with the Lambda cost a run before and after.
     Tune {
-        /// The pipeline file.
-        pipeline: PathBuf,
-        /// How many batches, newest first.
-        #[arg(long, default_value_t = 100)]
-        last: usize,
-        /// Only batches committed within this long before now (e.g. "7 days").
-        #[arg(long)]
-        since: Option<String>,
-        /// A price table (default: us-east-1 list prices, engine/prices/us-east-1.toml).
-        #[arg(long)]
-        prices: Option<PathBuf>,
+        #[command(flatten)]
+        batches: Batches,
     },
     /// Show the last committed batch, totals and what is waiting.
     Show {
@@ -364,42 +380,16 @@ async fn dispatch(command: Command, json: bool) -> anyhow::Result<ExitCode> {
         Command::Register { pipeline } => register(&pipeline, json).await,
         Command::Check { pipeline } => check(&pipeline, json).await,
         Command::Cost {
-            pipeline,
-            last,
-            since,
-            prices,
+            batches,
             every,
             data_every,
         } => {
-            if last == 0 {
-                return Err(Usage("--last 0 prices no batch: give 1 or more".into()).into());
-            }
-            cost::run(
-                &open(&pipeline).await?,
-                cost::Window { last, since },
-                prices,
-                every,
-                data_every,
-                json,
-            )
-            .await
+            let (ctx, window, prices) = batches.open("prices").await?;
+            cost::run(&ctx, window, prices, every, data_every, json).await
         }
-        Command::Tune {
-            pipeline,
-            last,
-            since,
-            prices,
-        } => {
-            if last == 0 {
-                return Err(Usage("--last 0 reads no batch: give 1 or more".into()).into());
-            }
-            cost::tune(
-                &open(&pipeline).await?,
-                &cost::Window { last, since },
-                prices,
-                json,
-            )
-            .await
+        Command::Tune { batches } => {
+            let (ctx, window, prices) = batches.open("reads").await?;
+            cost::tune(&ctx, &window, prices, json).await
         }
         Command::Gen {
             dataset: Dataset::Taxi,
