@@ -13,7 +13,6 @@ use crate::paths;
 /// checkpoint for the committer (`work/N/task-T-eE.json`).
 pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Result<TaskResult> {
     let started = std::time::Instant::now();
-    let cpu_started = super::usage::process_cpu_us();
     let ctx = &ctx.counted();
     ctx.check_spec(run)?;
     let off = ctx
@@ -110,7 +109,7 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
     result.requests = ctx.counts();
     result.requests.put += 1;
     result.millis = super::usage::billed_ms(started);
-    result.cpu_ms = super::usage::process_cpu_us().saturating_sub(cpu_started) / 1000;
+    result.cpu_ms = super::usage::invocation_cpu_ms();
     result.memory_mb = crate::deploy::memory_mb(crate::deploy::OPERATOR);
     result.retries = super::usage::retries();
     ctx.checkpoint.put_task_result(id, &result).await?;

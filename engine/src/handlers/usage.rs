@@ -145,11 +145,12 @@ pub(crate) fn run_end(handover: bool, now_ms: i64) -> crate::checkpoint::Usage {
     }
 }
 
-/// The CPU time (user and system) this process has used, microseconds.
+/// The CPU time (user and system) this process has used, microseconds
+/// ([`timed`] takes it at the start of each invocation).
 /// On Lambda a process runs one invocation at a time, so the difference
 /// over an invocation is the invocation's; locally, invocations that
 /// overlap (a batch's tasks) each count the others' too.
-pub(crate) fn process_cpu_us() -> u64 {
+fn process_cpu_us() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     t.tv_sec.max(0) as u64 * 1_000_000 + t.tv_nsec.max(0) as u64 / 1_000
 }
