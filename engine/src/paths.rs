@@ -138,9 +138,21 @@ pub mod checkpoint {
         String::from_utf8(bytes).ok()
     }
 
+    /// Where every batch's work files live.
+    pub(crate) const WORK_PREFIX: &str = "work/";
+
     /// Prefix of the task results of batch `n`.
     pub(crate) fn work_prefix(n: u64) -> String {
-        format!("work/{n:010}/")
+        format!("{WORK_PREFIX}{n:010}/")
+    }
+
+    /// The batch of a work file (`work/N/...`).
+    pub(crate) fn work_batch(key: &str) -> Option<u64> {
+        key.strip_prefix(WORK_PREFIX)?
+            .split('/')
+            .next()?
+            .parse()
+            .ok()
     }
 
     /// The result of task `task` of batch `n` run under lease `epoch`,
@@ -389,6 +401,15 @@ mod tests {
     fn keys_sort_numerically_and_parse_back() {
         assert!(checkpoint::offsets(9) < checkpoint::offsets(10));
         assert_eq!(checkpoint::batch_of(&checkpoint::commit(42)), Some(42));
+        assert_eq!(
+            checkpoint::work_batch(&checkpoint::work(42, 3, 7)),
+            Some(42)
+        );
+        assert_eq!(
+            checkpoint::work_batch(&checkpoint::partial(42, 1, 3, 7)),
+            Some(42)
+        );
+        assert_eq!(checkpoint::work_batch(&checkpoint::offsets(42)), None);
         assert_eq!(
             sink::part(3, 1, 2, 7),
             "batch=0000000003/part-00001-00002-e7.parquet"

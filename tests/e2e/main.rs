@@ -26,6 +26,7 @@ mod metrics;
 mod notify;
 mod partition;
 mod quarantine;
+mod requests;
 mod s3;
 mod schema;
 mod schema_change;

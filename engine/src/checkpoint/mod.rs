@@ -58,6 +58,16 @@ pub(crate) fn retention_floor(last_committed: u64, retain: u64) -> u64 {
     (last_committed + 1).saturating_sub(retain)
 }
 
+/// Batches whose commit lists what earlier commits removed by name
+/// (records below the retention floor, work files), so what a crash or an
+/// abandoned plan left goes too: one in [`SWEEP_EVERY`].
+pub(crate) fn sweeps_at(batch: u64) -> bool {
+    batch.is_multiple_of(SWEEP_EVERY)
+}
+
+/// See [`sweeps_at`].
+pub(crate) const SWEEP_EVERY: u64 = 64;
+
 /// The checkpoint of one pipeline, read and written through a store rooted at
 /// `<checkpoint>/<pipeline>/`.
 #[derive(Debug, Clone)]
@@ -435,8 +445,17 @@ impl Checkpoint {
 
     /// The offsets and commits of batches below `floor`, oldest first, all
     /// offsets before any commit: what pruning to `floor` deletes, in that
-    /// order. Nothing reads pruned records.
-    pub(crate) async fn prunable(&self, floor: u64) -> Result<Vec<String>> {
+    /// order. Nothing reads pruned records. Each commit prunes the batch
+    /// that fell below the floor by name; with `sweep`, the records are
+    /// listed, so what a crash or a lowered `retain_batches` left goes too.
+    pub(crate) async fn prunable(&self, floor: u64, sweep: bool) -> Result<Vec<String>> {
+        if !sweep {
+            let last = floor.saturating_sub(1);
+            return Ok(vec![
+                paths::checkpoint::offsets(last),
+                paths::checkpoint::commit(last),
+            ]);
+        }
         let mut keys = Vec::new();
         for prefix in [
             paths::checkpoint::OFFSETS_PREFIX,

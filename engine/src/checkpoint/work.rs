@@ -98,6 +98,22 @@ impl Checkpoint {
         delete_all(self.store(), done).await
     }
 
+    /// Remove the work files of every batch up to `through` (all
+    /// committed) of the run under `epoch` and older ones: what runs that
+    /// died or whose plan was dropped left. One listing of `work/`.
+    pub(crate) async fn sweep_work(&self, through: u64, epoch: u64) -> Result<()> {
+        let done: Vec<String> = self
+            .store()
+            .list(paths::checkpoint::WORK_PREFIX, None)
+            .await?
+            .into_iter()
+            .map(|m| m.key)
+            .filter(|k| paths::checkpoint::work_batch(k).is_some_and(|b| b <= through))
+            .filter(|k| paths::epoch_of(k).is_none_or(|e| e <= epoch))
+            .collect();
+        delete_all(self.store(), done).await
+    }
+
     /// Remove `keys`, one at a time and in order (a crash leaves a suffix).
     pub(crate) async fn remove_in_order(&self, keys: Vec<String>) -> Result<()> {
         for key in keys {

@@ -38,14 +38,15 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
     ctx.check_spec(run)?;
     let started = std::time::Instant::now();
     let (control, _) = ctx.checkpoint.owned_control(run.epoch).await?;
-    let (record, written) = match prepare(ctx, run, &control, batch).await? {
+    let (record, written, fresh) = match prepare(ctx, run, &control, batch).await? {
         Prepared::Ready(p) => {
             fence(ctx, run).await?;
-            (write_record(ctx, run, *p, started).await?, true)
+            let (record, fresh) = write_record(ctx, run, *p, started).await?;
+            (record, true, fresh)
         }
-        Prepared::Committed(record) => (*record, false),
+        Prepared::Committed(record) => (*record, false, None),
     };
-    finish_commit(ctx, run, &control, &record, Charge::AfterCommit).await?;
+    finish_commit(ctx, run, &control, &record, Charge::AfterCommit, fresh).await?;
     // The batch's metrics, once: by the commit that wrote (or raced to
     // write) its record, not by one that found it committed.
     if written {
@@ -69,6 +70,17 @@ struct Ready {
     off: crate::checkpoint::Offsets,
     results: Vec<TaskResult>,
     merged: Option<Merged>,
+    /// The sink's staging as the check of the outputs listed it.
+    staged: Option<Vec<crate::storage::ObjectMeta>>,
+}
+
+/// What the commit that has just written a batch's record knows of it,
+/// which spares [`finish_commit`] listings: no earlier publish of the
+/// batch, the staging its check listed, and (`work`) every work file the
+/// batch has when this run planned it and only its tasks wrote any.
+pub(super) struct Fresh {
+    staged: Option<Vec<crate::storage::ObjectMeta>>,
+    work: Option<Vec<String>>,
 }
 
 /// Stage 1: gather the results the tasks (and merges) of `batch` left under
@@ -112,7 +124,7 @@ async fn prepare(
     if let Some(s) = &record.stateful {
         files.extend(s.late_files.iter());
     }
-    ctx.sink.verify(batch, &files).await?;
+    let staged = ctx.sink.verify(batch, &files).await?;
     ctx.sink
         .stage_commit(&record, &manifest_of(ctx, &record))
         .await?;
@@ -121,6 +133,7 @@ async fn prepare(
         off,
         results,
         merged,
+        staged,
     })))
 }
 
@@ -134,19 +147,20 @@ async fn fence(ctx: &Context, run: &RunState) -> Result<()> {
 
 /// Stage 3: the record's durations, usage and requests, then its
 /// create-only write, which commits the batch. Returns the record that is
-/// the truth: this one, or the one a retried or another run's commit
-/// wrote first.
+/// the truth: this one (with what this commit knows of it), or the one a
+/// retried or another run's commit wrote first.
 async fn write_record(
     ctx: &Context,
     run: &RunState,
     ready: Ready,
     started: std::time::Instant,
-) -> Result<Commit> {
+) -> Result<(Commit, Option<Fresh>)> {
     let Ready {
         mut record,
         off,
         results,
         merged,
+        staged,
     } = ready;
     let batch = record.batch;
     record.durations.commit_ms = super::usage::billed_ms(started);
@@ -183,8 +197,22 @@ async fn write_record(
                 "create-only write lost, yet no record is there",
             )
         })?;
+        return Ok((record, None));
     }
-    Ok(record)
+    // A plan this run made, of a row-by-row query whose tasks ran in the
+    // state machine's inline Map: its tasks' results are the batch's only
+    // work files (older runs never saw the plan; a retried task rewrites
+    // its own result).
+    let work = (off.epoch == run.epoch
+        && merged.is_none()
+        && off.tasks.len() as u64 <= ctx.pipeline.limits.max_inline_tasks)
+        .then(|| {
+            off.tasks
+                .iter()
+                .map(|t| paths::checkpoint::work(batch, t.task, run.epoch))
+                .collect()
+        });
+    Ok((record, Some(Fresh { staged, work })))
 }
 
 /// A batch's plan must be of the history this run works in.
@@ -614,14 +642,28 @@ pub(super) async fn finish_commit(
     control: &crate::checkpoint::Control,
     record: &Commit,
     charge: Charge,
+    fresh: Option<Fresh>,
 ) -> Result<()> {
     let started = ctx.counts();
     let p = &ctx.pipeline;
-    ctx.sink.publish(record).await?;
-    ctx.sink.remove_staged_through(record.batch).await?;
+    let published_before = fresh.is_none();
+    let (staged, work) = match fresh {
+        Some(f) => (f.staged, f.work),
+        None => (None, None),
+    };
+    ctx.sink.publish(record, !published_before).await?;
+    ctx.sink.remove_staged_through(record, staged).await?;
     // This batch's work files of this run and older ones (a newer run's
-    // are its own to remove).
-    ctx.checkpoint.remove_work(record.batch, run.epoch).await?;
+    // are its own to remove): by name when the commit knows them all,
+    // listed otherwise; and every so many batches, whatever earlier
+    // batches left (runs that died, plans dropped after a refusal).
+    match work {
+        Some(keys) => ctx.checkpoint.remove_all(keys).await?,
+        None => ctx.checkpoint.remove_work(record.batch, run.epoch).await?,
+    }
+    if checkpoint::sweeps_at(record.batch) {
+        ctx.checkpoint.sweep_work(record.batch, run.epoch).await?;
+    }
     let listing = discovery::Source::of(p)
         .settle(&ctx.scope(), control, record)
         .await?;
@@ -630,7 +672,9 @@ pub(super) async fn finish_commit(
     // Listed now so the control write can count their deletes.
     let floor = checkpoint::retention_floor(record.batch, p.retain_batches);
     let pruned = if floor > 0 {
-        ctx.checkpoint.prunable(floor).await?
+        ctx.checkpoint
+            .prunable(floor, checkpoint::sweeps_at(record.batch))
+            .await?
     } else {
         Vec::new()
     };

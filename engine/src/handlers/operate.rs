@@ -40,7 +40,9 @@ pub async fn operate(ctx: &Context, run: &RunState, batch: u64, task: u32) -> Re
         Some(v) => super::schema::arrow_of(ctx, v, paths::checkpoint::offsets(batch))?,
         None => ctx.schema().await?,
     };
-    let mut op = SqlOperator::new(ctx.pipeline.clone(), schema.clone());
+    // A first attempt has no earlier parts of its own to remove.
+    let mut op = SqlOperator::new(ctx.pipeline.clone(), schema.clone())
+        .with_retried(!super::usage::first_attempt());
     if !ctx.pipeline.statics.is_empty() {
         op = op.with_statics(off.statics.clone(), Some(ctx.static_stores()?));
     }

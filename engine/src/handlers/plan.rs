@@ -663,7 +663,7 @@ async fn resume_planned(
         .commit_of(n, &control.history, run.epoch)
         .await?
     {
-        finish_commit(ctx, run, control, &commit, Charge::Plan).await?;
+        finish_commit(ctx, run, control, &commit, Charge::Plan, None).await?;
         n += 1;
     }
     let off = ctx

@@ -94,6 +94,12 @@ pub(crate) fn retries() -> u64 {
     STARTED.try_with(|s| s.1).unwrap_or(0)
 }
 
+/// Whether the handler invocation in progress is its step's first attempt
+/// (false outside [`timed`]: not known).
+pub(crate) fn first_attempt() -> bool {
+    STARTED.try_with(|s| s.1 == 0).unwrap_or(false)
+}
+
 /// CPU time of the process since the handler invocation in progress
 /// started, ms (0 outside [`timed`]; see [`process_cpu_us`]).
 pub(crate) fn invocation_cpu_ms() -> u64 {

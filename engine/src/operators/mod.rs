@@ -222,6 +222,11 @@ pub struct SqlOperator {
     /// The static tables as the batch reads them (`[[static]]`), and the
     /// stores to read them from (`None`: checking the query, no rows).
     statics: Arc<StaticInputs>,
+    /// Whether an earlier attempt of the task may have staged parts this
+    /// one does not write again (they are removed at the task's end). A
+    /// first attempt leaves that to the commit, which removes everything
+    /// staged for its batch, and saves the listing.
+    retried: bool,
 }
 
 impl SqlOperator {
@@ -234,7 +239,15 @@ impl SqlOperator {
             partitions,
             shapes: Default::default(),
             statics: Default::default(),
+            retried: true,
         }
+    }
+
+    /// The operator for the first attempt of its task (`retried` false):
+    /// no earlier attempt staged parts for it.
+    pub(crate) fn with_retried(mut self, retried: bool) -> SqlOperator {
+        self.retried = retried;
+        self
     }
 
     /// The operator, joining the static tables as `pins` say (read from
@@ -809,7 +822,9 @@ impl SqlOperator {
                 read.rejected = Some(sink.write_rejected(id, &bad).await?);
             }
         }
-        sink.remove_stale_parts(id, &read.outputs).await?;
+        if self.retried {
+            sink.remove_stale_parts(id, &read.outputs).await?;
+        }
         Ok(read)
     }
 

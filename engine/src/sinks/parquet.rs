@@ -644,9 +644,15 @@ impl ParquetSink {
     /// Check, before committing, that every file a batch's record will
     /// name (parts, late rows, set-aside rows) is staged with its size (or,
     /// for a commit retried after it published them, published with it).
-    pub(crate) async fn verify(&self, batch: u64, files: &[&OutputFile]) -> Result<()> {
+    /// Returns the listing of staging it checked against (`None`: nothing
+    /// to check, not listed), which the commit's clean-up reuses.
+    pub(crate) async fn verify(
+        &self,
+        batch: u64,
+        files: &[&OutputFile],
+    ) -> Result<Option<Vec<crate::storage::ObjectMeta>>> {
         if files.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let staged = self.store.list(paths::sink::STAGING_PREFIX, None).await?;
         let missing: Vec<&OutputFile> = files
@@ -680,7 +686,7 @@ impl ParquetSink {
                 });
             }
         }
-        Ok(())
+        Ok(Some(staged))
     }
 
     /// Stage what the commit of `record` publishes besides the files its
@@ -720,7 +726,12 @@ impl ParquetSink {
     /// copy of a staged object, so it lands only while that object exists:
     /// a run stopped past its lease cannot publish after a reset removed
     /// staging. Idempotent: recovery runs it again after a crash part-way.
-    pub(crate) async fn publish(&self, record: &Commit) -> Result<()> {
+    ///
+    /// `fresh`: the commit that has just written the record publishes it.
+    /// Nothing can be in its batch's folders then (publishing needs the
+    /// record, and a reset starts the new history at batch numbers no
+    /// earlier history used), so it copies without listing them first.
+    pub(crate) async fn publish(&self, record: &Commit, fresh: bool) -> Result<()> {
         let batch = record.batch;
         let mut files: Vec<&OutputFile> = record.outputs.iter().collect();
         files.extend(record.rejected.iter());
@@ -735,8 +746,10 @@ impl ParquetSink {
             }
         }
         let mut listed = Vec::new();
-        for folder in &folders {
-            listed.extend(self.store.list(folder, None).await?);
+        if !fresh {
+            for folder in &folders {
+                listed.extend(self.store.list(folder, None).await?);
+            }
         }
         let todo: Vec<String> = files
             .iter()
@@ -929,18 +942,37 @@ impl ParquetSink {
         }
     }
 
-    /// Delete the staged parts of batches up to `batch` (all committed):
-    /// the published copies are the output now, and whatever a run that
-    /// lost its lease staged for them was never to be published.
-    pub(crate) async fn remove_staged_through(&self, batch: u64) -> Result<()> {
-        let done: Vec<String> = self
-            .store
-            .list(paths::sink::STAGING_PREFIX, None)
-            .await?
+    /// Delete the staged parts of batches up to `record`'s (all
+    /// committed): the published copies are the output now, and whatever a
+    /// run that lost its lease staged for them was never to be published.
+    /// `listed`: staging as the commit's check listed it before it staged
+    /// the record's manifest (`None`: list it now). What is staged after
+    /// such a listing, besides that manifest, is removed by the next
+    /// batch's commit.
+    pub(crate) async fn remove_staged_through(
+        &self,
+        record: &Commit,
+        listed: Option<Vec<crate::storage::ObjectMeta>>,
+    ) -> Result<()> {
+        let batch = record.batch;
+        let listed = match listed {
+            Some(l) => l,
+            None => self.store.list(paths::sink::STAGING_PREFIX, None).await?,
+        };
+        let mut done: Vec<String> = listed
             .into_iter()
             .filter(|m| paths::sink::staged_batch(&m.key).is_none_or(|b| b <= batch))
             .map(|m| m.key)
             .collect();
+        let mut own = vec![paths::sink::staged_manifest(batch, record.epoch)];
+        if !record.quarantined.is_empty() {
+            own.push(paths::sink::staged_quarantined(batch, record.epoch));
+        }
+        for key in own {
+            if !done.contains(&key) {
+                done.push(key);
+            }
+        }
         delete_all(&self.store, done).await
     }
 

@@ -1,0 +1,298 @@
+//! The storage requests a run makes, request by request: what the
+//! checkpoint protocol needs and nothing more. S3 bills PUT, COPY and LIST
+//! at $0.005 per 1,000 and GET at $0.0004, so on the one-file runs a
+//! pipeline fed every few minutes makes, these requests are most of what a
+//! run costs. The expected lists are written out by hand from the
+//! protocol (docs/architecture.md), not taken from a run.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use sluice_engine::error::StoreError;
+use sluice_engine::handlers::Context;
+use sluice_engine::storage::{
+    LocalStore, Object, ObjectMeta, PutMode, PutOutcome, RequestCounts, ScanAccess, Store,
+};
+
+use crate::support::*;
+
+/// A store that logs every request as `"<KIND> <key or prefix>"`.
+#[derive(Debug)]
+struct Logged {
+    inner: Arc<dyn Store>,
+    /// Where this store is (`source`, `sink`, `checkpoint`): the log's
+    /// key prefix.
+    name: &'static str,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Logged {
+    fn note(&self, kind: &str, key: &str) {
+        let line = format!("{kind} {}/{key}", self.name);
+        self.log.lock().unwrap().push(line);
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Logged {
+    async fn get(&self, key: &str) -> Result<Option<Object>, StoreError> {
+        self.note("GET", key);
+        self.inner.get(key).await
+    }
+    async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
+        self.note("PUT", key);
+        self.inner.put(key, bytes, mode).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+    ) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.note("LIST", prefix);
+        self.inner.list(prefix, start_after).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.note("DELETE", key);
+        self.inner.delete(key).await
+    }
+    async fn delete_if(&self, key: &str, etag: &str) -> Result<bool, StoreError> {
+        self.note("DELETE", key);
+        self.inner.delete_if(key, etag).await
+    }
+    async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
+        self.note("COPY", to);
+        self.inner.copy(from, to).await
+    }
+    async fn sweep_temp(&self, prefix: &str) -> Result<u64, StoreError> {
+        self.inner.sweep_temp(prefix).await
+    }
+    fn counts(&self) -> RequestCounts {
+        self.inner.counts()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn scan_access(&self) -> Result<ScanAccess, StoreError> {
+        self.inner.scan_access()
+    }
+}
+
+/// A context over `root`'s folders whose every request is logged in `log`.
+fn logged_context(root: &Path, toml: &str, log: &Arc<Mutex<Vec<String>>>) -> Context {
+    let p = pipeline(root, toml);
+    let wrap = |name: &'static str, path: std::path::PathBuf| -> Arc<dyn Store> {
+        Arc::new(Logged {
+            inner: Arc::new(LocalStore::new(path)),
+            name,
+            log: log.clone(),
+        })
+    };
+    let checkpoint = root.join("out/checkpoint").join(&p.name);
+    let mut ctx = Context::new(
+        p,
+        wrap("source", root.join("input")),
+        wrap("sink", root.join("out/sink")),
+        wrap("checkpoint", checkpoint),
+    );
+    test_mode(&mut ctx);
+    ctx
+}
+
+/// The requests S3 bills at the PUT price (PUT, COPY, LIST), in order.
+fn put_class(log: &[String]) -> Vec<String> {
+    log.iter()
+        .filter(|l| l.starts_with("PUT ") || l.starts_with("COPY ") || l.starts_with("LIST "))
+        .cloned()
+        .collect()
+}
+
+/// Add one taxi file to `root/input` under a name that sorts after the
+/// ones before it (`ordered` discovery).
+fn add_file(root: &Path, n: u64) {
+    let tmp = root.join(format!("gen{n}"));
+    let made = gen_files(&tmp, 1, 200);
+    std::fs::create_dir_all(root.join("input")).unwrap();
+    std::fs::rename(&made[0], root.join(format!("input/f-{n:04}.parquet"))).unwrap();
+}
+
+fn ordered_toml(limits: &str) -> String {
+    pipeline_toml(
+        "req",
+        "parquet",
+        "discovery = \"ordered\"\nlookback = 10",
+        limits,
+    )
+}
+
+/// A run that finds one new file, in a pipeline that committed before:
+/// the PUT-class requests are the protocol's own, in its order. Before
+/// this was measured, such a run also listed the task's staged parts
+/// (to remove an earlier attempt's, on a first attempt), staging twice,
+/// the batch's sink folder (empty: its record had just been written) and
+/// its work folder: 17 of them instead of 12.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_one_file_run_makes_only_the_requests_the_protocol_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = ordered_toml("max_files_per_batch = 4");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    add_file(root, 0);
+    let first = run(&logged_context(root, &toml, &log)).await.unwrap();
+    assert_eq!(first.batches.len(), 1, "{first:?}");
+    add_file(root, 1);
+    log.lock().unwrap().clear();
+    let second = run(&logged_context(root, &toml, &log)).await.unwrap();
+    assert_eq!(second.batches.len(), 1, "{second:?}");
+    let log = log.lock().unwrap().clone();
+    let want: Vec<String> = [
+        // Discovery: one listing after the cursor.
+        "LIST source/",
+        // The lease, then the batch's plan, create-only.
+        "PUT checkpoint/control.json",
+        "PUT checkpoint/offsets/0000000001.json",
+        // The task: its part, staged, and its result.
+        "PUT sink/_sluice/staging/batch=0000000001/part-00000-00000-e2.parquet.staged",
+        "PUT checkpoint/work/0000000001/task-00000-e2.json",
+        // The commit: check the staged outputs, stage the manifest, write
+        // the record, publish both, advance the index and control.
+        "LIST sink/_sluice/staging/",
+        "PUT sink/_sluice/staging/batch=0000000001/manifest-e2.json",
+        "PUT checkpoint/commits/0000000001.json",
+        "COPY sink/batch=0000000001/part-00000-00000-e2.parquet",
+        "COPY sink/_sluice/manifest/0000000001.json",
+        "PUT checkpoint/index/processed.json",
+        "PUT checkpoint/control.json",
+        // The run's end: the lease released.
+        "PUT checkpoint/control.json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(put_class(&log), want, "every request: {log:#?}");
+    // What the commit staged and the task's result are removed by name.
+    for gone in [
+        "DELETE sink/_sluice/staging/batch=0000000001/part-00000-00000-e2.parquet.staged",
+        "DELETE sink/_sluice/staging/batch=0000000001/manifest-e2.json",
+        "DELETE checkpoint/work/0000000001/task-00000-e2.json",
+    ] {
+        assert!(log.iter().any(|l| l == gone), "no {gone}: {log:#?}");
+    }
+    assert_eq!(staged_files(&root.join("out/sink")), Vec::<String>::new());
+    assert!(
+        !root.join("out/checkpoint/req/work/0000000001").exists()
+            || std::fs::read_dir(root.join("out/checkpoint/req/work/0000000001"))
+                .unwrap()
+                .next()
+                .is_none(),
+        "work files left"
+    );
+}
+
+/// Once `retain_batches` records are kept, each commit prunes the batch
+/// that fell below the floor by name: no listing of `offsets/` and
+/// `commits/` on every commit (two LIST requests a run, for ever, before).
+/// The records kept are exactly the last `retain_batches`.
+#[tokio::test(flavor = "multi_thread")]
+async fn steady_state_pruning_lists_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = ordered_toml("max_files_per_batch = 4").replace(
+        "uri = \"out/checkpoint\"",
+        "uri = \"out/checkpoint\"\nretain_batches = 2",
+    );
+    assert!(toml.contains("retain_batches = 2"), "{toml}");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    for n in 0..5 {
+        add_file(root, n);
+        log.lock().unwrap().clear();
+        let s = run(&logged_context(root, &toml, &log)).await.unwrap();
+        assert_eq!(s.batches.len(), 1, "run {n}: {s:?}");
+        let log = log.lock().unwrap().clone();
+        assert!(
+            !log.iter()
+                .any(|l| l == "LIST checkpoint/offsets/" || l == "LIST checkpoint/commits/"),
+            "run {n} listed the records: {log:#?}"
+        );
+    }
+    let names = |sub: &str| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(root.join("out/checkpoint/req").join(sub))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let kept = vec!["0000000003.json".to_string(), "0000000004.json".to_string()];
+    assert_eq!(names("offsets"), kept);
+    assert_eq!(names("commits"), kept);
+}
+
+/// What commits by name cannot see (a dead run's work files and staged
+/// parts of a batch since committed, a record a crash kept from pruning)
+/// goes at the next sweep: every 64th batch lists work, staging and the
+/// records, and removes them; the batches before it leave them alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sweep_every_64_batches_removes_what_dead_runs_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = pipeline_toml(
+        "sweep",
+        "parquet",
+        "discovery = \"ordered\"\nlookback = 10",
+        "max_files_per_batch = 1",
+    )
+    .replace(
+        "uri = \"out/checkpoint\"",
+        "uri = \"out/checkpoint\"\nretain_batches = 100",
+    );
+    std::fs::create_dir_all(root.join("input")).unwrap();
+    for n in 0..60 {
+        add_file(root, n);
+    }
+    let ctx = local_context(&pipeline(root, &toml));
+    let s = run(&ctx).await.unwrap();
+    assert_eq!(s.batches.len(), 60, "{s:?}");
+    // Left by a run of epoch 1 that died working on batch 3, and by one
+    // that staged a part of batch 5 and lost its lease.
+    let ck = root.join("out/checkpoint/sweep");
+    let dead_work = ck.join("work/0000000003/task-00000-e1.json");
+    std::fs::create_dir_all(dead_work.parent().unwrap()).unwrap();
+    std::fs::write(&dead_work, b"{}").unwrap();
+    let dead_part =
+        root.join("out/sink/_sluice/staging/batch=0000000005/part-00000-00000-e1.parquet.staged");
+    std::fs::create_dir_all(dead_part.parent().unwrap()).unwrap();
+    std::fs::write(&dead_part, b"x").unwrap();
+    // Batches 60 to 63: nothing lists work (their commits name their own
+    // files), and staging is listed by each commit's check, so the
+    // staged part goes with the first of them.
+    for n in 60..64 {
+        add_file(root, n);
+    }
+    let s = run(&ctx).await.unwrap();
+    assert_eq!(s.batches.len(), 4, "{s:?}");
+    assert!(
+        dead_work.exists(),
+        "work of batch 3 removed before the sweep"
+    );
+    assert!(!dead_part.exists(), "the staged part of batch 5 was left");
+    // Batch 64 sweeps.
+    add_file(root, 64);
+    let s = run(&ctx).await.unwrap();
+    assert_eq!(s.batches.len(), 1, "{s:?}");
+    assert!(
+        !dead_work.exists(),
+        "the sweep at batch 64 left {dead_work:?}"
+    );
+    // The output is every input row once (DuckDB over the inputs).
+    let inputs: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("input"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let mut want = duckdb_rows(&inputs, SQL).await;
+    want.sort();
+    let mut got = committed_rows(&root.join("out/sink"), "sweep").await;
+    got.sort();
+    assert_eq!(got.len(), want.len());
+    assert_eq!(got, want);
+}
