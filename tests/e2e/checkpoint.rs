@@ -278,6 +278,8 @@ async fn records_edited_by_hand_are_refused_naming_them() {
         ("format version from the future", ""),
         ("last_committed past the commits", ""),
         ("last_committed past the commits", "discovery = \"notify\""),
+        // Its index is in control.json, written with `last_committed`.
+        ("last_committed past the commits", "discovery = \"ordered\""),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();

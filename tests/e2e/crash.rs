@@ -26,13 +26,14 @@ pub(crate) fn spawn_run(root: &std::path::Path) -> std::process::Child {
 
 fn limited_context(
     root: &std::path::Path,
+    source: &str,
     limits: &str,
     writes: Arc<AtomicU64>,
     fail_at: u64,
 ) -> Context {
     fault_context(
         root,
-        &pipeline_toml("crash", "parquet", "", limits),
+        &pipeline_toml("crash", "parquet", source, limits),
         writes,
         fail_at,
     )
@@ -53,6 +54,19 @@ async fn failing_any_write_then_rerunning_gives_the_clean_output() {
 #[tokio::test(flavor = "multi_thread")]
 async fn failing_any_write_of_a_triggered_express_run_then_taking_over_gives_the_clean_output() {
     each_write_fails_in_turn(LIMITS, 1, Triggered).await;
+}
+
+/// The same with `ordered` discovery, whose lookback window of processed
+/// keys control holds, written with each commit's record of the batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_any_write_of_an_ordered_run_then_rerunning_gives_the_clean_output() {
+    each_write_fails_in_turn_of(
+        "discovery = \"ordered\"\nlookback = 2",
+        LIMITS,
+        1,
+        Workflow::Express,
+    )
+    .await;
 }
 
 /// The same with every execution Standard (a deployment without the
@@ -131,8 +145,18 @@ impl Start for Triggered {
 }
 
 async fn each_write_fails_in_turn(limits: &str, executions: u64, start: impl Start) {
+    each_write_fails_in_turn_of("", limits, executions, start).await
+}
+
+/// [`each_write_fails_in_turn`] with `source` options.
+async fn each_write_fails_in_turn_of(
+    source: &str,
+    limits: &str,
+    executions: u64,
+    start: impl Start,
+) {
     let faulty_context = |root: &std::path::Path, writes: Arc<AtomicU64>, fail_at: u64| {
-        limited_context(root, limits, writes, fail_at)
+        limited_context(root, source, limits, writes, fail_at)
     };
     let run = |root: &std::path::Path, writes: Arc<AtomicU64>, fail_at: u64| {
         start.run(

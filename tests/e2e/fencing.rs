@@ -148,6 +148,9 @@ enum Meanwhile {
 enum Scenario {
     /// `list` discovery, two batches, bad rows set aside (row files).
     List,
+    /// [`Scenario::List`] with `ordered` discovery: the lookback window
+    /// of processed keys lives in control, advanced with each commit.
+    Ordered,
     /// `notify` discovery: inbox, claims, reconciliation.
     Notify,
     /// A windowed GROUP BY in append mode with late rows as side output:
@@ -190,6 +193,7 @@ impl Scenario {
     fn name(self) -> &'static str {
         match self {
             Scenario::List => "fence",
+            Scenario::Ordered => "fenceo",
             Scenario::Notify => "fencen",
             Scenario::Windowed => "fencew",
             Scenario::Refused => "fencer",
@@ -236,6 +240,13 @@ uri = "out/checkpoint"
 max_files_per_batch = 2
 "#
             ),
+            Scenario::Ordered => Scenario::List
+                .toml(root)
+                .replace("name = \"fence\"", "name = \"fenceo\"")
+                .replace(
+                    "table = \"t\"",
+                    "table = \"t\"\ndiscovery = \"ordered\"\nlookback = 2",
+                ),
             Scenario::Notify => pipeline_toml(
                 "fencen",
                 "parquet",
@@ -274,7 +285,7 @@ max_files_per_batch = 2
     /// The input before the stale run starts.
     async fn setup(self, root: &Path) {
         match self {
-            Scenario::List => {
+            Scenario::List | Scenario::Ordered => {
                 for i in 0..3 {
                     write_csv(root, i);
                 }
@@ -354,7 +365,7 @@ max_files_per_batch = 2
     /// so it gets none).
     async fn arrive(self, root: &Path) {
         match self {
-            Scenario::List => write_csv(root, 9),
+            Scenario::List | Scenario::Ordered => write_csv(root, 9),
             Scenario::Notify => {
                 let input = root.join("input");
                 let files = gen_files(&input, 1, 40);
@@ -393,7 +404,9 @@ max_files_per_batch = 2
     async fn got(self, root: &Path) -> Vec<String> {
         let sink = root.join("out/sink");
         match self {
-            Scenario::List => manifest_rows(&sink, self.name(), "id, v, twice", "").await,
+            Scenario::List | Scenario::Ordered => {
+                manifest_rows(&sink, self.name(), "id, v, twice", "").await
+            }
             Scenario::Notify
             | Scenario::Refused
             | Scenario::Kafka
@@ -421,7 +434,7 @@ max_files_per_batch = 2
     /// the input files under `root`.
     async fn want(self, root: &Path) -> Vec<String> {
         match self {
-            Scenario::List => {
+            Scenario::List | Scenario::Ordered => {
                 let input = root.join("input");
                 let mut files: Vec<PathBuf> = std::fs::read_dir(&input)
                     .unwrap()
@@ -595,9 +608,11 @@ async fn assert_consistent(root: &Path, s: Scenario, inputs: u64, what: &str) {
         Vec::<String>::new(),
         "{what}: plans beyond the last commit"
     );
-    if s == Scenario::List {
-        let (index, _) = ctx.checkpoint.index(c.first_batch).await.unwrap();
+    if matches!(s, Scenario::List | Scenario::Ordered) {
+        let (index, _) = ctx.checkpoint.index_of(Some(&c)).await.unwrap();
         assert_eq!(index.through_batch, Some(last), "{what}: index");
+        // `ordered` keeps it in control, `list` in its own object.
+        assert_eq!(c.index.is_some(), s == Scenario::Ordered, "{what}: {c:?}");
     }
     if s == Scenario::Kafka {
         // Every record produced was read, and control's offsets say so:
@@ -1049,6 +1064,16 @@ async fn a_list_run_held_at_any_write_changes_nothing_after_a_takeover() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_list_run_held_at_any_write_changes_nothing_after_a_reset() {
     each_write_held(Scenario::List, Stale::Run, Meanwhile::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ordered_run_held_at_any_write_changes_nothing_after_a_takeover() {
+    each_write_held(Scenario::Ordered, Stale::Run, Meanwhile::TakeOver).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ordered_run_held_at_any_write_changes_nothing_after_a_reset() {
+    each_write_held(Scenario::Ordered, Stale::Run, Meanwhile::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -130,7 +130,8 @@ fn ordered_toml(limits: &str) -> String {
 /// this was measured, such a run also listed the task's staged parts
 /// (to remove an earlier attempt's, on a first attempt), staging twice,
 /// the batch's sink folder (empty: its record had just been written) and
-/// its work folder: 17 of them instead of 12.
+/// its work folder, and advanced the index in its own object: 17 of them
+/// instead of 12.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_one_file_run_makes_only_the_requests_the_protocol_needs() {
     let dir = tempfile::tempdir().unwrap();
@@ -155,13 +156,13 @@ async fn a_one_file_run_makes_only_the_requests_the_protocol_needs() {
         "PUT sink/_sluice/staging/batch=0000000001/part-00000-00000-e2.parquet.staged",
         "PUT checkpoint/work/0000000001/task-00000-e2.json",
         // The commit: check the staged outputs, stage the manifest, write
-        // the record, publish both, advance the index and control.
+        // the record, publish both, then record it in control (with the
+        // index of processed inputs: ordered discovery's lookback window).
         "LIST sink/_sluice/staging/",
         "PUT sink/_sluice/staging/batch=0000000001/manifest-e2.json",
         "PUT checkpoint/commits/0000000001.json",
         "COPY sink/batch=0000000001/part-00000-00000-e2.parquet",
         "COPY sink/_sluice/manifest/0000000001.json",
-        "PUT checkpoint/index/processed.json",
         "PUT checkpoint/control.json",
         // The run's end: the lease released.
         "PUT checkpoint/control.json",
@@ -294,5 +295,57 @@ async fn the_sweep_every_64_batches_removes_what_dead_runs_left() {
     let mut got = committed_rows(&root.join("out/sink"), "sweep").await;
     got.sort();
     assert_eq!(got.len(), want.len());
+    assert_eq!(got, want);
+}
+
+/// A checkpoint an older release wrote keeps an `ordered` pipeline's
+/// index in `index/processed.json`: the next commit moves it into control
+/// and removes the object, and no processed file is read again.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ordered_index_of_an_older_release_moves_into_control() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = ordered_toml("max_files_per_batch = 4");
+    for n in 0..3 {
+        add_file(root, n);
+    }
+    let ctx = local_context(&pipeline(root, &toml));
+    assert_eq!(run(&ctx).await.unwrap().batches.len(), 1);
+    // As the older release left it: the index in its own object, none in
+    // control.
+    let ck = root.join("out/checkpoint/req");
+    let mut control: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ck.join("control.json")).unwrap()).unwrap();
+    let index = control["index"].take();
+    assert_eq!(index["keys"].as_array().unwrap().len(), 3, "{index}");
+    control.as_object_mut().unwrap().remove("index");
+    std::fs::write(
+        ck.join("control.json"),
+        serde_json::to_vec_pretty(&control).unwrap(),
+    )
+    .unwrap();
+    std::fs::create_dir_all(ck.join("index")).unwrap();
+    std::fs::write(
+        ck.join("index/processed.json"),
+        serde_json::to_vec_pretty(&index).unwrap(),
+    )
+    .unwrap();
+    add_file(root, 3);
+    let s = run(&ctx).await.unwrap();
+    assert_eq!(s.batches.len(), 1, "{s:?}");
+    assert_eq!(s.batches[0].files, 1, "{s:?}");
+    let c = control_of(root, &toml).await;
+    let moved = c.index.expect("control holds the index");
+    assert_eq!(moved.through_batch, Some(1));
+    assert_eq!(moved.keys.len(), 4, "{moved:?}");
+    assert!(!ck.join("index/processed.json").exists());
+    let inputs: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("input"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let mut want = duckdb_rows(&inputs, SQL).await;
+    want.sort();
+    let mut got = committed_rows(&root.join("out/sink"), "req").await;
+    got.sort();
     assert_eq!(got, want);
 }

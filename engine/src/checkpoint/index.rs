@@ -19,10 +19,26 @@ pub enum IndexKeep {
     Last,
 }
 
+/// The largest lookback whose index `control.json` holds itself (keys of
+/// about 100 bytes: 100 KB).
+pub const INLINE_LOOKBACK: u64 = 1000;
+
+impl IndexKeep {
+    /// Whether an index kept this way is small enough to live in
+    /// `control.json` ([`super::Control::index`]).
+    pub fn inline(self) -> bool {
+        match self {
+            IndexKeep::Every => false,
+            IndexKeep::Recent(n) => n <= INLINE_LOOKBACK,
+            IndexKeep::Last => true,
+        }
+    }
+}
+
 /// `index/processed.json`: processed input keys. In `list` mode all of them;
 /// in `ordered` mode the most recent `lookback`, with the largest key evicted
 /// from the window as the cursor later listings start after.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Index {
     /// Checkpoint format version.
     pub format_version: u32,

@@ -355,7 +355,32 @@ impl Checkpoint {
     /// manifests discovery). Missing while `control` records a committed
     /// batch of that history, it is a broken checkpoint, not an empty
     /// index: reading it as empty would read every processed file again.
+    ///
+    /// A bounded index lives in `control` itself ([`Control::index`]; no
+    /// etag then).
     pub async fn index_of(&self, control: Option<&Control>) -> Result<(Index, Option<String>)> {
+        if let Some(c) = control
+            && let Some(index) = &c.index
+        {
+            // Written in the same write as `last_committed`: behind it,
+            // one of them was edited by hand.
+            if let Some(last) = c.last_committed
+                && index.through_batch.is_none_or(|t| t < last)
+            {
+                return Err(Error::Checkpoint {
+                    pipeline: self.pipeline.clone(),
+                    key: format!("{}/{}", self.store.describe(), paths::checkpoint::CONTROL),
+                    message: format!(
+                        "it says batches up to {last} are committed, yet its index of \
+                         processed inputs goes only up to {:?}: a record was edited by hand. \
+                         Restore it from a backup, or start over with `sluice reset` on the \
+                         pipeline file",
+                        index.through_batch
+                    ),
+                });
+            }
+            return Ok((index.clone(), None));
+        }
         let first = control.map_or(0, |c| c.first_batch);
         let read = self.index(first).await?;
         let Some(last) = control.and_then(|c| c.last_committed) else {

@@ -252,6 +252,14 @@ pub struct Control {
     /// here and stops without writing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub execution: Option<RunExecution>,
+    /// The processed-input index of this history, when the source keeps a
+    /// bounded one (`ordered` mode's lookback window, `manifests` and Delta
+    /// sources' last key): advanced in the write that records each commit,
+    /// instead of in `index/processed.json` just before it (one write a
+    /// batch fewer). `list` mode's index, every key ever processed, stays
+    /// in its own object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<super::Index>,
 }
 
 /// The execution an epoch's run is claimed for (see [`Control::execution`]).
@@ -431,6 +439,7 @@ impl Control {
             stream_shards: BTreeMap::new(),
             stream_until: None,
             execution: None,
+            index: None,
         }
     }
 

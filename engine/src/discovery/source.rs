@@ -32,6 +32,20 @@ use crate::planning;
 use crate::storage::fanout::{concurrently, delete_all};
 use crate::storage::{ObjectMeta, Store};
 
+/// What [`Source::settle`] leaves for the control write that records a
+/// batch.
+#[derive(Debug, Default)]
+pub(crate) struct Settled {
+    /// The listing state of the processed inputs (`None`: the source keeps
+    /// none).
+    pub listing: Option<ListingState>,
+    /// A bounded index, which control holds ([`Control::index`]).
+    pub index: Option<Index>,
+    /// The index object that control takes the place of: removed once
+    /// control holds the index.
+    pub moved: Option<String>,
+}
+
 /// What a source is asked through: the pipeline, the store its source is
 /// read from, and its checkpoint (the handlers' context, seen from here).
 pub(crate) struct Scope<'a> {
@@ -581,22 +595,23 @@ impl Source {
 
     /// After the commit record of `record` exists: advance the source's
     /// cursor past it, idempotently (`notify`: mark its keys' claims
-    /// committed and consume their inbox entries; the others: the index,
-    /// by compare-and-swap). Returns the listing state control records
-    /// (`None` for `notify`, which keeps none).
+    /// committed and consume their inbox entries; `list`: the index, by
+    /// compare-and-swap; a bounded index is returned for the control
+    /// write that records the batch to hold). Returns what control
+    /// records.
     pub(crate) async fn settle(
         self,
         ctx: &Scope<'_>,
         control: &Control,
         record: &Commit,
-    ) -> Result<Option<ListingState>> {
+    ) -> Result<Settled> {
         let first = control.first_batch;
         let keep = match self {
             // The cursor is the commit record's, recorded in control.
-            Source::Kafka | Source::Kinesis => return Ok(None),
+            Source::Kafka | Source::Kinesis => return Ok(Settled::default()),
             Source::Notify { .. } => {
                 super::settle_claims(ctx.checkpoint.store(), first, record).await?;
-                return Ok(None);
+                return Ok(Settled::default());
             }
             Source::List => checkpoint::IndexKeep::Every,
             Source::Ordered { lookback } => checkpoint::IndexKeep::Recent(lookback),
@@ -609,6 +624,16 @@ impl Source {
             None => record.input_keys.as_slice(),
         };
         let next = index.apply(record.batch, keys, keep);
+        if keep.inline() {
+            // Read from its own object (a checkpoint of an older release)
+            // only until control holds it.
+            let moved = etag.map(|_| crate::paths::checkpoint::index(first));
+            return Ok(Settled {
+                listing: Some(next.listing()),
+                index: Some(next),
+                moved,
+            });
+        }
         if next != index
             && !ctx
                 .checkpoint
@@ -622,7 +647,10 @@ impl Source {
                 record.batch
             )));
         }
-        Ok(Some(next.listing()))
+        Ok(Settled {
+            listing: Some(next.listing()),
+            ..Settled::default()
+        })
     }
 
     /// What waits (`sluice show`): the input files no batch has taken, and

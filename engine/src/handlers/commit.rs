@@ -664,7 +664,7 @@ pub(super) async fn finish_commit(
     if checkpoint::sweeps_at(record.batch) {
         ctx.checkpoint.sweep_work(record.batch, run.epoch).await?;
     }
-    let listing = discovery::Source::of(p)
+    let settled = discovery::Source::of(p)
         .settle(&ctx.scope(), control, record)
         .await?;
     // What goes once control names this batch: records below the
@@ -698,9 +698,16 @@ pub(super) async fn finish_commit(
                 spent.delete += (pruned.len() + stale.len()) as u64;
                 c.totals.after_commits = c.totals.after_commits.plus(&spent);
             }
-            c.record_commit(record, listing.as_ref(), now, &spec_hash);
+            c.record_commit(record, settled.listing.as_ref(), now, &spec_hash);
+            // (Cleared when the source keeps its index in its own object.)
+            c.index = settled.index.clone();
         })
         .await?;
+    if let Some(key) = &settled.moved
+        && c.index.is_some()
+    {
+        ctx.checkpoint.remove_all(vec![key.clone()]).await?;
+    }
     if c.last_committed == Some(record.batch) {
         // Oldest first, so a crash leaves a suffix of records.
         ctx.checkpoint.remove_in_order(pruned).await?;
