@@ -292,6 +292,7 @@ mod tests {
             task: 2,
             merge: None,
             dedup: None,
+            carry: false,
         };
         tracing::subscriber::with_default(subscriber, || {
             let _in = invocation_span(&req).entered();

@@ -43,6 +43,9 @@ async fn run_through(planner: &Contexts, operator: &Contexts, committer: &Contex
             assert!(matches!(outcome, PlanOutcome::Done { .. }), "{outcome:?}");
             return batches;
         };
+        // As the inline Map does: each task's answer (with its result)
+        // goes to the commit in `run.results`.
+        let mut results = Vec::new();
         for task in &batch.tasks {
             let req = TaskRequest {
                 retries: 0,
@@ -52,17 +55,23 @@ async fn run_through(planner: &Contexts, operator: &Contexts, committer: &Contex
                 task: *task,
                 merge: None,
                 dedup: None,
+                carry: true,
             };
-            operator
+            let ack = operator
                 .dispatch("warm", false, |ctx| handlers::handle_task(ctx, req.clone()))
                 .await
                 .unwrap();
+            assert!(ack.result.is_some(), "a small result travels: {ack:?}");
+            results.push(ack);
         }
         let req = CommitRequest {
             retries: 0,
             action: CommitAction::Commit,
             pipeline: "warm".into(),
-            run: r.clone(),
+            run: handlers::RunState {
+                results,
+                ..r.clone()
+            },
             batch: batch.batch,
         };
         committer
@@ -193,6 +202,7 @@ async fn a_step_whose_run_spec_is_no_longer_registered_stops_with_a_conflict() {
         task: 0,
         merge: None,
         dedup: None,
+        carry: true,
     };
     let e = operator
         .dispatch("warm", false, |ctx| handlers::handle_task(ctx, req.clone()))

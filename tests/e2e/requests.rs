@@ -130,8 +130,8 @@ fn ordered_toml(limits: &str) -> String {
 /// this was measured, such a run also listed the task's staged parts
 /// (to remove an earlier attempt's, on a first attempt), staging twice,
 /// the batch's sink folder (empty: its record had just been written) and
-/// its work folder, and advanced the index in its own object: 17 of them
-/// instead of 12.
+/// its work folder, advanced the index in its own object, and wrote the
+/// task's result for the commit to read: 17 of them instead of 11.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_one_file_run_makes_only_the_requests_the_protocol_needs() {
     let dir = tempfile::tempdir().unwrap();
@@ -152,9 +152,9 @@ async fn a_one_file_run_makes_only_the_requests_the_protocol_needs() {
         // The lease, then the batch's plan, create-only.
         "PUT checkpoint/control.json",
         "PUT checkpoint/offsets/0000000001.json",
-        // The task: its part, staged, and its result.
+        // The task: its part, staged (its result travels back in the
+        // state machine's payload to the commit).
         "PUT sink/_sluice/staging/batch=0000000001/part-00000-00000-e2.parquet.staged",
-        "PUT checkpoint/work/0000000001/task-00000-e2.json",
         // The commit: check the staged outputs, stage the manifest, write
         // the record, publish both, then record it in control (with the
         // index of processed inputs: ordered discovery's lookback window).
@@ -171,14 +171,18 @@ async fn a_one_file_run_makes_only_the_requests_the_protocol_needs() {
     .map(|s| s.to_string())
     .collect();
     assert_eq!(put_class(&log), want, "every request: {log:#?}");
-    // What the commit staged and the task's result are removed by name.
+    // What the commit staged is removed by name; no task result was
+    // written or read.
     for gone in [
         "DELETE sink/_sluice/staging/batch=0000000001/part-00000-00000-e2.parquet.staged",
         "DELETE sink/_sluice/staging/batch=0000000001/manifest-e2.json",
-        "DELETE checkpoint/work/0000000001/task-00000-e2.json",
     ] {
         assert!(log.iter().any(|l| l == gone), "no {gone}: {log:#?}");
     }
+    assert!(
+        !log.iter().any(|l| l.contains("checkpoint/work/")),
+        "work files: {log:#?}"
+    );
     assert_eq!(staged_files(&root.join("out/sink")), Vec::<String>::new());
     assert!(
         !root.join("out/checkpoint/req/work/0000000001").exists()
@@ -339,6 +343,48 @@ async fn an_ordered_index_of_an_older_release_moves_into_control() {
     assert_eq!(moved.through_batch, Some(1));
     assert_eq!(moved.keys.len(), 4, "{moved:?}");
     assert!(!ck.join("index/processed.json").exists());
+    let inputs: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("input"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let mut want = duckdb_rows(&inputs, SQL).await;
+    want.sort();
+    let mut got = committed_rows(&root.join("out/sink"), "req").await;
+    got.sort();
+    assert_eq!(got, want);
+}
+
+/// A task's result travels in the payload only while it fits its share of
+/// the 64 KB the batch's results may add to it (Step Functions caps a
+/// payload at 256 KB): a task writing a part per pickup zone (hundreds of
+/// output files) leaves its result in the checkpoint, and the commit reads
+/// it there. The output is the same either way (DuckDB).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_task_result_is_left_in_the_checkpoint_not_the_payload() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = pipeline_toml("req", "parquet", "", "max_bytes_per_task = 1").replace(
+        "[sink]\nuri = \"out/sink\"",
+        "[sink]\nuri = \"out/sink\"\npartition_by = [\"PULocationID\"]",
+    );
+    assert!(toml.contains("partition_by"), "{toml}");
+    // Eight tasks (8 KB each), each result about 12 KB.
+    for n in 0..8 {
+        add_file(root, n);
+    }
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let s = run(&logged_context(root, &toml, &log)).await.unwrap();
+    assert_eq!(s.batches.len(), 1, "{s:?}");
+    let log = log.lock().unwrap().clone();
+    let written: Vec<&String> = log
+        .iter()
+        .filter(|l| l.starts_with("PUT checkpoint/work/0000000000/task-"))
+        .collect();
+    assert_eq!(written.len(), 8, "each task's result written: {log:#?}");
+    let parts = std::fs::read_dir(root.join("out/sink/batch=0000000000"))
+        .unwrap()
+        .count();
+    assert!(parts > 100, "{parts} zone folders");
     let inputs: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("input"))
         .unwrap()
         .map(|e| e.unwrap().path())

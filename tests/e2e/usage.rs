@@ -267,7 +267,7 @@ impl WriteHook for FailFirst {
     }
 }
 
-/// Retried steps: a task's result write fails twice and a commit record's
+/// Retried steps: a task's part write fails twice and a commit record's
 /// write once (each a Sluice.Retryable the state machine retries). The
 /// records count each failed attempt as an invocation and a transition,
 /// as the runner counted them (Step Functions bills both).
@@ -279,29 +279,22 @@ async fn retried_steps_count_as_invocations_and_transitions() {
     let toml = pipeline_toml("retried", "parquet", "", "max_files_per_batch = 1");
     let p = pipeline(root, &toml);
     let checkpoint = root.join("out/checkpoint").join(&p.name);
-    let hooked = |pattern: &'static str, left: u64| -> Arc<dyn Store> {
+    let hooked = |path: std::path::PathBuf, pattern: &'static str, left: u64| -> Arc<dyn Store> {
         Arc::new(Hooked {
-            inner: Arc::new(LocalStore::new(checkpoint.clone())),
+            inner: Arc::new(LocalStore::new(path)),
             hook: FailFirst {
                 pattern,
                 left: left.into(),
             },
         })
     };
-    // Task results live under work/, commit records under commits/: one
-    // store for both would need one hook; chain two.
-    let store: Arc<dyn Store> = Arc::new(Hooked {
-        inner: hooked("work/", 2),
-        hook: FailFirst {
-            pattern: "commits/",
-            left: 1.into(),
-        },
-    });
+    // A task's staged parts live in the sink, commit records in the
+    // checkpoint. (A task's result travels in the payload: it writes none.)
     let mut ctx = Context::new(
         p,
         Arc::new(LocalStore::new(root.join("input"))),
-        Arc::new(LocalStore::new(root.join("out/sink"))),
-        store,
+        hooked(root.join("out/sink"), "part-", 2),
+        hooked(checkpoint, "commits/", 1),
     );
     test_mode(&mut ctx);
     let ran = run(&ctx).await.unwrap();

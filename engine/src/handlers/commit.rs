@@ -200,15 +200,21 @@ async fn write_record(
         return Ok((record, None));
     }
     // A plan this run made, of a row-by-row query whose tasks ran in the
-    // state machine's inline Map: its tasks' results are the batch's only
-    // work files (older runs never saw the plan; a retried task rewrites
-    // its own result).
+    // state machine's inline Map: the results its tasks wrote (those that
+    // did not travel in the payload) are the batch's only work files
+    // (older runs never saw the plan; a retried task rewrites its own).
+    let carried = |task: u32| {
+        run.results
+            .iter()
+            .any(|a| a.result.as_ref().is_some_and(|r| r.task == task))
+    };
     let work = (off.epoch == run.epoch
         && merged.is_none()
         && off.tasks.len() as u64 <= ctx.pipeline.limits.max_inline_tasks)
         .then(|| {
             off.tasks
                 .iter()
+                .filter(|t| !carried(t.task))
                 .map(|t| paths::checkpoint::work(batch, t.task, run.epoch))
                 .collect()
         });
@@ -609,6 +615,7 @@ async fn task_results(
     for t in &off.tasks {
         let result = super::operate::finished_task(
             ctx,
+            run,
             crate::checkpoint::TaskId {
                 epoch: run.epoch,
                 batch,

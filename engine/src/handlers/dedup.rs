@@ -137,7 +137,7 @@ pub async fn dedup(
             batch,
             task: t.task,
         };
-        let result = super::operate::finished_task(ctx, id).await?;
+        let result = super::operate::finished_task(ctx, run, id).await?;
         for f in result.partials.iter().filter(|f| f.partition == partition) {
             let obj = store
                 .get(&f.key)

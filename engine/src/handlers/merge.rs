@@ -190,7 +190,7 @@ async fn merge_inputs(
                 batch: off.batch,
                 task: t.task,
             };
-            files.extend(super::operate::finished_task(ctx, id).await?.partials);
+            files.extend(super::operate::finished_task(ctx, run, id).await?.partials);
         }
     }
     for f in files.iter().filter(|f| f.partition == partition) {

@@ -87,6 +87,7 @@ pub fn handle_task(ctx: &Context, req: TaskRequest) -> HandlerFuture<'_, TaskAck
                 task: partition,
                 rows_out: d.rows_out,
                 files: d.outputs.len() as u64,
+                result: None,
             });
         }
         if let Some(partition) = req.merge {
@@ -95,21 +96,24 @@ pub fn handle_task(ctx: &Context, req: TaskRequest) -> HandlerFuture<'_, TaskAck
                 task: partition,
                 rows_out: m.rows_out,
                 files: m.outputs.len() as u64,
+                result: None,
             });
         }
-        let r = match operate(ctx, &req.run, req.batch, req.task).await {
-            Ok(r) => r,
-            Err(e) => {
-                if e.class() == ErrorClass::InvalidInput {
-                    record_refusal(ctx, &req, &e).await;
+        let (r, carried) =
+            match operate::operate_as(ctx, &req.run, req.batch, req.task, req.carry).await {
+                Ok(r) => r,
+                Err(e) => {
+                    if e.class() == ErrorClass::InvalidInput {
+                        record_refusal(ctx, &req, &e).await;
+                    }
+                    return Err(e);
                 }
-                return Err(e);
-            }
-        };
+            };
         Ok(TaskAck {
             task: r.task,
             rows_out: r.rows_out,
             files: r.outputs.len() as u64,
+            result: carried.then_some(r),
         })
     }))
 }
@@ -121,7 +125,11 @@ pub fn handle_commit(ctx: &Context, req: CommitRequest) -> HandlerFuture<'_, Com
         match req.action {
             CommitAction::Commit => Ok(CommitSummary {
                 pipeline: req.pipeline.clone(),
-                run: Some(req.run.clone()),
+                // (The batch's task answers are not the next one's.)
+                run: Some(RunState {
+                    results: Vec::new(),
+                    ..req.run.clone()
+                }),
                 ..CommitSummary::from(&commit(ctx, &req.run, req.batch).await?)
             }),
             CommitAction::Abandon => {

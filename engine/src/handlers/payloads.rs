@@ -55,6 +55,12 @@ pub struct RunState {
     /// are not billed; the execution's duration is).
     #[serde(default, skip_serializing_if = "is_false")]
     pub express: bool,
+    /// The answers of the current batch's tasks, placed here by the
+    /// state machine's inline Map (`ResultPath: $.plan.run.results`) for
+    /// the commit: the results that travel in them are not read from the
+    /// checkpoint. Cleared by the commit's answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub results: Vec<TaskAck>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -251,10 +257,18 @@ pub struct TaskRequest {
     /// transition too.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub retries: u64,
+    /// The caller hands the task's answer to the commit (the inline Map
+    /// of this release's definitions: `"carry": true`), so a small result
+    /// may travel in it instead of the checkpoint. A definition of an
+    /// earlier release drops the answers: its tasks' results are written.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub carry: bool,
 }
 
-/// Output of the operator function: an acknowledgement (the result itself
-/// stays in the checkpoint).
+/// Output of the operator function: an acknowledgement, with the task's
+/// result itself when it is small (a task of an inline Map; the state
+/// machine hands the Map's answers to the commit in `run.results`),
+/// otherwise left in the checkpoint (`work/N/task-T-eE.json`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskAck {
     /// Task number.
@@ -263,7 +277,15 @@ pub struct TaskAck {
     pub rows_out: u64,
     /// Files written.
     pub files: u64,
+    /// The result, when it travels in the payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<crate::operators::TaskResult>,
 }
+
+/// The most the results of one batch's tasks may add to the state
+/// machine's payload (256 KB in all), bytes: a task whose result is larger
+/// than its share leaves it in the checkpoint instead.
+pub const INLINE_RESULTS_BYTES: usize = 64 * 1024;
 
 /// What the committer function is asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
