@@ -420,17 +420,26 @@ pub fn report(
         runs_per_month.map(|n| data_interval_s.map_or(n, |d| (month_s / d).min(n)));
     let idle_runs_per_month = runs_per_month.zip(data_runs_per_month).map(|(n, d)| n - d);
     // An idle run: its ending as recorded for executions that handed out
-    // no batch (on AWS, a trigger's run that found nothing), else the
+    // no batch (on AWS, a trigger's run that found nothing), else the mean
+    // ending made by a Plan that found nothing left (a run that ended at
+    // its last commit had no such Plan, which an idle run has), else the
     // mean ending; and its trigger's share.
+    let wake = mean(
+        bill(&totals.wakes, &totals.wake_requests, prices),
+        totals.runs,
+    );
     let idle_run = if totals.idle_runs > 0 {
         mean(
             bill(&totals.idle_ends, &totals.idle_end_requests, prices),
             totals.idle_runs,
         )
-        .plus(&mean(
-            bill(&totals.wakes, &totals.wake_requests, prices),
-            totals.runs,
-        ))
+        .plus(&wake)
+    } else if totals.plan_ends > 0 {
+        mean(
+            bill(&totals.plan_end_usage, &totals.plan_end_requests, prices),
+            totals.plan_ends,
+        )
+        .plus(&wake)
     } else {
         run_end
     };
@@ -769,6 +778,28 @@ mod tests {
         close(scheduled.idle_runs_per_month.unwrap(), 8030.0);
         close(scheduled.idle_run.total(), 0.000_075);
         close(scheduled.month.unwrap(), 0.784_75);
+        // One of the runs ended with a Plan (its 4 transitions: $0.0001),
+        // the other at its commit (2 transitions): an idle run, which
+        // ends with a Plan, is priced from the Plan's ending alone.
+        let mut planned = totals.clone();
+        planned.plan_ends = 1;
+        planned.plan_end_usage = Usage {
+            functions: Vec::new(),
+            transitions: 4,
+            ..Default::default()
+        };
+        let by_plan = report(
+            &commits,
+            &planned,
+            &p,
+            "default",
+            Rate {
+                every_s: Some(300.0),
+                data_every_s: Some(3600.0),
+            },
+        );
+        close(by_plan.idle_run.total(), 0.000_1);
+        close(by_plan.run_end.total(), 0.000_075);
         // Data as often as runs, or more often: every run finds data.
         for d in [300.0, 60.0] {
             let all = report(

@@ -47,8 +47,10 @@ pub fn express_billed_ms(ms: u64) -> u64 {
 
 /// The Express definition made from the Standard one: no Distributed Map
 /// (`OperateMany`, `Settle`, and the choice that leads there), the
-/// 5-minute limit, and the Plan told it runs in Express and when the
-/// execution started.
+/// 5-minute limit, the Plan and Commit told they run in Express and when
+/// the execution started, and a `Committed` choice after Commit that ends
+/// the execution when the commit ended the run (its last batch: one Plan
+/// invocation and one control write fewer a run).
 pub fn express_of(standard: &serde_json::Value) -> serde_json::Value {
     let mut e = standard.clone();
     e["Comment"] = serde_json::Value::String(
@@ -71,6 +73,26 @@ pub fn express_of(standard: &serde_json::Value) -> serde_json::Value {
     plan["workflow"] = "express".into();
     plan["started.$"] = "$$.Execution.StartTime".into();
     plan["execution.$"] = "$$.Execution.Id".into();
+    let commit = &mut states["Commit"];
+    commit["Parameters"]["workflow"] = "express".into();
+    commit["Parameters"]["started.$"] = "$$.Execution.StartTime".into();
+    commit["Next"] = "Committed".into();
+    states.insert(
+        "Committed".into(),
+        serde_json::json!({
+            "Comment": "The commit of the run's last batch gave the lease back in the write \
+                        that recorded it (no trigger asked again meanwhile): the run is over.",
+            "Type": "Choice",
+            "Choices": [{
+                "And": [
+                    { "Variable": "$.ended", "IsPresent": true },
+                    { "Variable": "$.ended", "BooleanEquals": true }
+                ],
+                "Next": "Finished"
+            }],
+            "Default": "Plan"
+        }),
+    );
     // Express is at-least-once: the same execution may run twice, even
     // under the same id. Each copy draws a token before its first Plan
     // (a Pass state, so a retry of that Plan keeps it), and the first Plan
@@ -158,13 +180,19 @@ fn template_memory_mb(template: &str, function: &str) -> u64 {
 /// task (a Distributed Map's child execution runs one state per task too),
 /// `MergeOrCommit`, for a stateful query the `Merge` map and one `RunMerge`
 /// per state partition, and `Commit` (whose answer is the next `Plan`'s
-/// input); and one per failed attempt of any of its steps (a `Retry`
-/// enters the state again).
-pub(crate) fn batch_transitions(tasks: u64, merges: u64, dedups: u64, retries: u64) -> u64 {
+/// input; in Express, through the `Committed` choice); and one per failed
+/// attempt of any of its steps (a `Retry` enters the state again).
+pub(crate) fn batch_transitions(
+    tasks: u64,
+    merges: u64,
+    dedups: u64,
+    retries: u64,
+    express: bool,
+) -> u64 {
     let merge = if merges > 0 { 1 + merges } else { 0 };
     // The Dedup map, its steps and the choice after it.
     let dedup = if dedups > 0 { 2 + dedups } else { 0 };
-    5 + tasks + merge + dedup + retries
+    5 + tasks + merge + dedup + retries + u64::from(express)
 }
 
 /// History events an execution may spend on batches before it hands over

@@ -443,7 +443,8 @@ fn cost_prices_the_recorded_usage() {
         let x = |k: &str| u["express"][k].as_f64().unwrap_or(0.0);
         total += x("executions") * 0.000001 + x("billed_ms") / 1000.0 * 0.0625 * 0.00001667;
         if let Some(r) = r {
-            let n = |k: &str| r[k].as_f64().unwrap();
+            // (Absent: none, as a run that ended at its commit records.)
+            let n = |k: &str| r[k].as_f64().unwrap_or(0.0);
             total += (n("put") + n("put_create") + n("put_update") + n("list")) / 1000.0 * 0.005;
             total += n("get") / 1000.0 * 0.0004;
         }
@@ -461,14 +462,16 @@ fn cost_prices_the_recorded_usage() {
     let totals = &read(&ck.join("control.json"))["totals"];
     assert_eq!(totals["runs"], 2);
     // Both runs were one Express execution each (the default), whose
-    // transitions are counted and not billed.
+    // transitions are counted and not billed (6 a batch and the
+    // `Committed` choice); each ended at its last commit, with no Plan.
     assert_eq!(totals["run_ends"]["express"]["executions"], 2, "{totals}");
     assert!(
         commits
             .iter()
-            .all(|c| c["usage"]["transitions"] == 0 && c["usage"]["express"]["transitions"] == 6),
+            .all(|c| c["usage"]["transitions"] == 0 && c["usage"]["express"]["transitions"] == 7),
         "{commits:?}"
     );
+    assert!(totals.get("plan_ends").is_none(), "{totals}");
     // What no record holds: each run's ending (its Plan invocation,
     // transitions and requests), and each batch's work after its record.
     let outside = |gb_s_price: f64| {

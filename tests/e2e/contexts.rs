@@ -73,6 +73,8 @@ async fn run_through(planner: &Contexts, operator: &Contexts, committer: &Contex
                 ..r.clone()
             },
             batch: batch.batch,
+            workflow: Default::default(),
+            started: None,
         };
         committer
             .dispatch("warm", false, |ctx| {

@@ -156,6 +156,8 @@ async fn a_file_replaced_after_planning_is_not_read_as_planned() {
         pipeline: "pinned".into(),
         run: r.clone(),
         batch: batch.batch,
+        workflow: Default::default(),
+        started: None,
     };
     handlers::handle_commit(&ctx, req).await.unwrap();
     let next = run(&case.context()).await.unwrap();

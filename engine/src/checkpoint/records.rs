@@ -141,6 +141,19 @@ pub struct Totals {
     /// Their endings' storage requests (as `run_end_requests`).
     #[serde(default, skip_serializing_if = "RequestCounts::is_empty")]
     pub idle_end_requests: RequestCounts,
+    /// Executions that ended with a Plan that found nothing left (idle
+    /// ones included), counted apart: an Express execution of a row query
+    /// over files usually ends at its last commit instead, with no Plan,
+    /// and an idle run always ends with one. `sluice cost` prices an idle
+    /// run from these when none was recorded.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub plan_ends: u64,
+    /// What their endings used (as `run_ends`).
+    #[serde(default, skip_serializing_if = "Usage::is_empty")]
+    pub plan_end_usage: Usage,
+    /// Their endings' storage requests (as `run_end_requests`).
+    #[serde(default, skip_serializing_if = "RequestCounts::is_empty")]
+    pub plan_end_requests: RequestCounts,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -34,6 +34,14 @@ use crate::storage::RequestCounts;
 /// run sees: a newer run made the same record (or its own) the truth, and
 /// a reset removed what was staged.
 pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit> {
+    Ok(commit_as(ctx, run, batch).await?.0)
+}
+
+/// [`commit`], as the committer function runs it: in an Express
+/// execution, the commit of the run's last batch also ends the run when
+/// it can (see [`may_end_run`]). Returns the record, and whether the run
+/// ended.
+pub(super) async fn commit_as(ctx: &Context, run: &RunState, batch: u64) -> Result<(Commit, bool)> {
     let ctx = &ctx.counted();
     ctx.check_spec(run)?;
     let started = std::time::Instant::now();
@@ -46,13 +54,53 @@ pub async fn commit(ctx: &Context, run: &RunState, batch: u64) -> Result<Commit>
         }
         Prepared::Committed(record) => (*record, false, None),
     };
-    finish_commit(ctx, run, &control, &record, Charge::AfterCommit, fresh).await?;
+    let ended = finish_commit(
+        ctx,
+        run,
+        &control,
+        &record,
+        Charge::AfterCommit,
+        fresh,
+        true,
+    )
+    .await?;
     // The batch's metrics, once: by the commit that wrote (or raced to
     // write) its record, not by one that found it committed.
     if written {
         ctx.metric(|| crate::metrics::batch_line(&record, &ctx.pipeline.name));
     }
-    Ok(record)
+    if ended {
+        tracing::info!(pipeline = %ctx.pipeline.name, epoch = run.epoch, batch, "last batch committed; lease released");
+    }
+    Ok((record, ended))
+}
+
+/// Whether the commit of `record` may end the run, as the Plan after it
+/// would (`plan`: nothing planned left, release): in an Express execution
+/// (whose `Committed` choice ends it), once the run has discovered, with
+/// no later batch planned, for a source whose end of run is only that
+/// (files and manifests: a record stream's and a stateful query's Plan
+/// may still have a batch to plan). Whether a trigger asked again is
+/// decided in the write itself.
+async fn may_end_run(
+    ctx: &Context,
+    run: &RunState,
+    control: &crate::checkpoint::Control,
+    record: &Commit,
+) -> Result<bool> {
+    if !run.express
+        || super::usage::express_started().is_none()
+        || !run.discovered
+        || record.stream.is_some()
+        || record.stateful.is_some()
+    {
+        return Ok(false);
+    }
+    let next = ctx
+        .checkpoint
+        .offsets_of(record.batch + 1, &control.history, run.epoch)
+        .await?;
+    Ok(next.is_none())
 }
 
 /// What [`prepare`] leaves for the record's write.
@@ -455,6 +503,7 @@ fn batch_usage(
         merges,
         dedups,
         run.plan_retries + operator_retries + commit_retries,
+        run.express,
     );
     // In an Express execution the transitions are not billed: the
     // execution's duration is, recorded at its ending.
@@ -643,6 +692,11 @@ pub(super) enum Charge {
 /// its work files, advance the index (compare-and-swap) and control, prune
 /// old records. Idempotent, so recovery can redo it. `control` is the one
 /// this run read: its history names the index and claims it advances.
+///
+/// `end`: when the run may end here ([`may_end_run`]), its end is
+/// recorded and the lease given back in the same write, unless a trigger
+/// asked again meanwhile (then the Plan after discovers once more).
+/// Returns whether the run ended.
 pub(super) async fn finish_commit(
     ctx: &Context,
     run: &RunState,
@@ -650,8 +704,13 @@ pub(super) async fn finish_commit(
     record: &Commit,
     charge: Charge,
     fresh: Option<Fresh>,
-) -> Result<()> {
+    end: bool,
+) -> Result<bool> {
     let started = ctx.counts();
+    let ending = match end && may_end_run(ctx, run, control, record).await? {
+        true => super::usage::commit_run_end(ctx.now()),
+        false => None,
+    };
     let p = &ctx.pipeline;
     let published_before = fresh.is_none();
     let (staged, work) = match fresh {
@@ -691,9 +750,11 @@ pub(super) async fn finish_commit(
     };
     let now = ctx.now();
     let spec_hash = p.spec_hash();
+    let ended = std::sync::atomic::AtomicBool::new(false);
     let c = ctx
         .checkpoint
         .update_control(run.epoch, &|c| {
+            ended.store(false, std::sync::atomic::Ordering::SeqCst);
             if c.records(record.batch) {
                 return;
             }
@@ -708,6 +769,15 @@ pub(super) async fn finish_commit(
             c.record_commit(record, settled.listing.as_ref(), now, &spec_hash);
             // (Cleared when the source keeps its index in its own object.)
             c.index = settled.index.clone();
+            if let Some(end) = &ending {
+                let (next, again) = checkpoint::end_of_run(c, now, &spec_hash);
+                if !again {
+                    *c = next;
+                    c.totals.runs += 1;
+                    c.totals.run_ends = c.totals.run_ends.plus(end);
+                    ended.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
         })
         .await?;
     if let Some(key) = &settled.moved
@@ -720,7 +790,7 @@ pub(super) async fn finish_commit(
         ctx.checkpoint.remove_in_order(pruned).await?;
         ctx.checkpoint.remove_all(stale).await?;
     }
-    Ok(())
+    Ok(ended.load(std::sync::atomic::Ordering::SeqCst))
 }
 
 /// State files of batches up to `batch` that the committed state `s` no

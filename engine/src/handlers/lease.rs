@@ -26,6 +26,9 @@ pub(crate) async fn release_idle(ctx: &Context, run: &RunState) -> Result<bool> 
                 c.totals.runs += 1;
                 c.totals.run_ends = c.totals.run_ends.plus(&end);
                 c.totals.run_end_requests = c.totals.run_end_requests.plus(&requests);
+                c.totals.plan_ends += 1;
+                c.totals.plan_end_usage = c.totals.plan_end_usage.plus(&end);
+                c.totals.plan_end_requests = c.totals.plan_end_requests.plus(&requests);
                 if run.batches == 0 {
                     c.totals.idle_runs += 1;
                     c.totals.idle_ends = c.totals.idle_ends.plus(&end);

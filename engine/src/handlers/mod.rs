@@ -120,18 +120,25 @@ pub fn handle_task(ctx: &Context, req: TaskRequest) -> HandlerFuture<'_, TaskAck
 
 /// The committer function's entry point.
 pub fn handle_commit(ctx: &Context, req: CommitRequest) -> HandlerFuture<'_, CommitSummary> {
+    let now = ctx.now();
     Box::pin(usage::timed(req.retries, async move {
         ctx.check_pipeline(&req.pipeline)?;
         match req.action {
-            CommitAction::Commit => Ok(CommitSummary {
-                pipeline: req.pipeline.clone(),
-                // (The batch's task answers are not the next one's.)
-                run: Some(RunState {
-                    results: Vec::new(),
-                    ..req.run.clone()
-                }),
-                ..CommitSummary::from(&commit(ctx, &req.run, req.batch).await?)
-            }),
+            CommitAction::Commit => {
+                let committed =
+                    usage::in_commit(&req, now, commit::commit_as(ctx, &req.run, req.batch));
+                let (record, ended) = committed.await?;
+                Ok(CommitSummary {
+                    ended,
+                    pipeline: req.pipeline.clone(),
+                    // (The batch's task answers are not the next one's.)
+                    run: Some(RunState {
+                        results: Vec::new(),
+                        ..req.run.clone()
+                    }),
+                    ..CommitSummary::from(&record)
+                })
+            }
             CommitAction::Abandon => {
                 abandon(ctx, &req.run, req.batch).await?;
                 Ok(CommitSummary {

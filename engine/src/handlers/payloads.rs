@@ -318,6 +318,15 @@ pub struct CommitRequest {
     /// transition too.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub retries: u64,
+    /// The kind of execution this step runs in (the Express definition
+    /// passes `express`: there, the commit of a run's last batch may end
+    /// the run itself).
+    #[serde(default)]
+    pub workflow: crate::deploy::Workflow,
+    /// When that execution started (`$$.Execution.StartTime`, RFC 3339):
+    /// a run that ends at its commit records the execution's duration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<String>,
 }
 
 /// Output of the committer function: what was committed, and (a commit)
@@ -325,6 +334,12 @@ pub struct CommitRequest {
 /// reads them from it with no state in between.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitSummary {
+    /// The commit ended the run: the batch was its last, no trigger asked
+    /// again meanwhile, and the lease was given back in the write that
+    /// recorded the batch (an Express execution; its `Committed` choice
+    /// then ends it, with no Plan after).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ended: bool,
     /// Pipeline name (a commit's: the next Plan's input).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub pipeline: String,
@@ -374,6 +389,7 @@ pub struct CommitSummary {
 impl From<&Commit> for CommitSummary {
     fn from(c: &Commit) -> Self {
         CommitSummary {
+            ended: false,
             pipeline: String::new(),
             run: None,
             batch: c.batch,

@@ -663,7 +663,7 @@ async fn resume_planned(
         .commit_of(n, &control.history, run.epoch)
         .await?
     {
-        finish_commit(ctx, run, control, &commit, Charge::Plan, None).await?;
+        finish_commit(ctx, run, control, &commit, Charge::Plan, None, false).await?;
         n += 1;
     }
     let off = ctx

@@ -54,15 +54,34 @@ pub(crate) fn in_execution<F: std::future::Future>(
     f: F,
 ) -> impl std::future::Future<Output = F::Output> {
     let express = (req.workflow == crate::deploy::Workflow::Express).then(|| Express {
-        started: req
-            .started
-            .as_deref()
-            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-            .map_or(now_ms, |t| t.timestamp_millis()),
+        started: started_ms(req.started.as_deref(), now_ms),
         id: req.execution.clone(),
         copy: req.copy.clone(),
     });
     EXPRESS.scope(express, f)
+}
+
+/// Run the Commit invocation `f` of `req` (its execution's workflow and
+/// start time), as [`in_execution`] a Plan.
+pub(crate) fn in_commit<F: std::future::Future>(
+    req: &crate::handlers::CommitRequest,
+    now_ms: i64,
+    f: F,
+) -> impl std::future::Future<Output = F::Output> {
+    let express = (req.workflow == crate::deploy::Workflow::Express).then(|| Express {
+        started: started_ms(req.started.as_deref(), now_ms),
+        id: None,
+        copy: None,
+    });
+    EXPRESS.scope(express, f)
+}
+
+/// An execution's start time (RFC 3339) in ms since the Unix epoch; now
+/// when not given or unreadable.
+fn started_ms(started: Option<&str>, now_ms: i64) -> i64 {
+    started
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map_or(now_ms, |t| t.timestamp_millis())
 }
 
 /// When the Express execution the Plan in progress runs in started, ms
@@ -112,6 +131,23 @@ pub(crate) fn invocation_cpu_ms() -> u64 {
 /// outside [`timed`]).
 pub(crate) fn invocation_ms() -> u64 {
     STARTED.try_with(|s| billed_ms(s.0)).unwrap_or(0)
+}
+
+/// The ending of an Express execution whose last commit ended the run
+/// (`None` outside an Express execution's Commit): no Plan after it; one
+/// request and the execution's duration up to now; its `Finished` and
+/// `Copy` states (the `Committed` choice before them is the batch's).
+pub(crate) fn commit_run_end(now_ms: i64) -> Option<crate::checkpoint::Usage> {
+    let started = express_started()?;
+    Some(crate::checkpoint::Usage {
+        functions: Vec::new(),
+        transitions: 0,
+        express: crate::checkpoint::ExpressUsage {
+            executions: 1,
+            billed_ms: crate::deploy::express_billed_ms((now_ms - started).max(0) as u64),
+            transitions: 2,
+        },
+    })
 }
 
 /// What one execution's ending used: the Plan invocation in progress
