@@ -317,10 +317,21 @@ fn print_totals(r: &Report) {
                 r.data_runs_per_month,
                 r.idle_runs_per_month,
             ) {
+                let basis = match r.idle_from {
+                    "idle runs" => "the mean of the runs recorded as idle, and their trigger",
+                    "Plan endings" => {
+                        "a run's measured ending made by a Plan that found nothing left, and its \
+                         trigger"
+                    }
+                    _ => {
+                        "estimated: no idle run or ending Plan recorded yet, so the mean ending \
+                         plus one Plan at the batches' mean planner duration and its idle check \
+                         (one read, one listing); on AWS idle runs are recorded"
+                    }
+                };
                 println!(
                     "              {with:.0} find data (one arrival every {}) at {} a run; {idle:.0} \
-                     find nothing at {} each (a run's measured ending and its trigger: one Plan \
-                     that finds nothing)",
+                     find nothing at {} each ({basis})",
                     every(d),
                     dollars(r.per_run),
                     dollars(r.idle_run.total())

@@ -334,10 +334,16 @@ pub struct Report {
     pub data_runs_per_month: Option<f64>,
     /// Of `runs_per_month`, those that find nothing.
     pub idle_runs_per_month: Option<f64>,
-    /// What a run that finds nothing costs: the measured mean ending of a
-    /// run (its last Plan, which found nothing, its transitions and
-    /// requests) and its trigger, which is all an idle run does.
+    /// What a run that finds nothing costs: see `idle_from`.
     pub idle_run: Bill,
+    /// What `idle_run` is made of: `idle runs` (the mean of the runs
+    /// recorded as idle, and their trigger), `Plan endings` (the mean
+    /// ending made by a Plan that found nothing left, as an idle run's
+    /// Plan does, and its trigger), or `estimated` (none of those
+    /// recorded, as when every run ended at its last commit: the mean
+    /// ending, plus one Plan invocation at the batches' mean planner
+    /// duration and its idle check, one control read and one listing).
+    pub idle_from: &'static str,
     /// Dollars in a month at that interval: the runs that find data at
     /// `per_run`, the idle ones at `idle_run`.
     pub month: Option<f64>,
@@ -428,20 +434,20 @@ pub fn report(
         bill(&totals.wakes, &totals.wake_requests, prices),
         totals.runs,
     );
-    let idle_run = if totals.idle_runs > 0 {
-        mean(
+    let (idle_run, idle_from) = if totals.idle_runs > 0 {
+        let idle = mean(
             bill(&totals.idle_ends, &totals.idle_end_requests, prices),
             totals.idle_runs,
-        )
-        .plus(&wake)
+        );
+        (idle.plus(&wake), "idle runs")
     } else if totals.plan_ends > 0 {
-        mean(
+        let ended = mean(
             bill(&totals.plan_end_usage, &totals.plan_end_requests, prices),
             totals.plan_ends,
-        )
-        .plus(&wake)
+        );
+        (ended.plus(&wake), "Plan endings")
     } else {
-        run_end
+        (run_end.plus(&idle_plan(commits, prices)), "estimated")
     };
     let month = data_runs_per_month
         .zip(idle_runs_per_month)
@@ -464,6 +470,7 @@ pub fn report(
         data_runs_per_month,
         idle_runs_per_month,
         idle_run,
+        idle_from,
         month,
         always_on_hourly: prices.always_on_hourly(),
         always_on_month: prices.always_on_monthly(),
@@ -518,6 +525,39 @@ pub fn commit_bill(c: &crate::checkpoint::Commit, prices: &Prices) -> Bill {
 }
 
 /// `b` shared over `n` (nothing over none).
+/// What an idle run's Plan costs, where no such Plan was recorded: one
+/// planner invocation at the mean duration and memory of the planner
+/// invocations the batches record (each batch's Plan did more than an
+/// idle check), and the idle check's requests (one control read and one
+/// listing, as `tests/e2e/idle.rs` holds an idle run to).
+fn idle_plan(commits: &[crate::checkpoint::Commit], prices: &Prices) -> Bill {
+    let planner: Vec<&crate::checkpoint::FunctionUsage> = commits
+        .iter()
+        .flat_map(|c| &c.usage.functions)
+        .filter(|f| f.function == crate::deploy::PLANNER && f.invocations > 0)
+        .collect();
+    let invocations: u64 = planner.iter().map(|f| f.invocations).sum();
+    let functions = match planner.first() {
+        Some(first) => vec![crate::checkpoint::FunctionUsage::new(
+            crate::deploy::PLANNER,
+            1,
+            planner.iter().map(|f| f.billed_ms).sum::<u64>() / invocations.max(1),
+            first.memory_mb,
+        )],
+        None => Vec::new(),
+    };
+    let usage = Usage {
+        functions,
+        ..Default::default()
+    };
+    let check = RequestCounts {
+        get: 1,
+        list: 1,
+        ..Default::default()
+    };
+    bill(&usage, &check, prices)
+}
+
 fn mean(b: Bill, n: u64) -> Bill {
     if n == 0 {
         return Bill::default();
@@ -762,7 +802,10 @@ mod tests {
         close(given.month.unwrap(), 2.19);
         // A schedule every 5 minutes with data once an hour: 8,760 runs,
         // 730 with data at $0.00025 and 8,030 idle at the ending's
-        // $0.000075: 0.1825 + 0.60225 = 0.78475.
+        // $0.000075 and, as no idle run or Plan-made ending is recorded,
+        // an idle Plan's check (one GET, $0.0000004, and one LIST,
+        // $0.000005; these records name no planner invocation):
+        // $0.0000804, so 0.1825 + 0.645612 = 0.828112.
         let scheduled = report(
             &commits,
             &totals,
@@ -776,8 +819,9 @@ mod tests {
         close(scheduled.runs_per_month.unwrap(), 8760.0);
         close(scheduled.data_runs_per_month.unwrap(), 730.0);
         close(scheduled.idle_runs_per_month.unwrap(), 8030.0);
-        close(scheduled.idle_run.total(), 0.000_075);
-        close(scheduled.month.unwrap(), 0.784_75);
+        close(scheduled.idle_run.total(), 0.000_080_4);
+        assert_eq!(scheduled.idle_from, "estimated");
+        close(scheduled.month.unwrap(), 0.828_112);
         // One of the runs ended with a Plan (its 4 transitions: $0.0001),
         // the other at its commit (2 transitions): an idle run, which
         // ends with a Plan, is priced from the Plan's ending alone.
@@ -799,6 +843,7 @@ mod tests {
             },
         );
         close(by_plan.idle_run.total(), 0.000_1);
+        assert_eq!(by_plan.idle_from, "Plan endings");
         close(by_plan.run_end.total(), 0.000_075);
         // Data as often as runs, or more often: every run finds data.
         for d in [300.0, 60.0] {

@@ -516,12 +516,30 @@ fn cost_prices_the_recorded_usage() {
     assert_eq!(got["free_tier"], "not included");
     // A schedule every 5 minutes and data once an hour: 8,760 runs, 730
     // of them with data; the other 8,030 are priced as a run's measured
-    // ending (its last Plan found nothing, as an idle run's does).
+    // ending plus an idle Plan (no idle run or Plan-made ending is
+    // recorded: both runs ended at their last commit): one planner
+    // invocation at the batches' mean, one GET and one LIST.
+    let (mut plan_ms, mut plans, mut plan_mb) = (0.0, 0.0, 0.0);
+    for c in &commits {
+        for f in c["usage"]["functions"].as_array().unwrap() {
+            if f["function"] == "planner" {
+                plan_ms += f["billed_ms"].as_f64().unwrap();
+                plans += f["invocations"].as_f64().unwrap();
+                plan_mb = f["memory_mb"].as_f64().unwrap();
+            }
+        }
+    }
+    assert!(plans > 0.0);
+    let idle_plan = ((plan_ms / plans).floor() / 1000.0 * plan_mb / 1024.0) * 0.0000133334
+        + 0.0000002
+        + 0.0004 / 1000.0
+        + 0.005 / 1000.0;
     let idle = bill(
         &totals["run_ends"],
         Some(&totals["run_end_requests"]),
         0.0000133334,
-    ) / 2.0;
+    ) / 2.0
+        + idle_plan;
     assert!(idle > 0.0 && idle < per_run);
     let scheduled: serde_json::Value = serde_json::from_str(&stdout(&sluice(&[
         "cost",
