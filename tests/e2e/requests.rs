@@ -493,3 +493,53 @@ async fn a_trigger_during_the_last_commit_keeps_the_run_going() {
     got.sort();
     assert_eq!(got, want);
 }
+
+/// The review's case: a crash between the commit that moved an ordered
+/// index into control and the removal of `index/processed.json` left the
+/// object behind; with `lookback` then raised past 1,000 (the index moves
+/// out of control again) every run failed with "index/processed.json
+/// changed while this run advanced it" and new files were never taken.
+/// Control's index supersedes the leftover, which is replaced.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leftover_index_object_does_not_stop_the_index_moving_out_of_control() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let toml = ordered_toml("max_files_per_batch = 4");
+    for n in 0..3 {
+        add_file(root, n);
+    }
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    // What the crash left: the index as it was, in its own object too.
+    let ck = root.join("out/checkpoint/req");
+    let control: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ck.join("control.json")).unwrap()).unwrap();
+    std::fs::create_dir_all(ck.join("index")).unwrap();
+    std::fs::write(
+        ck.join("index/processed.json"),
+        serde_json::to_vec_pretty(&control["index"]).unwrap(),
+    )
+    .unwrap();
+    add_file(root, 3);
+    run(&local_context(&pipeline(root, &toml))).await.unwrap();
+    let raised = toml.replace("lookback = 10", "lookback = 2000");
+    assert_ne!(raised, toml);
+    for n in 4..6 {
+        add_file(root, n);
+        let s = run(&local_context(&pipeline(root, &raised)))
+            .await
+            .unwrap_or_else(|e| panic!("run after file {n}: {e}"));
+        assert_eq!(s.batches.len(), 1, "{s:?}");
+        assert_eq!(s.batches[0].files, 1, "{s:?}");
+    }
+    let c = control_of(root, &raised).await;
+    assert!(c.index.is_none(), "{c:?}");
+    let inputs: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("input"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let mut want = duckdb_rows(&inputs, SQL).await;
+    want.sort();
+    let mut got = committed_rows(&root.join("out/sink"), "req").await;
+    got.sort();
+    assert_eq!(got, want);
+}

@@ -634,6 +634,13 @@ impl Source {
                 moved,
             });
         }
+        // Moving out of control (`lookback` raised past the bound): an
+        // index object there is a leftover (a crash between a move into
+        // control and its removal), superseded by control's: replace it.
+        let etag = match &control.index {
+            Some(_) => ctx.checkpoint.index(first).await?.1,
+            None => etag,
+        };
         if next != index
             && !ctx
                 .checkpoint

@@ -780,10 +780,17 @@ pub(super) async fn finish_commit(
             }
         })
         .await?;
-    if let Some(key) = &settled.moved
+    // The index object control took the place of: removed once control
+    // holds the index; and at each sweep, whatever a crash between the
+    // two left.
+    let moved = settled.moved.clone().or_else(|| {
+        (checkpoint::sweeps_at(record.batch) && settled.index.is_some())
+            .then(|| paths::checkpoint::index(control.first_batch))
+    });
+    if let Some(key) = moved
         && c.index.is_some()
     {
-        ctx.checkpoint.remove_all(vec![key.clone()]).await?;
+        ctx.checkpoint.remove_all(vec![key]).await?;
     }
     if c.last_committed == Some(record.batch) {
         // Oldest first, so a crash leaves a suffix of records.
