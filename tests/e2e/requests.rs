@@ -126,6 +126,21 @@ fn ordered_toml(limits: &str) -> String {
     )
 }
 
+/// The committed output under `root/out/sink` of pipeline `name` equals
+/// DuckDB's answer to [`SQL`] over every file in `root/input` (multisets).
+async fn assert_output_is_duckdbs(root: &Path, name: &str) {
+    let inputs: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("input"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let mut want = duckdb_rows(&inputs, SQL).await;
+    want.sort();
+    let mut got = committed_rows(&root.join("out/sink"), name).await;
+    got.sort();
+    assert_eq!(got.len(), want.len(), "rows of {name}");
+    assert_eq!(got, want, "rows of {name}");
+}
+
 /// A run that finds one new file, in a pipeline that committed before:
 /// the PUT-class requests are the protocol's own, in its order. Before
 /// this was measured, such a run also listed the task's staged parts
@@ -294,16 +309,7 @@ async fn the_sweep_every_64_batches_removes_what_dead_runs_left() {
         "the sweep at batch 64 left {dead_work:?}"
     );
     // The output is every input row once (DuckDB over the inputs).
-    let inputs: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("input"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    let mut want = duckdb_rows(&inputs, SQL).await;
-    want.sort();
-    let mut got = committed_rows(&root.join("out/sink"), "sweep").await;
-    got.sort();
-    assert_eq!(got.len(), want.len());
-    assert_eq!(got, want);
+    assert_output_is_duckdbs(root, "sweep").await;
 }
 
 /// A checkpoint an older release wrote keeps an `ordered` pipeline's
@@ -347,15 +353,7 @@ async fn an_ordered_index_of_an_older_release_moves_into_control() {
     assert_eq!(moved.through_batch, Some(1));
     assert_eq!(moved.keys.len(), 4, "{moved:?}");
     assert!(!ck.join("index/processed.json").exists());
-    let inputs: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("input"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    let mut want = duckdb_rows(&inputs, SQL).await;
-    want.sort();
-    let mut got = committed_rows(&root.join("out/sink"), "req").await;
-    got.sort();
-    assert_eq!(got, want);
+    assert_output_is_duckdbs(root, "req").await;
 }
 
 /// A task's result travels in the payload only while it fits its share of
@@ -389,15 +387,7 @@ async fn a_large_task_result_is_left_in_the_checkpoint_not_the_payload() {
         .unwrap()
         .count();
     assert!(parts > 100, "{parts} zone folders");
-    let inputs: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("input"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    let mut want = duckdb_rows(&inputs, SQL).await;
-    want.sort();
-    let mut got = committed_rows(&root.join("out/sink"), "req").await;
-    got.sort();
-    assert_eq!(got, want);
+    assert_output_is_duckdbs(root, "req").await;
 }
 
 /// Asks a running run to look again, as a trigger does (`requested` set
@@ -482,16 +472,8 @@ async fn a_trigger_during_the_last_commit_keeps_the_run_going() {
     // The second batch's commit ended the run; the first's could not.
     assert_eq!(c.totals.runs, 1, "{:?}", c.totals);
     assert_eq!(c.totals.plan_ends, 0, "{:?}", c.totals);
-    let inputs: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("input"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(inputs.len(), 2);
-    let mut want = duckdb_rows(&inputs, SQL).await;
-    want.sort();
-    let mut got = committed_rows(&root.join("out/sink"), "req").await;
-    got.sort();
-    assert_eq!(got, want);
+    assert_eq!(std::fs::read_dir(root.join("input")).unwrap().count(), 2);
+    assert_output_is_duckdbs(root, "req").await;
 }
 
 /// The review's case: a crash between the commit that moved an ordered
@@ -533,13 +515,5 @@ async fn a_leftover_index_object_does_not_stop_the_index_moving_out_of_control()
     }
     let c = control_of(root, &raised).await;
     assert!(c.index.is_none(), "{c:?}");
-    let inputs: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("input"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    let mut want = duckdb_rows(&inputs, SQL).await;
-    want.sort();
-    let mut got = committed_rows(&root.join("out/sink"), "req").await;
-    got.sort();
-    assert_eq!(got, want);
+    assert_output_is_duckdbs(root, "req").await;
 }

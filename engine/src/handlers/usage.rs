@@ -53,8 +53,8 @@ pub(crate) fn in_execution<F: std::future::Future>(
     now_ms: i64,
     f: F,
 ) -> impl std::future::Future<Output = F::Output> {
-    let express = (req.workflow == crate::deploy::Workflow::Express).then(|| Express {
-        started: started_ms(req.started.as_deref(), now_ms),
+    let express = express_of(req.workflow, req.started.as_deref(), now_ms).map(|started| Express {
+        started,
         id: req.execution.clone(),
         copy: req.copy.clone(),
     });
@@ -68,20 +68,27 @@ pub(crate) fn in_commit<F: std::future::Future>(
     now_ms: i64,
     f: F,
 ) -> impl std::future::Future<Output = F::Output> {
-    let express = (req.workflow == crate::deploy::Workflow::Express).then(|| Express {
-        started: started_ms(req.started.as_deref(), now_ms),
+    let express = express_of(req.workflow, req.started.as_deref(), now_ms).map(|started| Express {
+        started,
         id: None,
         copy: None,
     });
     EXPRESS.scope(express, f)
 }
 
-/// An execution's start time (RFC 3339) in ms since the Unix epoch; now
-/// when not given or unreadable.
-fn started_ms(started: Option<&str>, now_ms: i64) -> i64 {
-    started
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-        .map_or(now_ms, |t| t.timestamp_millis())
+/// In an Express execution, when it started (RFC 3339 `started`) in ms
+/// since the Unix epoch, now when not given or unreadable; `None` in a
+/// Standard one.
+fn express_of(
+    workflow: crate::deploy::Workflow,
+    started: Option<&str>,
+    now_ms: i64,
+) -> Option<i64> {
+    (workflow == crate::deploy::Workflow::Express).then(|| {
+        started
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map_or(now_ms, |t| t.timestamp_millis())
+    })
 }
 
 /// When the Express execution the Plan in progress runs in started, ms
