@@ -376,10 +376,26 @@ async fn a_run_that_lost_its_lease_cannot_change_committed_output() {
     globbed.sort();
     assert_eq!(globbed, committed);
 
-    // The next commit removes what A staged.
-    gen_files(&root.join("input"), 1, 50);
-    run(&local_context(&p)).await.unwrap();
-    assert_eq!(staged_files(&sink), Vec::<String>::new());
+    // What A staged stays in staging, where no reader looks, until the
+    // next sweep (every 64th batch lists staging; the commits between
+    // check their own outputs by name and list nothing), which removes it.
+    for n in 1..=64u64 {
+        let tmp = root.join(format!("gen{n}"));
+        let made = gen_files(&tmp, 1, 50);
+        std::fs::rename(&made[0], root.join(format!("input/more-{n:03}.parquet"))).unwrap();
+        run(&local_context(&p)).await.unwrap();
+        let left = staged_files(&sink);
+        if n < 64 {
+            assert!(!left.is_empty(), "batch {n} listed staging");
+        } else {
+            assert_eq!(left, Vec::<String>::new(), "the sweep at batch 64");
+        }
+    }
+    let mut globbed = globbed_rows(&sink).await;
+    globbed.sort();
+    let mut all = one_shot_rows(&root.join("input")).await;
+    all.sort();
+    assert_eq!(globbed, all);
 }
 
 /// What the batches committed so far give, by DuckDB over their input

@@ -61,6 +61,10 @@ impl Store for Logged {
         self.note("DELETE", key);
         self.inner.delete_if(key, etag).await
     }
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
+        self.note("HEAD", key);
+        self.inner.head(key).await
+    }
     async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
         self.note("COPY", to);
         self.inner.copy(from, to).await
@@ -148,8 +152,9 @@ async fn assert_output_is_duckdbs(root: &Path, name: &str) {
 /// the batch's sink folder (empty: its record had just been written) and
 /// its work folder, advanced the index in its own object, wrote the task's
 /// result for the commit to read, and ended with a Plan that gave the lease
-/// back in a write of its own: 17 of them instead of 10 (and 8 GET fewer,
-/// 20 instead of 12, and one Lambda invocation fewer).
+/// back in a write of its own: 17 of them instead of 9 (and one Lambda
+/// invocation fewer); the staging listing that checked the output is a
+/// HEAD now.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_one_file_run_makes_only_the_requests_the_protocol_needs() {
     let dir = tempfile::tempdir().unwrap();
@@ -173,10 +178,10 @@ async fn a_one_file_run_makes_only_the_requests_the_protocol_needs() {
         // The task: its part, staged (its result travels back in the
         // state machine's payload to the commit).
         "PUT sink/_sluice/staging/batch=0000000001/part-00000-00000-e2.parquet.staged",
-        // The commit: check the staged outputs, stage the manifest, write
-        // the record, publish both, then record it in control (with the
-        // index of processed inputs: ordered discovery's lookback window).
-        "LIST sink/_sluice/staging/",
+        // The commit: check the staged output (a HEAD, billed as a GET),
+        // stage the manifest, write the record, publish both, then record
+        // it in control (with the index of processed inputs: ordered
+        // discovery's lookback window).
         "PUT sink/_sluice/staging/batch=0000000001/manifest-e2.json",
         "PUT checkpoint/commits/0000000001.json",
         "COPY sink/batch=0000000001/part-00000-00000-e2.parquet",
@@ -201,6 +206,11 @@ async fn a_one_file_run_makes_only_the_requests_the_protocol_needs() {
     assert!(
         !log.iter().any(|l| l.contains("checkpoint/work/")),
         "work files: {log:#?}"
+    );
+    assert!(
+        log.iter().any(|l| l
+            == "HEAD sink/_sluice/staging/batch=0000000001/part-00000-00000-e2.parquet.staged"),
+        "the output checked: {log:#?}"
     );
     assert_eq!(staged_files(&root.join("out/sink")), Vec::<String>::new());
     assert!(
@@ -287,9 +297,8 @@ async fn the_sweep_every_64_batches_removes_what_dead_runs_left() {
         root.join("out/sink/_sluice/staging/batch=0000000005/part-00000-00000-e1.parquet.staged");
     std::fs::create_dir_all(dead_part.parent().unwrap()).unwrap();
     std::fs::write(&dead_part, b"x").unwrap();
-    // Batches 60 to 63: nothing lists work (their commits name their own
-    // files), and staging is listed by each commit's check, so the
-    // staged part goes with the first of them.
+    // Batches 60 to 63: nothing lists work or staging (their commits
+    // name their own files, and check their one output with a HEAD).
     for n in 60..64 {
         add_file(root, n);
     }
@@ -299,7 +308,7 @@ async fn the_sweep_every_64_batches_removes_what_dead_runs_left() {
         dead_work.exists(),
         "work of batch 3 removed before the sweep"
     );
-    assert!(!dead_part.exists(), "the staged part of batch 5 was left");
+    assert!(dead_part.exists(), "staging listed before the sweep");
     // Batch 64 sweeps.
     add_file(root, 64);
     let s = run(&ctx).await.unwrap();
@@ -308,6 +317,11 @@ async fn the_sweep_every_64_batches_removes_what_dead_runs_left() {
         !dead_work.exists(),
         "the sweep at batch 64 left {dead_work:?}"
     );
+    assert!(
+        !dead_part.exists(),
+        "the sweep at batch 64 left {dead_part:?}"
+    );
+    assert_eq!(staged_files(&root.join("out/sink")), Vec::<String>::new());
     // The output is every input row once (DuckDB over the inputs).
     assert_output_is_duckdbs(root, "sweep").await;
 }

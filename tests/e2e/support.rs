@@ -410,6 +410,9 @@ impl<H: WriteHook> Store for Hooked<H> {
         self.hook.before("delete", key).await?;
         self.inner.delete_if(key, etag).await
     }
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
+        self.inner.head(key).await
+    }
     async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
         self.hook.before("copy", to).await?;
         self.inner.copy(from, to).await

@@ -10,6 +10,7 @@ use crate::discovery;
 use crate::error::{Error, ErrorClass, Result};
 use crate::operators::TaskResult;
 use crate::paths;
+use crate::sinks::Checked;
 use crate::storage::RequestCounts;
 
 /// Commit step: collect the task results, check the outputs, stage the
@@ -118,8 +119,8 @@ struct Ready {
     off: crate::checkpoint::Offsets,
     results: Vec<TaskResult>,
     merged: Option<Merged>,
-    /// The sink's staging as the check of the outputs listed it.
-    staged: Option<Vec<crate::storage::ObjectMeta>>,
+    /// How the check of the outputs saw the sink's staging.
+    staged: Checked,
 }
 
 /// What the commit that has just written a batch's record knows of it,
@@ -127,7 +128,7 @@ struct Ready {
 /// batch, the staging its check listed, and (`work`) every work file the
 /// batch has when this run planned it and only its tasks wrote any.
 pub(super) struct Fresh {
-    staged: Option<Vec<crate::storage::ObjectMeta>>,
+    staged: Checked,
     work: Option<Vec<String>>,
 }
 
@@ -172,7 +173,11 @@ async fn prepare(
     if let Some(s) = &record.stateful {
         files.extend(s.late_files.iter());
     }
-    let staged = ctx.sink.verify(batch, &files).await?;
+    // A plan of this run's own: only its attempts staged anything for it.
+    let staged = ctx
+        .sink
+        .verify(batch, &files, off.epoch == run.epoch)
+        .await?;
     ctx.sink
         .stage_commit(&record, &manifest_of(ctx, &record))
         .await?;
@@ -714,8 +719,10 @@ pub(super) async fn finish_commit(
     let p = &ctx.pipeline;
     let published_before = fresh.is_none();
     let (staged, work) = match fresh {
+        // A sweep lists staging whatever the check did.
+        Some(f) if checkpoint::sweeps_at(record.batch) => (Checked::Unlisted, f.work),
         Some(f) => (f.staged, f.work),
-        None => (None, None),
+        None => (Checked::Unlisted, None),
     };
     ctx.sink.publish(record, !published_before).await?;
     ctx.sink.remove_staged_through(record, staged).await?;

@@ -272,6 +272,25 @@ fn writer_properties() -> WriterProperties {
 }
 
 /// A sink of Parquet files with a manifest per committed batch (and, as
+/// The most outputs a commit's check looks up one by one (a HEAD each)
+/// rather than listing staging: eight HEADs cost less than one LIST.
+pub(crate) const HEAD_MAX: usize = 8;
+
+/// How a commit's check saw staging ([`ParquetSink::verify`]), which its
+/// clean-up reuses ([`ParquetSink::remove_staged_through`]).
+#[derive(Debug)]
+pub(crate) enum Checked {
+    /// Staging as listed then (what is staged after, besides the
+    /// record's manifest, goes with a later batch's clean-up).
+    Listed(Vec<crate::storage::ObjectMeta>),
+    /// Each output looked up by name: the clean-up removes them by name;
+    /// anything else staged for batches up to this one goes at the next
+    /// sweep (every 64th batch lists staging).
+    ByName,
+    /// Not looked at: the clean-up lists staging.
+    Unlisted,
+}
+
 /// a Delta sink, a Delta commit per batch).
 #[derive(Debug, Clone)]
 pub struct ParquetSink {
@@ -644,15 +663,35 @@ impl ParquetSink {
     /// Check, before committing, that every file a batch's record will
     /// name (parts, late rows, set-aside rows) is staged with its size (or,
     /// for a commit retried after it published them, published with it).
-    /// Returns the listing of staging it checked against (`None`: nothing
-    /// to check, not listed), which the commit's clean-up reuses.
+    /// Returns how it saw staging, which the commit's clean-up reuses.
+    ///
+    /// `by_name`: only this run worked on the batch (its plan is this
+    /// run's), so nothing else of the batch can be staged but what its own
+    /// attempts wrote under the same names: up to [`HEAD_MAX`] files are
+    /// looked up one by one (a HEAD is billed as a GET, a twelfth of a
+    /// LIST), and the clean-up removes them by name. Otherwise staging is
+    /// listed once.
     pub(crate) async fn verify(
         &self,
         batch: u64,
         files: &[&OutputFile],
-    ) -> Result<Option<Vec<crate::storage::ObjectMeta>>> {
+        by_name: bool,
+    ) -> Result<Checked> {
+        if by_name && files.len() <= HEAD_MAX {
+            for o in files {
+                let staged = self.store.head(&paths::sink::staged(&o.key)).await?;
+                if staged.is_some_and(|m| m.size == o.bytes) {
+                    continue;
+                }
+                let published = self.store.head(&o.key).await?;
+                if published.is_none_or(|m| m.size != o.bytes) {
+                    return Err(self.missing(batch, &o.key));
+                }
+            }
+            return Ok(Checked::ByName);
+        }
         if files.is_empty() {
-            return Ok(None);
+            return Ok(Checked::Unlisted);
         }
         let staged = self.store.list(paths::sink::STAGING_PREFIX, None).await?;
         let missing: Vec<&OutputFile> = files
@@ -673,20 +712,23 @@ impl ParquetSink {
             }
             let (_, there) = listed.iter().find(|(f, _)| *f == folder).expect("listed");
             if !there.iter().any(|m| m.key == o.key && m.size == o.bytes) {
-                return Err(Error::Execution {
-                    pipeline: self.pipeline.clone(),
-                    batch,
-                    task: None,
-                    message: format!(
-                        "output {} is missing or incomplete before commit; the batch will be run \
-                         again",
-                        o.key
-                    ),
-                    class: ErrorClass::Retryable,
-                });
+                return Err(self.missing(batch, &o.key));
             }
         }
-        Ok(Some(staged))
+        Ok(Checked::Listed(staged))
+    }
+
+    /// An output the commit's check did not find with its size.
+    fn missing(&self, batch: u64, key: &str) -> Error {
+        Error::Execution {
+            pipeline: self.pipeline.clone(),
+            batch,
+            task: None,
+            message: format!(
+                "output {key} is missing or incomplete before commit; the batch will be run again"
+            ),
+            class: ErrorClass::Retryable,
+        }
     }
 
     /// Stage what the commit of `record` publishes besides the files its
@@ -952,18 +994,31 @@ impl ParquetSink {
     pub(crate) async fn remove_staged_through(
         &self,
         record: &Commit,
-        listed: Option<Vec<crate::storage::ObjectMeta>>,
+        checked: Checked,
     ) -> Result<()> {
         let batch = record.batch;
-        let listed = match listed {
-            Some(l) => l,
-            None => self.store.list(paths::sink::STAGING_PREFIX, None).await?,
+        let listed = match checked {
+            Checked::Listed(l) => l,
+            Checked::Unlisted => self.store.list(paths::sink::STAGING_PREFIX, None).await?,
+            Checked::ByName => Vec::new(),
         };
         let mut done: Vec<String> = listed
             .into_iter()
             .filter(|m| paths::sink::staged_batch(&m.key).is_none_or(|b| b <= batch))
             .map(|m| m.key)
             .collect();
+        // The files the record names, staged (by name: see `verify`).
+        let mut named: Vec<&OutputFile> = record.outputs.iter().collect();
+        named.extend(record.rejected.iter());
+        if let Some(s) = &record.stateful {
+            named.extend(s.late_files.iter());
+        }
+        for o in named {
+            let key = paths::sink::staged(&o.key);
+            if !done.contains(&key) {
+                done.push(key);
+            }
+        }
         let mut own = vec![paths::sink::staged_manifest(batch, record.epoch)];
         if !record.quarantined.is_empty() {
             own.push(paths::sink::staged_quarantined(batch, record.epoch));

@@ -73,6 +73,11 @@ impl Store for CountingStore {
         self.inner.delete_if(key, etag).await
     }
 
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
+        self.counter.add(RequestKind::Get);
+        self.inner.head(key).await
+    }
+
     async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
         self.counter.add(RequestKind::Put);
         self.inner.copy(from, to).await

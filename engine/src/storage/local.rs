@@ -473,6 +473,22 @@ impl Store for LocalStore {
             })?
     }
 
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
+        self.counter.add(RequestKind::Get);
+        let path = self.path_of(key)?;
+        match tokio::fs::metadata(&path).await {
+            Ok(m) if m.is_file() => Ok(Some(ObjectMeta {
+                key: key.to_string(),
+                size: m.len(),
+                etag: None,
+                last_modified: m.modified().ok().map(chrono::DateTime::<chrono::Utc>::from),
+            })),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.err("head", &path, e)),
+        }
+    }
+
     async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError> {
         self.counter.add(RequestKind::Put);
         let (src, dst) = (self.path_of(from)?, self.path_of(to)?);

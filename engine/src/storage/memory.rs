@@ -76,6 +76,20 @@ impl Store for MemoryStore {
         }
     }
 
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
+        self.counter.add(RequestKind::Get);
+        match self.inner.head(&object_path(key)).await {
+            Ok(m) => Ok(Some(ObjectMeta {
+                key: key.to_string(),
+                size: m.size,
+                etag: m.e_tag,
+                last_modified: Some(m.last_modified),
+            })),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(fail("head", key, e)),
+        }
+    }
+
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
         self.counter.add(mode.kind());
         let mode = match mode {

@@ -297,6 +297,11 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// when `from` does not exist.
     async fn copy(&self, from: &str, to: &str) -> Result<bool, StoreError>;
 
+    /// The size (and, where the store gives one, etag and time) of the
+    /// object at `key`, without its bytes (`None`: not there). S3 bills a
+    /// HEAD as a GET: a twelfth of a LIST.
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError>;
+
     /// Remove the temporary files that writes killed mid-way left under
     /// `prefix` (a local folder's hidden `.NAME.PID-NAMESPACE.N.tmp` files
     /// of processes of this boot and pid namespace no longer running). Stores whose writes leave nothing

@@ -224,6 +224,30 @@ impl Store for S3Store {
         }
     }
 
+    async fn head(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
+        self.counter.add(RequestKind::Get);
+        let resp = self
+            .config
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(self.full_key(key))
+            .send()
+            .await;
+        match resp {
+            Ok(out) => Ok(Some(ObjectMeta {
+                key: key.to_string(),
+                size: out.content_length().unwrap_or_default().max(0) as u64,
+                etag: out.e_tag().map(str::to_string),
+                last_modified: out
+                    .last_modified()
+                    .and_then(|t| chrono::DateTime::from_timestamp(t.secs(), t.subsec_nanos())),
+            })),
+            Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 404) => Ok(None),
+            Err(e) => Err(self.classify("head", key, &e)),
+        }
+    }
+
     async fn put(&self, key: &str, bytes: Bytes, mode: PutMode) -> Result<PutOutcome, StoreError> {
         let mut req = self
             .config
