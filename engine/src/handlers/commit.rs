@@ -168,11 +168,7 @@ async fn prepare(
         merged.as_ref(),
         started_ms,
     );
-    let mut files: Vec<&crate::checkpoint::OutputFile> = record.outputs.iter().collect();
-    files.extend(record.rejected.iter());
-    if let Some(s) = &record.stateful {
-        files.extend(s.late_files.iter());
-    }
+    let files = crate::sinks::record_files(&record);
     // A plan of this run's own: only its attempts staged anything for it.
     let staged = ctx
         .sink

@@ -8,4 +8,4 @@ pub use delta::DeltaSettings;
 mod parquet;
 
 pub use parquet::ParquetSink;
-pub(crate) use parquet::{Checked, delta_check, partition_check};
+pub(crate) use parquet::{Checked, delta_check, partition_check, record_files};

@@ -272,6 +272,17 @@ fn writer_properties() -> WriterProperties {
 }
 
 /// A sink of Parquet files with a manifest per committed batch (and, as
+/// Every file a batch's record names in the sink: its parts, its set-aside
+/// rows, and a stateful query's late rows.
+pub(crate) fn record_files(record: &Commit) -> Vec<&OutputFile> {
+    let mut files: Vec<&OutputFile> = record.outputs.iter().collect();
+    files.extend(record.rejected.iter());
+    if let Some(s) = &record.stateful {
+        files.extend(s.late_files.iter());
+    }
+    files
+}
+
 /// The most outputs a commit's check looks up one by one (a HEAD each)
 /// rather than listing staging: eight HEADs cost less than one LIST.
 pub(crate) const HEAD_MAX: usize = 8;
@@ -775,11 +786,7 @@ impl ParquetSink {
     /// earlier history used), so it copies without listing them first.
     pub(crate) async fn publish(&self, record: &Commit, fresh: bool) -> Result<()> {
         let batch = record.batch;
-        let mut files: Vec<&OutputFile> = record.outputs.iter().collect();
-        files.extend(record.rejected.iter());
-        if let Some(s) = &record.stateful {
-            files.extend(s.late_files.iter());
-        }
+        let files = record_files(record);
         let mut folders: Vec<String> = vec![paths::sink::batch_prefix(batch)];
         for f in &files {
             let folder = folder_of(&f.key);
@@ -1000,25 +1007,22 @@ impl ParquetSink {
         let listed = match checked {
             Checked::Listed(l) => l,
             Checked::Unlisted => self.store.list(paths::sink::STAGING_PREFIX, None).await?,
-            Checked::ByName => Vec::new(),
+            // The files the record names, staged (see `verify`).
+            Checked::ByName => {
+                let named = record_files(record).into_iter();
+                let mut done: Vec<String> = named.map(|o| paths::sink::staged(&o.key)).collect();
+                done.push(paths::sink::staged_manifest(batch, record.epoch));
+                if !record.quarantined.is_empty() {
+                    done.push(paths::sink::staged_quarantined(batch, record.epoch));
+                }
+                return delete_all(&self.store, done).await;
+            }
         };
         let mut done: Vec<String> = listed
             .into_iter()
             .filter(|m| paths::sink::staged_batch(&m.key).is_none_or(|b| b <= batch))
             .map(|m| m.key)
             .collect();
-        // The files the record names, staged (by name: see `verify`).
-        let mut named: Vec<&OutputFile> = record.outputs.iter().collect();
-        named.extend(record.rejected.iter());
-        if let Some(s) = &record.stateful {
-            named.extend(s.late_files.iter());
-        }
-        for o in named {
-            let key = paths::sink::staged(&o.key);
-            if !done.contains(&key) {
-                done.push(key);
-            }
-        }
         let mut own = vec![paths::sink::staged_manifest(batch, record.epoch)];
         if !record.quarantined.is_empty() {
             own.push(paths::sink::staged_quarantined(batch, record.epoch));
