@@ -92,7 +92,7 @@ pub async fn tune(
 ) -> anyhow::Result<ExitCode> {
     let (prices, name) = prices(prices_file.as_deref())?;
     let commits = commits(ctx, window).await?;
-    let r = sluice_engine::tune::tune(&commits, &prices);
+    let r = sluice_engine::tune::tune(&commits, &prices, &ctx.pipeline.limits);
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(ExitCode::SUCCESS);
@@ -127,7 +127,64 @@ pub async fn tune(
             None => println!("    {}", f.why),
         }
     }
+    match (&r.limits, &r.limits_note) {
+        (Some(a), _) => print_limits(a),
+        (None, Some(why)) => println!("  limits: {why}"),
+        (None, None) => {}
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `sluice tune`'s batch and task limits.
+fn print_limits(a: &sluice_engine::tune::LimitsAdvice) {
+    use sluice_engine::tune::size_text;
+    println!(
+        "  limits: a task reads {:.1} MiB/s after {:.0} ms of fixed work ({})",
+        a.task_bytes_per_s / (1024.0 * 1024.0),
+        a.task_fixed_ms,
+        a.fit
+    );
+    for l in &a.limits {
+        let text = |v: u64| {
+            if l.limit.starts_with("max_bytes") {
+                format!("\"{}\"", size_text(v))
+            } else {
+                v.to_string()
+            }
+        };
+        let change = if l.now == l.recommended {
+            format!("keep {}", text(l.now))
+        } else {
+            format!("{} -> {}", text(l.now), text(l.recommended))
+        };
+        println!("    {} = {change}: {}", l.limit, l.why);
+    }
+    let cut = if a.runs_cut == 0 {
+        " (every run fit one batch: the limits cut nothing; they matter when a backlog comes)"
+            .to_string()
+    } else {
+        format!(
+            " ({} cut into several batches)",
+            crate::text::count(a.runs_cut as u64, "run")
+        )
+    };
+    println!(
+        "    a run's batches: {} -> {}{cut}",
+        dollars(a.per_run_now),
+        dollars(a.per_run_after)
+    );
+    let b = &a.backlog;
+    println!(
+        "    a backlog of {} ({} of the mean size): {}, {}, {} -> {}, {}, {}",
+        size_text(b.bytes),
+        crate::text::count(b.files, "file"),
+        crate::text::count(b.now.batches, "batch"),
+        crate::text::count(b.now.tasks, "task"),
+        dollars(b.now.cost),
+        crate::text::count(b.after.batches, "batch"),
+        crate::text::count(b.after.tasks, "task"),
+        dollars(b.after.cost)
+    );
 }
 
 /// `sluice cost`.

@@ -64,6 +64,17 @@ pub(crate) fn split_manifests(
     out
 }
 
+/// The task size `limits.task_seconds` asks for at the measured `pace`:
+/// the bytes a task reads in that time, at most `max_bytes_per_task` and at
+/// least 1 MiB (`None`: not asked for, or nothing measured yet).
+pub(crate) fn paced_task_bytes(
+    limits: &Limits,
+    pace: Option<&crate::checkpoint::TaskPace>,
+) -> Option<u64> {
+    let bytes = pace?.bytes_in(limits.task_seconds?)?;
+    Some(bytes.max(1 << 20).min(limits.max_bytes_per_task))
+}
+
 /// Split a batch's inputs into tasks of at most `max_bytes_per_task` bytes
 /// (at least one file each), keeping input order.
 pub(crate) fn split_tasks(inputs: &[InputFile], max_bytes_per_task: u64) -> Vec<TaskPlan> {
@@ -229,6 +240,44 @@ pub(crate) fn split_record_tasks(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// 40 MiB read in 8,000 ms: 5 MiB a second; 10 s of it is 50 MiB,
+    /// within `max_bytes_per_task`, and never under 1 MiB or past it.
+    #[test]
+    fn paced_tasks() {
+        let pace = crate::checkpoint::TaskPace {
+            bytes: 40 << 20,
+            ms: 8_000,
+            tasks: 4,
+        };
+        let limits = |secs: Option<u64>, max: u64| Limits {
+            task_seconds: secs,
+            max_bytes_per_task: max,
+            ..Limits::default()
+        };
+        assert_eq!(
+            paced_task_bytes(&limits(Some(10), 256 << 20), Some(&pace)),
+            Some(50 << 20)
+        );
+        assert_eq!(
+            paced_task_bytes(&limits(Some(10), 32 << 20), Some(&pace)),
+            Some(32 << 20)
+        );
+        let slow = crate::checkpoint::TaskPace {
+            bytes: 1000,
+            ms: 1000,
+            tasks: 1,
+        };
+        assert_eq!(
+            paced_task_bytes(&limits(Some(1), 256 << 20), Some(&slow)),
+            Some(1 << 20)
+        );
+        assert_eq!(
+            paced_task_bytes(&limits(None, 256 << 20), Some(&pace)),
+            None
+        );
+        assert_eq!(paced_task_bytes(&limits(Some(10), 256 << 20), None), None);
+    }
 
     fn files(sizes: &[u64]) -> Vec<InputFile> {
         sizes

@@ -35,7 +35,7 @@ pub use records::{
     ListingState, Manifest, Offsets, OutputFile, PipelineRecord, Quarantined, QueryShape,
     RecordRange, RunExecution, RunStatus, SchemaVersion, ShardCursor, ShardLoss, ShardRead,
     ShardUnit, ShardUntil, SinkOwner, SourceCursor, StatefulState, StaticPin, StaticUsed,
-    StreamPlan, StreamUntil, TaskPlan, Totals, Usage, seq_cmp,
+    StreamPlan, StreamUntil, TaskPace, TaskPlan, Totals, Usage, seq_cmp,
 };
 
 /// Whether a record of history `found` is not of history `ours`: both

@@ -273,6 +273,55 @@ pub struct Control {
     /// in its own object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<super::Index>,
+    /// The operator's tasks' pace over recent batches, for
+    /// `limits.task_seconds`: advanced in the write that records each
+    /// commit that read files and measured its tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace: Option<TaskPace>,
+}
+
+/// What the operator's tasks read and how long they were billed, summed
+/// over committed batches with each older batch weighing a quarter less
+/// than the next (so the pace follows the data and the query as they
+/// change, over about the last four batches).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TaskPace {
+    /// Input bytes.
+    pub bytes: u64,
+    /// Billed task time, ms.
+    pub ms: u64,
+    /// Tasks.
+    pub tasks: u64,
+}
+
+impl TaskPace {
+    /// `self` with the batch `record` added, if it read files and its
+    /// tasks' use was measured.
+    pub fn after(self, record: &Commit) -> Option<TaskPace> {
+        let (tasks, ms) = record
+            .usage
+            .functions
+            .iter()
+            .filter(|f| f.function == crate::deploy::OPERATOR)
+            .fold((0, 0), |(n, ms), f| (n + f.invocations, ms + f.billed_ms));
+        if record.stream.is_some() || record.bytes_read == 0 || tasks == 0 || ms == 0 {
+            return None;
+        }
+        let decay = |x: u64| x - x / 4;
+        Some(TaskPace {
+            bytes: decay(self.bytes) + record.bytes_read,
+            ms: decay(self.ms) + ms,
+            tasks: decay(self.tasks) + tasks,
+        })
+    }
+
+    /// The bytes a task reads in `seconds` at this pace (fixed work
+    /// included: a task's time taken as all reading, so a task cut this
+    /// way takes at most about that long).
+    pub fn bytes_in(&self, seconds: u64) -> Option<u64> {
+        (self.ms > 0 && self.bytes > 0)
+            .then(|| (self.bytes as f64 / self.ms as f64 * seconds as f64 * 1000.0) as u64)
+    }
 }
 
 /// The execution an epoch's run is claimed for (see [`Control::execution`]).
@@ -453,6 +502,7 @@ impl Control {
             stream_until: None,
             execution: None,
             index: None,
+            pace: None,
         }
     }
 
@@ -535,6 +585,9 @@ impl Control {
         self.heartbeat_ms = Some(now_ms);
         self.spec_hash = spec_hash.to_string();
         self.totals.add(record);
+        if let Some(pace) = self.pace.unwrap_or_default().after(record) {
+            self.pace = Some(pace);
+        }
         if let Some(s) = &record.stateful {
             self.stateful = Some(s.clone());
         }
@@ -623,6 +676,11 @@ pub struct Offsets {
     /// Requests the planner made up to this plan.
     #[serde(default)]
     pub plan_requests: RequestCounts,
+    /// `limits.task_seconds`: the task size the planner cut this batch's
+    /// tasks at, from control's pace when it planned (at most
+    /// `max_bytes_per_task`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_bytes: Option<u64>,
 }
 
 impl Offsets {

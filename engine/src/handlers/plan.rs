@@ -269,6 +269,7 @@ async fn trailing_batch(
         },
         plan_ms: 0,
         plan_requests: RequestCounts::default(),
+        task_bytes: None,
     };
     ctx.checkpoint.create_offsets(&off).await?;
     tracing::info!(pipeline = %ctx.pipeline.name, batch = off.batch, "a batch with no input closes the windows the watermark passed");
@@ -700,6 +701,7 @@ async fn plan_batches(
     } else {
         ctx.pin_statics().await?
     };
+    let task_bytes = planning::paced_task_bytes(&p.limits, control.pace.as_ref());
     for (i, planned) in source.batches(fresh, &p.limits).into_iter().enumerate() {
         let crate::discovery::Planned {
             inputs,
@@ -719,8 +721,11 @@ async fn plan_batches(
                 s.ranges = units;
                 tasks
             }
-            None => planning::split_tasks(&inputs, p.limits.max_bytes_per_task),
+            None => {
+                planning::split_tasks(&inputs, task_bytes.unwrap_or(p.limits.max_bytes_per_task))
+            }
         };
+        let cut = if stream.is_none() { task_bytes } else { None };
         let consumed = fresh.consumed(&inputs);
         let batch = first + i as u64;
         // The query is planned once per schema the batches read with.
@@ -746,6 +751,7 @@ async fn plan_batches(
             statics: statics.clone(),
             plan_ms: 0,
             plan_requests: RequestCounts::default(),
+            task_bytes: cut,
         });
     }
     Ok(plans)

@@ -471,6 +471,12 @@ pub struct Limits {
         skip_serializing_if = "is_default_max_records_per_task"
     )]
     pub max_records_per_task: u64,
+    /// Files: cut tasks so each takes about this many seconds at the pace
+    /// the operator's tasks measured over recent batches (control's
+    /// [`TaskPace`](crate::checkpoint::TaskPace)), never past
+    /// `max_bytes_per_task`; `None`: by `max_bytes_per_task` alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_seconds: Option<u64>,
 }
 
 fn default_max_records_per_batch() -> u64 {
@@ -517,6 +523,7 @@ impl Default for Limits {
             state_partitions: default_state_partitions(),
             max_records_per_batch: default_max_records_per_batch(),
             max_records_per_task: default_max_records_per_task(),
+            task_seconds: None,
         }
     }
 }

@@ -104,6 +104,7 @@ struct LimitsFile {
     state_partitions: Option<u64>,
     max_records_per_batch: Option<u64>,
     max_records_per_task: Option<u64>,
+    task_seconds: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -429,6 +430,7 @@ impl Pipeline {
                 ("max_files_per_batch", l.max_files_per_batch.is_some()),
                 ("max_bytes_per_batch", l.max_bytes_per_batch.is_some()),
                 ("max_bytes_per_task", l.max_bytes_per_task.is_some()),
+                ("task_seconds", l.task_seconds.is_some()),
             ]
             .into_iter()
             .filter_map(|(n, set)| set.then_some(n))
@@ -453,7 +455,7 @@ impl Pipeline {
                      max_records_per_task"
                 } else {
                     "a folder's batches and tasks are sized by limits.max_files_per_batch, \
-                     max_bytes_per_batch and max_bytes_per_task"
+                     max_bytes_per_batch, max_bytes_per_task and task_seconds"
                 }
             )));
         }
@@ -1150,7 +1152,11 @@ fn limits(l: &LimitsFile) -> std::result::Result<Limits, String> {
         state_partitions: d.state_partitions,
         max_records_per_batch: l.max_records_per_batch.unwrap_or(d.max_records_per_batch),
         max_records_per_task: l.max_records_per_task.unwrap_or(d.max_records_per_task),
+        task_seconds: l.task_seconds,
     };
+    if let Some(s) = l.task_seconds {
+        check_count("limits.task_seconds", s, MAX_TASK_SECONDS)?;
+    }
     let limits = Limits {
         state_partitions: match l.state_partitions {
             None => d.state_partitions,
@@ -1204,6 +1210,8 @@ fn limits(l: &LimitsFile) -> std::result::Result<Limits, String> {
 /// would overflow (a TTL in milliseconds), exceed what one plan record or
 /// one execution's history holds, or make a run that never ends.
 const MAX_FILES_PER_BATCH: u64 = 100_000;
+/// A task must end well inside Lambda's 15 minutes.
+const MAX_TASK_SECONDS: u64 = 600;
 const MAX_BYTES: u64 = 1 << 50; // 1 PiB
 const MAX_LEASE_TTL_SECONDS: u64 = 7 * 24 * 3600;
 const MAX_INLINE_TASKS: u64 = 1_000;
