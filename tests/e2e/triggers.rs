@@ -1258,3 +1258,63 @@ fn the_own_bucket_rule_delivers_input_and_manifests_only() {
         .collect();
     assert_eq!(delivered, [keys[1], keys[0]]);
 }
+
+/// `sluice run` while another run holds the lease: it does not start; it
+/// asks the running one to look again before it ends (sets `requested`,
+/// as a trigger does), so a file that landed after that run looked is
+/// taken by it rather than left for whatever runs next. Before, the second
+/// run only reported the lease held, and the running one ended at its last
+/// commit without the file.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_started_while_another_runs_asks_it_to_take_what_landed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    let mut files = gen_files(&input, 2, 50);
+    let p = pipeline(
+        root,
+        &pipeline_toml("asked", "parquet", "", "max_files_per_batch = 1"),
+    );
+    let holder = local_context(&p);
+    // The second `sluice run`: another process, which sees the holder alive.
+    let second = Context::open(p.clone(), None).unwrap();
+    let late = input.clone();
+    let mut busy = None;
+    let summary = runner()
+        .run(&holder, |_| {
+            if busy.is_none() {
+                // After the first of the two planned batches: a file
+                // lands, and a second run starts.
+                files.extend(gen_files(&late, 1, 50));
+                busy = Some(tokio::task::block_in_place(|| {
+                    tokio::runtime::Handle::current().block_on(runner().run(&second, |_| {}))
+                }));
+            }
+        })
+        .await
+        .unwrap();
+    let busy = busy.expect("the second run ran").unwrap();
+    assert!(busy.batches.is_empty(), "{busy:?}");
+    match &busy.end {
+        RunEnd::Busy(why) => assert!(
+            why.contains("holds the lease") && why.contains("asked to look for new input again"),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(summary.end, RunEnd::Done), "{:?}", summary.end);
+    assert_eq!(
+        summary.batches.iter().map(|b| b.files).sum::<u64>(),
+        3,
+        "the running run took the late file: {summary:?}"
+    );
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "asked").await,
+        duckdb_rows(&files, SQL).await
+    );
+    let (c, _) = holder.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(
+        (c.status, c.requested, c.totals.files),
+        (RunStatus::Idle, false, 3)
+    );
+}

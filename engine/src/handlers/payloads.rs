@@ -174,6 +174,11 @@ pub enum PlanOutcome {
         owner: String,
         /// Seconds since its last heartbeat.
         heartbeat_age_s: i64,
+        /// The run was asked to look for new input again before it ends
+        /// (`requested`, as a trigger asks it), so it takes what landed
+        /// since it looked.
+        #[serde(default)]
+        asked: bool,
     },
     /// Run this batch, then commit it and plan again.
     Batch {

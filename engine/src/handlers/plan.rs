@@ -290,6 +290,69 @@ struct PlanClock {
 // sink owner, claim, recover), each one call: split further, the order
 // would no longer read in one place.
 async fn start(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
+    let mut busy = None;
+    // A second attempt when the run that held the lease had ended by the
+    // time it was asked to look again.
+    for _ in 0..2 {
+        let outcome = start_once(ctx, clock).await?;
+        let PlanOutcome::Busy {
+            owner,
+            heartbeat_age_s,
+            ..
+        } = outcome
+        else {
+            return Ok(outcome);
+        };
+        if ask_holder(ctx).await? {
+            return Ok(PlanOutcome::Busy {
+                owner,
+                heartbeat_age_s,
+                asked: true,
+            });
+        }
+        busy = Some((owner, heartbeat_age_s));
+    }
+    let (owner, heartbeat_age_s) = busy.expect("busy twice");
+    Ok(PlanOutcome::Busy {
+        owner,
+        heartbeat_age_s,
+        asked: false,
+    })
+}
+
+/// A live run holds the lease: set `requested`, as a trigger does, so it
+/// discovers once more before it ends and takes what landed since it
+/// looked. `false`: it had ended meanwhile. A heartbeat changing control
+/// in between is decided again.
+async fn ask_holder(ctx: &Context) -> Result<bool> {
+    for _ in 0..5 {
+        let Some((control, etag)) = ctx.checkpoint.control().await? else {
+            return Ok(false);
+        };
+        if control.status != RunStatus::Running {
+            return Ok(false);
+        }
+        if control.requested {
+            return Ok(true);
+        }
+        let next = checkpoint::requested(&control);
+        if ctx
+            .checkpoint
+            .swap_control(&next, Some(&etag))
+            .await?
+            .is_some()
+        {
+            tracing::info!(pipeline = %ctx.pipeline.name, epoch = control.epoch, "a run holds the lease; asked it to look again before it ends");
+            return Ok(true);
+        }
+    }
+    Err(ctx.conflict(
+        "control.json kept changing while this run asked the running one to look again".into(),
+    ))
+}
+
+/// One attempt of [`start`].
+async fn start_once(ctx: &Context, clock: &PlanClock) -> Result<PlanOutcome> {
     let p = &ctx.pipeline;
     let read = ctx.checkpoint.control().await?;
     let control = read.as_ref().map(|(c, _)| c);
@@ -435,6 +498,7 @@ async fn claim_run(
         None => Err(PlanOutcome::Busy {
             owner: "another run (it claimed the lease first)".into(),
             heartbeat_age_s: 0,
+            asked: false,
         }),
     })
 }
@@ -578,6 +642,7 @@ fn may_claim(
         } => Err(Box::new(PlanOutcome::Busy {
             owner,
             heartbeat_age_s: heartbeat_age_ms / 1000,
+            asked: false,
         })),
     }
 }

@@ -250,9 +250,15 @@ impl LocalInvoker<'_> {
             PlanOutcome::Busy {
                 owner,
                 heartbeat_age_s,
+                asked,
             } => {
                 o.end = Some(RunEnd::Busy(format!(
-                    "{owner} holds the lease (heartbeat {heartbeat_age_s}s ago)"
+                    "{owner} holds the lease (heartbeat {heartbeat_age_s}s ago){}",
+                    if *asked {
+                        "; it was asked to look for new input again before it ends, so it takes                          what landed since it looked"
+                    } else {
+                        ""
+                    }
                 )))
             }
             PlanOutcome::Done { .. } => o.end = Some(RunEnd::Done),
