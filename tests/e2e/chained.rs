@@ -103,6 +103,7 @@ fn fake_sink(root: &Path, files: &[PathBuf], parts: &[&[usize]], missing: &[usiz
                 rows: 0,
                 bytes: std::fs::metadata(&to).unwrap().len(),
                 delta: None,
+                etag: None,
             });
         }
         if !missing.contains(&n) {
@@ -160,6 +161,7 @@ async fn manifests_are_read_in_order_up_to_a_gap_and_empty_ones_are_passed_over(
             rows: 0,
             bytes,
             delta: None,
+            etag: None,
         }],
     );
     write_manifest(&sink, 4, Vec::new());
@@ -217,6 +219,7 @@ async fn a_reset_upstream_is_refused_until_the_downstream_is_reset() {
             rows: 40,
             bytes: 1000,
             delta: None,
+            etag: None,
         }],
     );
     admin::reset(&down()).await.unwrap();

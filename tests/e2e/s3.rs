@@ -320,3 +320,55 @@ async fn an_s3_source_is_deduplicated() {
         want
     );
 }
+
+/// A staged part written over between its task and the commit with other
+/// bytes of the same size (as a late write of another attempt of the task
+/// would) is refused by the commit's check, which compares the entity tag
+/// the task's write returned as well as the size; nothing is published,
+/// and the next run writes the batch again: the output equals DuckDB's.
+/// Before, the check compared sizes only and published the altered bytes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_staged_part_written_over_at_the_same_size_is_not_published() {
+    use sluice_engine::handlers::{self, PlanOutcome};
+    let case = S3Case::new("overwritten", 2, 300).await;
+    let ctx = case.context();
+    let PlanOutcome::Batch { run: r, batch } = handlers::plan(&ctx, None).await.unwrap() else {
+        panic!("a batch was planned");
+    };
+    for task in &batch.tasks {
+        handlers::operate(&ctx, &r, batch.batch, *task)
+            .await
+            .unwrap();
+    }
+    let sink = S3Store::new(&case.cfg, &case.bucket, "out");
+    let staged: Vec<String> = sink
+        .list("_sluice/staging/", None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key)
+        .filter(|k| k.ends_with(".parquet.staged"))
+        .collect();
+    assert!(!staged.is_empty());
+    for key in &staged {
+        let mut bytes = sink.get(key).await.unwrap().unwrap().bytes.to_vec();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xff;
+        sink.put(key, Bytes::from(bytes), PutMode::Overwrite)
+            .await
+            .unwrap();
+    }
+    let err = handlers::commit(&ctx, &r, batch.batch).await.unwrap_err();
+    assert_eq!(err.class(), sluice_engine::ErrorClass::Retryable, "{err}");
+    assert!(err.to_string().contains("written over"), "{err}");
+    assert!(
+        sink.list("_sluice/manifest/", None)
+            .await
+            .unwrap()
+            .is_empty(),
+        "published"
+    );
+    let next = run(&case.context()).await.unwrap();
+    assert_eq!(next.batches.iter().map(|b| b.files).sum::<u64>(), 2);
+    assert_eq!(case.committed().await, duckdb_rows(&case.files, SQL).await);
+}

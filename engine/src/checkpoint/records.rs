@@ -950,6 +950,12 @@ pub struct OutputFile {
     /// `add` action.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<DeltaPart>,
+    /// The entity tag the store gave the staged file when the task wrote
+    /// it: the commit's check compares it as well as the size, so bytes
+    /// written over it since (a late write of another attempt) are not
+    /// published as this file. Not in manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
 }
 
 /// What a Delta sink knows of a part it wrote: the Delta schema of its

@@ -292,7 +292,15 @@ fn manifest_of(ctx: &Context, record: &Commit) -> Manifest {
         format_version: checkpoint::FORMAT_VERSION,
         pipeline: ctx.pipeline.name.clone(),
         batch: record.batch,
-        files: record.outputs.clone(),
+        // (The staged files' etags are the commit's check's, not readers'.)
+        files: record
+            .outputs
+            .iter()
+            .map(|o| crate::checkpoint::OutputFile {
+                etag: None,
+                ..o.clone()
+            })
+            .collect(),
         rows: record.rows_out,
         complete: record.stateful.is_some()
             && ctx.pipeline.output_mode == crate::pipeline::OutputMode::Complete,

@@ -2055,6 +2055,7 @@ mod tests {
             rows: 3,
             bytes: 10,
             delta: None,
+            etag: None,
         };
         assert_eq!(
             add_action(&o, 1)["add"]["path"],

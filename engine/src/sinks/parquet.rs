@@ -537,7 +537,8 @@ impl ParquetSink {
         }
         let key = paths::sink::rejected_rows(id.batch, id.task, id.epoch);
         let bytes = body.len() as u64;
-        self.store
+        let written = self
+            .store
             .put(
                 &paths::sink::staged(&key),
                 Bytes::from(body),
@@ -549,6 +550,7 @@ impl ParquetSink {
             rows: rows.len() as u64,
             bytes,
             delta: None,
+            etag: written.etag(),
         })
     }
 
@@ -579,7 +581,8 @@ impl ParquetSink {
             .into_inner()
             .map_err(|e| fail(format!("parquet close: {e}")))?;
         let bytes = body.len() as u64;
-        self.store
+        let written = self
+            .store
             .put(
                 &paths::sink::staged(&key),
                 Bytes::from(body),
@@ -591,6 +594,7 @@ impl ParquetSink {
             rows: rows.iter().map(|b| b.num_rows() as u64).sum(),
             bytes,
             delta: None,
+            etag: written.etag(),
         })
     }
 
@@ -627,7 +631,8 @@ impl ParquetSink {
             paths::sink::partitioned_part(id.batch, id.task, part, id.epoch, dir)
         };
         let size = bytes.len() as u64;
-        self.store
+        let written = self
+            .store
             .put(
                 &paths::sink::staged(&key),
                 Bytes::from(bytes),
@@ -639,6 +644,7 @@ impl ParquetSink {
             rows,
             bytes: size,
             delta,
+            etag: written.etag(),
         })
     }
 
@@ -691,7 +697,7 @@ impl ParquetSink {
         if by_name && files.len() <= HEAD_MAX {
             for o in files {
                 let staged = self.store.head(&paths::sink::staged(&o.key)).await?;
-                if staged.is_some_and(|m| m.size == o.bytes) {
+                if staged.is_some_and(|m| is_written(&m, o)) {
                     continue;
                 }
                 let published = self.store.head(&o.key).await?;
@@ -711,7 +717,7 @@ impl ParquetSink {
             .filter(|o| {
                 !staged
                     .iter()
-                    .any(|m| paths::sink::published(&m.key) == Some(&o.key) && m.size == o.bytes)
+                    .any(|m| paths::sink::published(&m.key) == Some(&o.key) && is_written(m, o))
             })
             .collect();
         let mut listed: Vec<(String, Vec<crate::storage::ObjectMeta>)> = Vec::new();
@@ -729,14 +735,15 @@ impl ParquetSink {
         Ok(Checked::Listed(staged))
     }
 
-    /// An output the commit's check did not find with its size.
+    /// An output the commit's check did not find as its task wrote it.
     fn missing(&self, batch: u64, key: &str) -> Error {
         Error::Execution {
             pipeline: self.pipeline.clone(),
             batch,
             task: None,
             message: format!(
-                "output {key} is missing or incomplete before commit; the batch will be run again"
+                "output {key} is missing, incomplete or written over before commit; the batch \
+                 will be run again"
             ),
             class: ErrorClass::Retryable,
         }
@@ -1208,6 +1215,18 @@ impl ParquetSink {
         }
         Ok(out)
     }
+}
+
+/// Whether the staged object `m` is the file `o` as its task wrote it: its
+/// size, and its entity tag where both the task's write and the check's
+/// HEAD or listing gave one (a copy gets a new one; a published file is
+/// checked by size only).
+fn is_written(m: &crate::storage::ObjectMeta, o: &OutputFile) -> bool {
+    m.size == o.bytes
+        && match (&m.etag, &o.etag) {
+            (Some(a), Some(b)) => a.trim_matches('"') == b.trim_matches('"'),
+            _ => true,
+        }
 }
 
 #[cfg(test)]

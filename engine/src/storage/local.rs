@@ -477,10 +477,16 @@ impl Store for LocalStore {
         self.counter.add(RequestKind::Get);
         let path = self.path_of(key)?;
         match tokio::fs::metadata(&path).await {
+            // The etag of local content is its hash: a HEAD reads the file
+            // (only the commit's check of a few outputs asks for one).
             Ok(m) if m.is_file() => Ok(Some(ObjectMeta {
                 key: key.to_string(),
                 size: m.len(),
-                etag: None,
+                etag: match tokio::fs::read(&path).await {
+                    Ok(b) => Some(etag_of(&b)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(self.err("head", &path, e)),
+                },
                 last_modified: m.modified().ok().map(chrono::DateTime::<chrono::Utc>::from),
             })),
             Ok(_) => Ok(None),

@@ -100,6 +100,16 @@ pub enum PutOutcome {
     Conflict,
 }
 
+impl PutOutcome {
+    /// The new etag, if written.
+    pub fn etag(&self) -> Option<String> {
+        match self {
+            PutOutcome::Written(e) => Some(e.clone()),
+            PutOutcome::Conflict => None,
+        }
+    }
+}
+
 /// Kinds of request, as counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestKind {
