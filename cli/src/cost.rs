@@ -145,8 +145,10 @@ fn print_limits(a: &sluice_engine::tune::LimitsAdvice) {
         a.fit
     );
     for l in &a.limits {
+        // As it is written in the pipeline file: whole MiB or GiB as text,
+        // any other size in bytes.
         let text = |v: u64| {
-            if l.limit.starts_with("max_bytes") {
+            if l.limit.starts_with("max_bytes") && v.is_multiple_of(1 << 20) {
                 format!("\"{}\"", size_text(v))
             } else {
                 v.to_string()
@@ -160,7 +162,8 @@ fn print_limits(a: &sluice_engine::tune::LimitsAdvice) {
         println!("    {} = {change}: {}", l.limit, l.why);
     }
     let cut = if a.runs_cut == 0 {
-        " (every run fit one batch: the limits cut nothing; they matter when a backlog comes)"
+        " (no run in the window took more than one batch: the limits cut nothing; they matter \
+         when a backlog comes)"
             .to_string()
     } else {
         format!(

@@ -380,8 +380,7 @@ impl CostModel {
 /// Task time against task size: `ms = fixed + bytes / rate`, fitted over
 /// the batches' mean tasks (weighted by their tasks) when their sizes
 /// differ at least twofold; otherwise all of a task's time is taken as
-/// reading (`fixed` 0), which overstates the time of a larger task, so
-/// that estimate may only raise a limit. Returns (fixed ms, ms per byte,
+/// reading (`fixed` 0), which overstates the time of a larger task. Returns (fixed ms, ms per byte,
 /// whether it was fitted, in words).
 fn fit_task_time(points: &[(f64, f64, f64)]) -> (f64, f64, bool, String) {
     let w: f64 = points.iter().map(|p| p.2).sum();
@@ -422,13 +421,12 @@ fn fit_task_time(points: &[(f64, f64, f64)]) -> (f64, f64, bool, String) {
     } else if n >= 2 && max_x >= 2.0 * min_x {
         format!(
             "over {n} batches, a task's time did not grow with its size: all of it taken as \
-             reading, which may only raise a limit"
+             reading, an upper bound for a larger task"
         )
     } else {
         format!(
-            "the measured tasks were all about {}, which cannot tell fixed work from reading; \
-             all of their time taken as reading, an upper bound for larger tasks, so it may only \
-             raise a limit",
+            "the batches' mean tasks were all about {}, which cannot tell fixed work from reading; \
+             all of their time taken as reading, an upper bound for a larger task",
             size_text(sum_x.max(0.0) as u64 / (w.max(1.0) as u64))
         )
     };
@@ -456,16 +454,18 @@ fn round_down_mib(bytes: f64) -> u64 {
     (1u64 << (63 - mib.leading_zeros())) * MIB
 }
 
-/// Batches and tasks `bytes` in `files` take under limits (`task`,
-/// `batch` bytes, `batch_files`): the batch limits cut the files, the task
-/// limit each batch's bytes (a file is never split).
+/// Batches and tasks `bytes` in `files` of the same size take under limits
+/// (`task`, `batch` bytes, `batch_files`), as the planner cuts them: a
+/// batch takes whole files up to its limits (at least one), and its tasks
+/// whole files up to the task limit (at least one each).
 fn shape(files: u64, bytes: u64, task: u64, batch: u64, batch_files: u64) -> (u64, u64) {
     let files = files.max(1);
-    let batches = bytes
-        .div_ceil(batch.max(1))
-        .max(files.div_ceil(batch_files.max(1)))
-        .clamp(1, files);
-    let tasks = bytes.div_ceil(task.max(1)).max(batches).min(files);
+    let mean = (bytes / files).max(1);
+    let per_task = (task / mean).max(1);
+    let per_batch = (batch / mean).min(batch_files).max(1);
+    let (full, rest) = (files / per_batch, files % per_batch);
+    let batches = full + u64::from(rest > 0);
+    let tasks = full * per_batch.div_ceil(per_task) + rest.div_ceil(per_task);
     (batches, tasks)
 }
 
@@ -492,7 +492,7 @@ pub fn advise_limits(
                 (n + f.invocations, ms + f.billed_ms)
             })
     };
-    let measured: Vec<&Commit> = commits
+    let mut measured: Vec<&Commit> = commits
         .iter()
         .filter(|c| c.bytes_read > 0 && c.files > 0 && operator(c).0 > 0)
         .collect();
@@ -501,6 +501,7 @@ pub fn advise_limits(
             "no batch recorded its tasks' use and input: nothing to size the limits from".into(),
         );
     }
+    measured.sort_by_key(|c| c.batch);
     let points: Vec<(f64, f64, f64)> = measured
         .iter()
         .map(|c| {
@@ -511,6 +512,18 @@ pub fn advise_limits(
         .collect();
     let (fixed_ms, ms_per_byte, fitted, fit) = fit_task_time(&points);
     let ms_per_byte = ms_per_byte.max(1e-12);
+    // The planner's pace (`limits.task_seconds`): all of a task's time
+    // taken as reading.
+    let (all_bytes, all_ms) = measured.iter().fold((0u64, 0u64), |(b, ms), c| {
+        (b + c.bytes_read, ms + operator(c).1)
+    });
+    let paced = |limit: u64| match limits.task_seconds {
+        Some(s) if all_ms > 0 => {
+            let cut = (all_bytes as f64 / all_ms as f64 * 1000.0 * s as f64) as u64;
+            cut.max(MIB).min(limit)
+        }
+        _ => limit,
+    };
 
     // The model's prices, at the operator's memory today (the memory the
     // tasks were measured at).
@@ -537,34 +550,62 @@ pub fn advise_limits(
         byte: ms_per_byte * gb_ms,
         file: prices.s3.get_head_per_1000 / 1000.0,
     };
-    let residual: f64 = measured
+    // What each batch's bill leaves once its tasks, bytes and files are
+    // counted. A run's first batch also carries what a run costs once
+    // (its claim, its discovery, a first run's schema and sink records):
+    // the part per batch comes from the batches after a run's first when
+    // there are any.
+    let first_of_run = |c: &Commit| {
+        measured
+            .iter()
+            .filter(|d| d.epoch == c.epoch)
+            .all(|d| d.batch >= c.batch)
+    };
+    let parts = model;
+    let residual = |c: &Commit| {
+        crate::cost::commit_bill(c, prices).total()
+            - parts.cost(0, operator(c).0, c.files, c.bytes_read)
+    };
+    let later: Vec<f64> = measured
         .iter()
-        .map(|c| {
-            crate::cost::commit_bill(c, prices).total()
-                - model.cost(0, operator(c).0, c.files, c.bytes_read)
-        })
-        .sum();
-    model.batch = (residual / measured.len() as f64).max(0.0);
+        .filter(|c| !first_of_run(c))
+        .map(|c| residual(c))
+        .collect();
+    let all: Vec<f64> = measured.iter().map(|c| residual(c)).collect();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    model.batch = if later.is_empty() {
+        mean(&all)
+    } else {
+        mean(&later)
+    }
+    .max(0.0);
+    let firsts: Vec<f64> = measured
+        .iter()
+        .filter(|c| first_of_run(c))
+        .map(|c| residual(c))
+        .collect();
+    let once_a_run = mean(&firsts) - model.batch;
 
-    // max_bytes_per_task: as large as the time and memory allow.
+    // max_bytes_per_task: as large as the time and memory allow. Without a
+    // fit, all of a task's time is taken as reading: an upper bound for a
+    // larger task, so a limit raised on it is safe, and one lowered on it
+    // may be lowered more than needed (a larger backlog measures better).
     let by_memory = (operator_mb.saturating_sub(256) as f64 / 4.0) * MIB as f64;
     let by_time = (TASK_TARGET_MS - fixed_ms).max(0.0) / ms_per_byte;
     let now_task = limits.max_bytes_per_task;
     let (task, task_why) = {
-        let time_ok = fitted || by_time >= now_task as f64;
-        let bound = if time_ok {
-            by_time.min(by_memory)
-        } else {
-            by_memory.min(now_task as f64)
-        };
-        let limited_by = if !time_ok && by_memory >= now_task as f64 {
-            "the measured tasks cannot tell how long a larger one takes, so not raised"
-        } else if by_memory <= by_time {
+        let bound = by_time.min(by_memory);
+        let limited_by = if by_memory <= by_time {
             "limited by memory: four times a task's bytes plus 256 MB must fit the operator's \
              memory (give it more to raise this)"
+                .to_string()
+        } else if fitted {
+            "limited by time: at most 60 s a task (a quarter of an Express run's budget)"
+                .to_string()
         } else {
-            "limited by time: at most 60 s a task (a quarter of an Express run's budget; \
-             `limits.task_seconds = 60` has the planner cut tasks at the measured pace itself)"
+            "limited by time: at most 60 s a task (a quarter of an Express run's budget), with \
+             all of a task's time taken as reading, which may cut tasks smaller than needed"
+                .to_string()
         };
         let task = if bound >= now_task as f64 {
             round_down_mib(bound).max(now_task)
@@ -572,31 +613,46 @@ pub fn advise_limits(
             round_down_mib(bound)
         };
         let secs = (fixed_ms + task as f64 * ms_per_byte) / 1000.0;
-        let why = format!(
+        let mut why = format!(
             "a task of {} would take about {secs:.1} s at the measured pace and hold about {} MB \
              of the operator's {operator_mb} MB; {limited_by}",
             size_text(task),
             256 + 4 * task / MIB
         );
+        match limits.task_seconds {
+            Some(s) => why.push_str(&format!(
+                "; limits.task_seconds = {s} cuts tasks at about {} at the measured pace, and \
+                 this limit is its ceiling",
+                size_text(paced(task))
+            )),
+            None => why.push_str(
+                "; `limits.task_seconds = 60` has the planner cut tasks at the measured pace \
+                 itself",
+            ),
+        }
         (task, why)
     };
 
-    // max_bytes_per_batch: one wave of the inline Map of such tasks.
+    // max_bytes_per_batch: at most one wave of the inline Map. The planner
+    // packs whole files into tasks in order, so two tasks in a row always
+    // hold more than a task's bytes: a batch of (wave - 1) / 2 tasks' bytes
+    // makes at most `wave` tasks, whatever the file sizes.
     let wave = limits.max_inline_tasks.clamp(1, INLINE_CONCURRENCY);
-    let batch = wave * task;
+    let cut = paced(task);
+    let batch = ((wave - 1) * cut / 2).max(MIB) / MIB * MIB;
     let batch_why = format!(
-        "{wave} tasks of {}: one wave of the inline Map, which runs {INLINE_CONCURRENCY} at \
-         once; no Distributed Map, so the run stays in an Express execution. Each batch costs \
-         ${:.6} whatever its size (its Plan and commit, their requests and transitions), so \
-         fewer, larger batches cost less",
-        size_text(task),
+        "at most {wave} tasks of {} (whole files packed in order make at most twice a batch's \
+         bytes over the task size, plus one): one wave of the inline Map, which runs \
+         {INLINE_CONCURRENCY} at once; no Distributed Map, so the run stays in an Express \
+         execution. Each batch costs ${:.6} whatever its size (its Plan and commit, their \
+         requests and transitions), so fewer, larger batches cost less",
+        size_text(cut),
         model.batch
     );
 
     // max_files_per_batch: enough that bytes, not the count, cut a batch.
     let files: u64 = measured.iter().map(|c| c.files).sum();
-    let bytes: u64 = measured.iter().map(|c| c.bytes_read).sum();
-    let mean_file = (bytes / files).max(1);
+    let mean_file = (all_bytes / files).max(1);
     let now_files = limits.max_files_per_batch;
     let files_limit = if now_files >= MAX_FILES_ADVISED {
         now_files
@@ -612,36 +668,41 @@ pub fn advise_limits(
         batch.div_ceil(mean_file)
     );
 
-    // The window's runs, as measured and as re-cut.
-    let mut runs: Vec<(u64, u64, u64, u64, u64)> = Vec::new(); // epoch, batches, tasks, files, bytes
+    // The window's runs, as measured and as the recommended limits would
+    // cut them: the measured bill less the batches and tasks saved.
+    let mut runs: Vec<(u64, u64, u64, u64, u64, f64)> = Vec::new();
     for c in &measured {
         let tasks = operator(c).0;
+        let bill = crate::cost::commit_bill(c, prices).total();
         match runs.iter_mut().find(|r| r.0 == c.epoch) {
             Some(r) => {
                 r.1 += 1;
                 r.2 += tasks;
                 r.3 += c.files;
                 r.4 += c.bytes_read;
+                r.5 += bill;
             }
-            None => runs.push((c.epoch, 1, tasks, c.files, c.bytes_read)),
+            None => runs.push((c.epoch, 1, tasks, c.files, c.bytes_read, bill)),
         }
     }
     let runs_cut = runs.iter().filter(|r| r.1 > 1).count();
     let mut now_total = 0.0;
     let mut after_total = 0.0;
-    for r in &runs {
-        now_total += model.cost(r.1, r.2, r.3, r.4);
-        let (b, t) = shape(r.3, r.4, task, batch, files_limit);
-        after_total += model.cost(b, t, r.3, r.4);
+    for &(_, batches, tasks, files, bytes, bill) in &runs {
+        now_total += bill;
+        let (b, t) = shape(files, bytes, cut, batch, files_limit);
+        after_total += bill
+            - (batches as f64 - b as f64) * model.batch
+            - (tasks as f64 - t as f64) * model.task;
     }
     let n = runs.len() as f64;
     let backlog_files = BACKLOG_BYTES.div_ceil(mean_file);
-    let cut = |task, batch, batch_files| {
+    let project = |task, batch, batch_files| {
         let (b, t) = shape(backlog_files, BACKLOG_BYTES, task, batch, batch_files);
         Shape {
             batches: b,
             tasks: t,
-            cost: model.cost(b, t, backlog_files, BACKLOG_BYTES),
+            cost: once_a_run.max(0.0) + model.cost(b, t, backlog_files, BACKLOG_BYTES),
         }
     };
     Ok(LimitsAdvice {
@@ -677,8 +738,8 @@ pub fn advise_limits(
         backlog: Backlog {
             bytes: BACKLOG_BYTES,
             files: backlog_files,
-            now: cut(now_task, limits.max_bytes_per_batch, now_files),
-            after: cut(task, batch, files_limit),
+            now: project(paced(now_task), limits.max_bytes_per_batch, now_files),
+            after: project(cut, batch, files_limit),
         },
     })
 }
@@ -789,10 +850,13 @@ mod tests {
 
     #[test]
     fn shapes_and_sizes() {
-        // 10 files of 30 MiB: 300 MiB. Batches of 100 MiB (or 4 files):
-        // 3; tasks of 64 MiB: 5; never more tasks than files.
-        assert_eq!(shape(10, 300 * MIB, 64 * MIB, 100 * MIB, 4), (3, 5));
+        // 10 files of 30 MiB: batches of 100 MiB (or 4 files) take 3
+        // files, 4 batches; tasks of 64 MiB take 2 files: 2 tasks in each
+        // full batch and 1 in the last.
+        assert_eq!(shape(10, 300 * MIB, 64 * MIB, 100 * MIB, 4), (4, 7));
         assert_eq!(shape(10, 300 * MIB, 64 * MIB, 100 * MIB, 2), (5, 5));
+        // Files over half the task size: a task each.
+        assert_eq!(shape(3, 3 * 9 * MIB, 16 * MIB, 32 * MIB, 7), (1, 3));
         assert_eq!(shape(2, 300 * MIB, MIB, 1 << 40, 1000), (1, 2));
         assert_eq!(shape(1, 1000, 256 * MIB, 1 << 30, 1000), (1, 1));
         assert_eq!(round_down_mib(300.0 * MIB as f64), 256 * MIB);
@@ -834,9 +898,10 @@ mod tests {
         // 60 s: (60,000 - 100) ms at 200 ms a MiB is 299.5 MiB: 256 MiB;
         // memory (3,008 - 256) / 4 = 688 MiB does not bind.
         assert_eq!(rec("max_bytes_per_task"), 256 * mib);
-        assert_eq!(rec("max_bytes_per_batch"), 40 * 256 * mib);
-        // 10 GiB of files of 2.33 MiB on average: capped at 10,000.
-        assert_eq!(rec("max_files_per_batch"), 4389.min(MAX_FILES_ADVISED));
+        // 39 / 2 tasks' bytes: at most 40 tasks whatever the files.
+        assert_eq!(rec("max_bytes_per_batch"), 4992 * mib);
+        // Files of 2,446,677 bytes on average (28 MiB in 12).
+        assert_eq!(rec("max_files_per_batch"), (4992 * mib).div_ceil(2_446_677));
         // Each run: 6 batches of a task each before, 1 of 1 task after
         // (14 MiB fit one task).
         let model_saving = 5.0 * (a.per_batch_fixed + a.per_task);
@@ -862,5 +927,38 @@ mod tests {
             64 * mib
         );
         assert!(a.limits[0].why.contains("limited by memory"), "{a:?}");
+    }
+
+    /// Tasks of one size that take long: all of their time is taken as
+    /// reading, and a limit whose task would pass 60 s at that pace is
+    /// lowered (1 MiB in 2.6 s: 60 s is 23 MiB, so 16 MiB). With
+    /// `task_seconds`, the planner's cut (10 s: 3.8 MiB) sizes the batch.
+    #[test]
+    fn slow_tasks_lower_the_task_limit() {
+        let commits: Vec<Commit> = (0..4).map(|_| batch(1, 1, MIB, 1, 2_600)).collect();
+        let limits = crate::pipeline::Limits::default();
+        let prices = Prices::default_table();
+        let a = advise_limits(&commits, &limits, &prices, 3008).unwrap();
+        assert_eq!(a.limits[0].recommended, 16 * MIB, "{a:?}");
+        assert!(a.limits[0].why.contains("smaller than needed"), "{a:?}");
+        assert_eq!(a.limits[1].recommended, 39 * 16 * MIB / 2, "{a:?}");
+        let paced = crate::pipeline::Limits {
+            task_seconds: Some(10),
+            ..limits
+        };
+        let a = advise_limits(&commits, &paced, &prices, 3008).unwrap();
+        let cut = (MIB as f64 / 2600.0 * 10_000.0) as u64;
+        assert_eq!(a.limits[1].recommended, 39 * cut / 2 / MIB * MIB, "{a:?}");
+        assert!(
+            a.limits[0].why.contains("task_seconds = 10 cuts tasks"),
+            "{a:?}"
+        );
+        // 1 GiB of 1 MiB files today: batches of 1,000 files then 24,
+        // tasks of 3 files at the 3.8 MiB cut: 334 and 8.
+        assert_eq!(
+            (a.backlog.now.batches, a.backlog.now.tasks),
+            (2, 342),
+            "{a:?}"
+        );
     }
 }
