@@ -92,7 +92,8 @@ pub async fn tune(
 ) -> anyhow::Result<ExitCode> {
     let (prices, name) = prices(prices_file.as_deref())?;
     let commits = commits(ctx, window).await?;
-    let r = sluice_engine::tune::tune(&commits, &prices, &ctx.pipeline.limits);
+    let pace = ctx.checkpoint.control().await?.and_then(|(c, _)| c.pace);
+    let r = sluice_engine::tune::tune(&commits, &prices, &ctx.pipeline.limits, pace.as_ref());
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(ExitCode::SUCCESS);

@@ -94,8 +94,13 @@ pub struct TuneReport {
 }
 
 /// Tune from `commits` (any order) at `prices`, for a pipeline with
-/// `limits` today.
-pub fn tune(commits: &[Commit], prices: &Prices, limits: &crate::pipeline::Limits) -> TuneReport {
+/// `limits` and control's `pace` today.
+pub fn tune(
+    commits: &[Commit],
+    prices: &Prices,
+    limits: &crate::pipeline::Limits,
+    pace: Option<&crate::checkpoint::TaskPace>,
+) -> TuneReport {
     let mut runs: Vec<u64> = commits.iter().map(|c| c.epoch).collect();
     runs.sort();
     runs.dedup();
@@ -167,7 +172,7 @@ pub fn tune(commits: &[Commit], prices: &Prices, limits: &crate::pipeline::Limit
         .iter()
         .find(|f| f.function == crate::deploy::OPERATOR)
         .map_or(3008, |f| f.recommended_mb.unwrap_or(f.memory_mb));
-    let (limits, limits_note) = match advise_limits(commits, limits, prices, operator_mb) {
+    let (limits, limits_note) = match advise_limits(commits, limits, prices, operator_mb, pace) {
         Ok(a) => (Some(a), None),
         Err(why) => (None, Some(why)),
     };
@@ -471,12 +476,15 @@ fn shape(files: u64, bytes: u64, task: u64, batch: u64, batch_files: u64) -> (u6
 
 /// Advise the batch and task limits from `commits`, for an operator that
 /// would run with `operator_mb` (the memory recommendation, else today's).
-/// `Err`: why there is no advice.
+/// `pace`: control's, which the planner cuts tasks with under
+/// `limits.task_seconds` (without it, the window's). `Err`: why there is
+/// no advice.
 pub fn advise_limits(
     commits: &[Commit],
     limits: &crate::pipeline::Limits,
     prices: &Prices,
     operator_mb: u64,
+    pace: Option<&crate::checkpoint::TaskPace>,
 ) -> std::result::Result<LimitsAdvice, String> {
     if commits.iter().any(|c| c.stream.is_some()) {
         return Err("a record stream's batches and tasks are cut by records \
@@ -512,17 +520,24 @@ pub fn advise_limits(
         .collect();
     let (fixed_ms, ms_per_byte, fitted, fit) = fit_task_time(&points);
     let ms_per_byte = ms_per_byte.max(1e-12);
-    // The planner's pace (`limits.task_seconds`): all of a task's time
-    // taken as reading.
+    // The planner's cut (`limits.task_seconds`): at control's pace, as
+    // the planner takes it, else the window's (all of a task's time taken
+    // as reading).
     let (all_bytes, all_ms) = measured.iter().fold((0u64, 0u64), |(b, ms), c| {
         (b + c.bytes_read, ms + operator(c).1)
     });
-    let paced = |limit: u64| match limits.task_seconds {
-        Some(s) if all_ms > 0 => {
-            let cut = (all_bytes as f64 / all_ms as f64 * 1000.0 * s as f64) as u64;
-            cut.max(MIB).min(limit)
-        }
-        _ => limit,
+    let window = crate::checkpoint::TaskPace {
+        bytes: all_bytes,
+        ms: all_ms,
+        tasks: 0,
+    };
+    let pace = *pace.unwrap_or(&window);
+    let paced = |limit: u64| {
+        let l = crate::pipeline::Limits {
+            max_bytes_per_task: limit,
+            ..*limits
+        };
+        crate::planning::paced_task_bytes(&l, Some(&pace)).unwrap_or(limit)
     };
 
     // The model's prices, at the operator's memory today (the memory the
@@ -635,18 +650,27 @@ pub fn advise_limits(
 
     // max_bytes_per_batch: at most one wave of the inline Map. The planner
     // packs whole files into tasks in order, so two tasks in a row always
-    // hold more than a task's bytes: a batch of (wave - 1) / 2 tasks' bytes
-    // makes at most `wave` tasks, whatever the file sizes.
+    // hold more than a task's bytes: `wave + 1` tasks would hold more than
+    // `(wave + 1) / 2` tasks' bytes, so a batch of that many makes at most
+    // `wave` tasks, whatever the file sizes.
     let wave = limits.max_inline_tasks.clamp(1, INLINE_CONCURRENCY);
     let cut = paced(task);
-    let batch = ((wave - 1) * cut / 2).max(MIB) / MIB * MIB;
+    let batch = (wave.div_ceil(2) * cut).max(MIB) / MIB * MIB;
     let batch_why = format!(
-        "at most {wave} tasks of {} (whole files packed in order make at most twice a batch's \
-         bytes over the task size, plus one): one wave of the inline Map, which runs \
-         {INLINE_CONCURRENCY} at once; no Distributed Map, so the run stays in an Express \
-         execution. Each batch costs ${:.6} whatever its size (its Plan and commit, their \
-         requests and transitions), so fewer, larger batches cost less",
+        "at most {wave} {} of {} (whole files packed in order: {} tasks' bytes never make \
+         more), one wave of the inline Map (max_inline_tasks {}; it runs {INLINE_CONCURRENCY} \
+         at once); no Distributed Map, so the run stays in an Express execution{}. Each batch \
+         costs ${:.6} whatever its size (its Plan and commit, their requests and \
+         transitions), so fewer, larger batches cost less",
+        if wave == 1 { "task" } else { "tasks" },
         size_text(cut),
+        wave.div_ceil(2),
+        limits.max_inline_tasks,
+        if limits.task_seconds.is_some() {
+            " (at today's pace: a slower one cuts smaller tasks, and more of them)"
+        } else {
+            ""
+        },
         model.batch
     );
 
@@ -654,18 +678,22 @@ pub fn advise_limits(
     let files: u64 = measured.iter().map(|c| c.files).sum();
     let mean_file = (all_bytes / files).max(1);
     let now_files = limits.max_files_per_batch;
+    let fill = batch.div_ceil(mean_file);
     let files_limit = if now_files >= MAX_FILES_ADVISED {
         now_files
     } else {
-        batch
-            .div_ceil(mean_file)
-            .clamp(now_files, MAX_FILES_ADVISED)
+        fill.clamp(now_files, MAX_FILES_ADVISED)
     };
     let files_why = format!(
-        "at the mean input file of {}, {} of them fill the bytes limit; capped at \
-         {MAX_FILES_ADVISED} (a batch's plan and record name every input) and never lowered",
+        "at the mean input file of {}, {fill} of them fill the bytes limit{}",
         size_text(mean_file),
-        batch.div_ceil(mean_file)
+        if fill > MAX_FILES_ADVISED && files_limit == MAX_FILES_ADVISED {
+            format!("; capped at {MAX_FILES_ADVISED} (a batch's plan and record name every input)")
+        } else if fill < now_files {
+            "; not lowered (the bytes limit cuts first)".to_string()
+        } else {
+            String::new()
+        }
     );
 
     // The window's runs, as measured and as the recommended limits would
@@ -884,7 +912,7 @@ mod tests {
             ..Default::default()
         };
         let prices = Prices::default_table();
-        let a = advise_limits(&commits, &limits, &prices, 3008).unwrap();
+        let a = advise_limits(&commits, &limits, &prices, 3008, None).unwrap();
         assert_eq!(a.runs_cut, 2);
         assert!((a.task_fixed_ms - 100.0).abs() < 1e-6, "{a:?}");
         assert!((a.task_bytes_per_s - 5.0 * mib as f64).abs() < 1.0, "{a:?}");
@@ -898,10 +926,10 @@ mod tests {
         // 60 s: (60,000 - 100) ms at 200 ms a MiB is 299.5 MiB: 256 MiB;
         // memory (3,008 - 256) / 4 = 688 MiB does not bind.
         assert_eq!(rec("max_bytes_per_task"), 256 * mib);
-        // 39 / 2 tasks' bytes: at most 40 tasks whatever the files.
-        assert_eq!(rec("max_bytes_per_batch"), 4992 * mib);
+        // 20 tasks' bytes: at most 40 tasks whatever the files.
+        assert_eq!(rec("max_bytes_per_batch"), 20 * 256 * mib);
         // Files of 2,446,677 bytes on average (28 MiB in 12).
-        assert_eq!(rec("max_files_per_batch"), (4992 * mib).div_ceil(2_446_677));
+        assert_eq!(rec("max_files_per_batch"), (5120 * mib).div_ceil(2_446_677));
         // Each run: 6 batches of a task each before, 1 of 1 task after
         // (14 MiB fit one task).
         let model_saving = 5.0 * (a.per_batch_fixed + a.per_task);
@@ -917,7 +945,7 @@ mod tests {
             .sum();
         assert!((a.per_run_now * 2.0 - measured).abs() < 1e-12, "{a:?}");
         // Memory binds at 512 MB: (512 - 256) / 4 = 64 MiB.
-        let a = advise_limits(&commits, &limits, &prices, 512).unwrap();
+        let a = advise_limits(&commits, &limits, &prices, 512, None).unwrap();
         assert_eq!(
             a.limits
                 .iter()
@@ -938,17 +966,17 @@ mod tests {
         let commits: Vec<Commit> = (0..4).map(|_| batch(1, 1, MIB, 1, 2_600)).collect();
         let limits = crate::pipeline::Limits::default();
         let prices = Prices::default_table();
-        let a = advise_limits(&commits, &limits, &prices, 3008).unwrap();
+        let a = advise_limits(&commits, &limits, &prices, 3008, None).unwrap();
         assert_eq!(a.limits[0].recommended, 16 * MIB, "{a:?}");
         assert!(a.limits[0].why.contains("smaller than needed"), "{a:?}");
-        assert_eq!(a.limits[1].recommended, 39 * 16 * MIB / 2, "{a:?}");
+        assert_eq!(a.limits[1].recommended, 20 * 16 * MIB, "{a:?}");
         let paced = crate::pipeline::Limits {
             task_seconds: Some(10),
             ..limits
         };
-        let a = advise_limits(&commits, &paced, &prices, 3008).unwrap();
+        let a = advise_limits(&commits, &paced, &prices, 3008, None).unwrap();
         let cut = (MIB as f64 / 2600.0 * 10_000.0) as u64;
-        assert_eq!(a.limits[1].recommended, 39 * cut / 2 / MIB * MIB, "{a:?}");
+        assert_eq!(a.limits[1].recommended, 20 * cut / MIB * MIB, "{a:?}");
         assert!(
             a.limits[0].why.contains("task_seconds = 10 cuts tasks"),
             "{a:?}"

@@ -1318,3 +1318,68 @@ async fn a_run_started_while_another_runs_asks_it_to_take_what_landed() {
         (RunStatus::Idle, false, 3)
     );
 }
+
+/// Paused while a run is going: a `sluice run` then records its request
+/// for `sluice resume`, as it says, and the running run ends with what it
+/// planned instead of taking that request as its own and looking again
+/// (it took the file that landed after the pause, and `resume` then found
+/// nothing requested). After `resume`, the next run takes the file.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_pipelines_run_ends_and_leaves_the_request_for_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    gen_files(&input, 2, 50);
+    let p = pipeline(
+        root,
+        &pipeline_toml("pausing", "parquet", "", "max_files_per_batch = 1"),
+    );
+    let holder = local_context(&p);
+    let second = Context::open(p.clone(), None).unwrap();
+    let late = input.clone();
+    let mut asked = None;
+    let summary = runner()
+        .run(&holder, |_| {
+            if asked.is_none() {
+                asked = Some(tokio::task::block_in_place(|| {
+                    tokio::runtime::Handle::current().block_on(async {
+                        admin::set_paused(&second, true).await.unwrap();
+                        gen_files(&late, 1, 50);
+                        runner().run(&second, |_| {}).await
+                    })
+                }));
+            }
+        })
+        .await
+        .unwrap();
+    let asked = asked.expect("the second run ran").unwrap();
+    assert!(
+        matches!(asked.end, RunEnd::Paused) && asked.batches.is_empty(),
+        "{asked:?}"
+    );
+    assert_eq!(
+        summary.batches.iter().map(|b| b.files).sum::<u64>(),
+        2,
+        "the running run took only what it planned: {summary:?}"
+    );
+    let (c, _) = holder.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(
+        (c.status, c.paused, c.requested),
+        (RunStatus::Idle, true, true)
+    );
+    let resumed = admin::set_paused(&holder, false).await.unwrap();
+    assert!(resumed.requested);
+    let after = run(&local_context(&p)).await.unwrap();
+    assert_eq!(after.batches.iter().map(|b| b.files).sum::<u64>(), 1);
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "pausing").await,
+        duckdb_rows(
+            &std::fs::read_dir(input.join("date=2024-01-01"))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect::<Vec<_>>(),
+            SQL
+        )
+        .await
+    );
+}

@@ -99,12 +99,14 @@ pub fn claimed(
 /// back (`Idle`), or, when a trigger set `requested` since the run's last
 /// discovery, only the flag cleared; then the run discovers once more
 /// (`true`). So every file that existed when a trigger returned is seen by
-/// a discovery that started after it.
+/// a discovery that started after it. A paused pipeline's run ends
+/// whatever was asked: the request waits for `sluice resume`.
 pub fn end_of_run(control: &Control, now_ms: i64, spec_hash: &str) -> (Control, bool) {
     let mut next = control.clone();
     // A run ends only with nothing planned left.
     next.resume = false;
-    if control.requested {
+    // Paused: the run ends and a request stays for `sluice resume`.
+    if control.requested && !control.paused {
         next.requested = false;
         (next, true)
     } else {

@@ -255,7 +255,8 @@ impl LocalInvoker<'_> {
                 o.end = Some(RunEnd::Busy(format!(
                     "{owner} holds the lease (heartbeat {heartbeat_age_s}s ago){}",
                     if *asked {
-                        "; it was asked to look for new input again before it ends, so it takes                          what landed since it looked"
+                        "; it was asked to look for new input again before it ends, so it takes \
+                         what landed since it looked"
                     } else {
                         ""
                     }
