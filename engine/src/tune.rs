@@ -491,15 +491,7 @@ pub fn advise_limits(
                     (limits.max_records_per_batch and max_records_per_task): not tuned here"
             .into());
     }
-    let operator = |c: &Commit| {
-        c.usage
-            .functions
-            .iter()
-            .filter(|f| f.function == crate::deploy::OPERATOR)
-            .fold((0u64, 0u64), |(n, ms), f| {
-                (n + f.invocations, ms + f.billed_ms)
-            })
-    };
+    let operator = |c: &Commit| c.usage.invoked(crate::deploy::OPERATOR);
     let mut measured: Vec<&Commit> = commits
         .iter()
         .filter(|c| c.bytes_read > 0 && c.files > 0 && operator(c).0 > 0)

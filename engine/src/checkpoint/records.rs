@@ -298,12 +298,7 @@ impl TaskPace {
     /// `self` with the batch `record` added, if it read files and its
     /// tasks' use was measured.
     pub fn after(self, record: &Commit) -> Option<TaskPace> {
-        let (tasks, ms) = record
-            .usage
-            .functions
-            .iter()
-            .filter(|f| f.function == crate::deploy::OPERATOR)
-            .fold((0, 0), |(n, ms), f| (n + f.invocations, ms + f.billed_ms));
+        let (tasks, ms) = record.usage.invoked(crate::deploy::OPERATOR);
         if record.stream.is_some() || record.bytes_read == 0 || tasks == 0 || ms == 0 {
             return None;
         }
@@ -1056,6 +1051,15 @@ pub struct FunctionUsage {
 }
 
 impl Usage {
+    /// `function`'s invocations and billed ms, over every memory size it
+    /// ran at.
+    pub fn invoked(&self, function: &str) -> (u64, u64) {
+        self.functions
+            .iter()
+            .filter(|f| f.function == function)
+            .fold((0, 0), |(n, ms), f| (n + f.invocations, ms + f.billed_ms))
+    }
+
     /// Nothing used.
     pub fn is_empty(&self) -> bool {
         self.functions.is_empty() && self.transitions == 0 && self.express.is_empty()
