@@ -1383,3 +1383,67 @@ async fn a_paused_pipelines_run_ends_and_leaves_the_request_for_resume() {
         .await
     );
 }
+
+/// The ask is a compare-and-swap on what the asking run read: held at that
+/// write while the running run ends, it lands on nothing (the record
+/// changed), and the asking run, finding the lease free, runs itself and
+/// takes the file the running one had not seen; nothing twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_held_at_its_ask_while_the_holder_ends_runs_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let input = root.join("input");
+    let mut files = gen_files(&input, 2, 50);
+    let toml = pipeline_toml("asklate", "parquet", "", "max_files_per_batch = 1");
+    let holder = local_context(&pipeline(root, &toml));
+    let gate = Gate::new("control.json");
+    let mut asker = gated_context(
+        root,
+        &toml,
+        Arc::new(AtomicU64::new(0)),
+        0,
+        Some(gate.clone()),
+    );
+    // Another process, which sees the holder alive.
+    asker.owner_gone = Arc::new(|_| false);
+    let late = input.clone();
+    let mut second = None;
+    let summary = runner()
+        .run(&holder, |_| {
+            if second.is_none() {
+                files.extend(gen_files(&late, 1, 50));
+                let asker = asker.clone();
+                let g = gate.clone();
+                second = Some(tokio::spawn(
+                    async move { runner().run(&asker, |_| {}).await },
+                ));
+                // The asking run is held at its ask; the holder goes on.
+                tokio::task::block_in_place(|| {
+                    tokio::runtime::Handle::current().block_on(g.reached.notified())
+                });
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        summary.batches.iter().map(|b| b.files).sum::<u64>(),
+        2,
+        "{summary:?}"
+    );
+    gate.release.notify_one();
+    let second = second.expect("started").await.unwrap().unwrap();
+    assert_eq!(
+        second.batches.iter().map(|b| b.files).sum::<u64>(),
+        1,
+        "the asking run took the late file itself: {second:?}"
+    );
+    assert_eq!(
+        committed_rows(&root.join("out/sink"), "asklate").await,
+        duckdb_rows(&files, SQL).await
+    );
+    let (c, _) = holder.checkpoint.control().await.unwrap().unwrap();
+    assert_eq!(
+        (c.status, c.requested, c.totals.files),
+        (RunStatus::Idle, false, 3)
+    );
+}
